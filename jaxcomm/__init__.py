@@ -1,0 +1,22 @@
+"""jaxcomm: communication-efficient distributed training for JAX.
+
+Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs), `sync`
+(every-step gradient synchronisation), `local` (when it travels), `parallel` (layouts),
+`models`, `data`, `train`, `sim`.
+"""
+
+from jaxcomm import comm
+from jaxcomm import data
+from jaxcomm import models
+from jaxcomm import sync
+from jaxcomm import train
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "comm",
+    "data",
+    "models",
+    "sync",
+    "train",
+)

@@ -1,0 +1,21 @@
+"""Embedded datasets and user text files, with deterministic per-process batches."""
+
+from jaxcomm.data._datasets import ArrayDataset
+from jaxcomm.data._datasets import DATASETS
+from jaxcomm.data._datasets import TextDataset
+from jaxcomm.data._datasets import digits
+from jaxcomm.data._datasets import load
+from jaxcomm.data._datasets import pydoc_text
+from jaxcomm.data._datasets import stdlib_text
+from jaxcomm.data._datasets import text_file
+
+__all__ = (
+    "ArrayDataset",
+    "DATASETS",
+    "TextDataset",
+    "digits",
+    "load",
+    "pydoc_text",
+    "stdlib_text",
+    "text_file",
+)

@@ -1,0 +1,152 @@
+"""Embedded datasets: nothing is downloaded at run time.
+
+* `digits`: scikit-learn's 8x8 handwritten digits (1,797 images, ships with scikit-learn).
+* `pydoc`: byte-level text of Python's pydoc topics (~465 KB, ships with Python).
+* `stdlib`: byte-level text of the Python standard library's sources (several MB).
+* `text:<path>`: any user text file, byte level.
+
+Batches are a pure function of `(seed, step)`: batch t is the same whatever the number of
+processes or whether the run was resumed, and each process takes its contiguous share of
+the global batch (`process_index`, `process_count`). Resuming needs only the step number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sysconfig
+from typing import Any
+
+import numpy as np
+
+DATASETS = ("digits", "pydoc", "stdlib", "text:<path>")
+
+
+def _rng(seed: int, step: int) -> np.random.Generator:
+  return np.random.default_rng([seed, step])
+
+
+def _process_share(batch: dict, global_batch: int, process_index: int, process_count: int):
+  if global_batch % process_count:
+    raise ValueError(f"batch_size ({global_batch}) must be divisible by the number of "
+                     f"processes ({process_count}).")
+  n = global_batch // process_count
+  return {k: v[process_index * n:(process_index + 1) * n] for k, v in batch.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayDataset:
+  """A supervised dataset of feature vectors `x` and integer labels `y`."""
+  name: str
+  x: np.ndarray   # f32[N, D]
+  y: np.ndarray   # i32[N]
+  num_classes: int
+
+  def split(self, test_fraction: float = 0.2, seed: int = 0):
+    """Deterministic (train, test) split."""
+    if not 0 < test_fraction < 1:
+      raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
+    order = np.random.default_rng(seed).permutation(len(self.y))
+    n_test = int(round(len(self.y) * test_fraction))
+    pick = lambda idx, tag: ArrayDataset(f"{self.name}/{tag}", self.x[idx], self.y[idx],
+                                         self.num_classes)
+    return pick(order[n_test:], "train"), pick(order[:n_test], "test")
+
+  def batch(self, step: int, batch_size: int, *, seed: int = 0, process_index: int = 0,
+            process_count: int = 1) -> dict:
+    """Global batch number `step` (sampled with replacement), this process's share."""
+    idx = _rng(seed, step).integers(0, len(self.y), size=batch_size)
+    return _process_share({"x": self.x[idx], "y": self.y[idx]}, batch_size,
+                          process_index, process_count)
+
+  def all(self) -> dict:
+    return {"x": self.x, "y": self.y}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDataset:
+  """A byte-level text corpus; tokens are bytes (vocabulary 256)."""
+  name: str
+  data: np.ndarray  # u8[N]
+  vocab_size: int = 256
+
+  def split(self, test_fraction: float = 0.1, seed: int = 0):
+    """(train, test): the last `test_fraction` of the bytes is held out."""
+    del seed
+    if not 0 < test_fraction < 1:
+      raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
+    cut = int(len(self.data) * (1 - test_fraction))
+    return (TextDataset(f"{self.name}/train", self.data[:cut]),
+            TextDataset(f"{self.name}/test", self.data[cut:]))
+
+  def batch(self, step: int, batch_size: int, *, seq_len: int = 64, seed: int = 0,
+            process_index: int = 0, process_count: int = 1) -> dict:
+    """Global batch `step`: `tokens` i32[B, seq_len + 1] from random offsets."""
+    if seq_len < 1 or seq_len + 1 > len(self.data):
+      raise ValueError(f"seq_len must be in [1, {len(self.data) - 1}], got {seq_len}.")
+    starts = _rng(seed, step).integers(0, len(self.data) - seq_len - 1, size=batch_size)
+    tokens = self.data[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
+    return _process_share({"tokens": tokens}, batch_size, process_index, process_count)
+
+
+@functools.lru_cache(maxsize=None)
+def digits() -> ArrayDataset:
+  """scikit-learn's digits: x f32[1797, 64] in [0, 1], y i32[1797], 10 classes."""
+  from sklearn.datasets import load_digits  # pylint: disable=import-outside-toplevel
+  d = load_digits()
+  return ArrayDataset("digits", (d.data / 16.0).astype(np.float32), d.target.astype(np.int32),
+                      10)
+
+
+@functools.lru_cache(maxsize=None)
+def pydoc_text() -> TextDataset:
+  """Python's pydoc topics (the text behind `help('topics')`), as bytes."""
+  from pydoc_data.topics import topics  # pylint: disable=import-outside-toplevel
+  text = "\n\n".join(topics[k] for k in sorted(topics))
+  return TextDataset("pydoc", np.frombuffer(text.encode("utf-8"), np.uint8))
+
+
+@functools.lru_cache(maxsize=None)
+def stdlib_text(max_bytes: int = 8 << 20) -> TextDataset:
+  """The standard library's Python sources (sorted, deterministic), up to `max_bytes`."""
+  root = sysconfig.get_paths()["stdlib"]
+  chunks, total = [], 0
+  for dirpath, dirnames, filenames in os.walk(root):
+    dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "test", "tests",
+                                                           "__pycache__"))
+    for f in sorted(filenames):
+      if f.endswith(".py") and total < max_bytes:
+        with open(os.path.join(dirpath, f), "rb") as fh:
+          chunks.append(fh.read())
+        total += len(chunks[-1])
+  data = np.frombuffer(b"\n".join(chunks)[:max_bytes], np.uint8)
+  return TextDataset("stdlib", data)
+
+
+def text_file(path: str) -> TextDataset:
+  """A user's text file, byte level."""
+  if not os.path.isfile(path):
+    raise ValueError(f"text file {path!r} does not exist.")
+  with open(path, "rb") as fh:
+    data = np.frombuffer(fh.read(), np.uint8)
+  if len(data) < 2:
+    raise ValueError(f"text file {path!r} is too short to train on.")
+  return TextDataset(os.path.basename(path), data)
+
+
+def load(name: str) -> Any:
+  """A dataset by name: 'digits', 'pydoc', 'stdlib' or 'text:<path>'.
+
+  >>> load("digits").x.shape
+  (1797, 64)
+  """
+  if name == "digits":
+    return digits()
+  if name == "pydoc":
+    return pydoc_text()
+  if name == "stdlib":
+    return stdlib_text()
+  if isinstance(name, str) and name.startswith("text:"):
+    return text_file(name[len("text:"):])
+  raise ValueError(f"dataset {name!r} does not exist; allowed: {', '.join(DATASETS)}.")

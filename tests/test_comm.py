@@ -1,0 +1,136 @@
+"""Collectives: values against numpy, wire bytes against ALGORITHMS.md and compiled HLO."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm import comm
+
+W = 8
+
+
+def _run(mesh, fn, x, out_specs=P()):
+  record = {}
+
+  def body(xb):
+    out, nbytes = fn(xb)
+    record["bytes"] = nbytes
+    return out
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=out_specs))
+  return f, f(x), record
+
+
+def test_mean_and_sum_values_and_bytes(mesh8):
+  x = jnp.arange(W * 6, dtype=jnp.float32).reshape(W, 6)
+  f, out, rec = _run(mesh8, lambda b: comm.mean(b, "data"), x)
+  np.testing.assert_allclose(out, x.mean(0, keepdims=True), rtol=1e-6)
+  assert rec["bytes"] == 2 * (W - 1) / W * 6 * 4
+  report = comm.inspect(f, x, mesh=mesh8)
+  assert report.wire_bytes() == rec["bytes"]
+  (c,) = report.collectives
+  assert (c.op, c.axes, c.group_size, c.dtype) == ("all-reduce", ("data",), W, "f32")
+  f, out, rec = _run(mesh8, lambda b: comm.sum(b, "data", dtype=jnp.bfloat16), x)
+  np.testing.assert_allclose(out, x.sum(0, keepdims=True), rtol=1e-2)
+  assert rec["bytes"] == 2 * (W - 1) / W * 8 * 2  # 6 values padded to a multiple of W
+  report = comm.inspect(f, x, mesh=mesh8)
+  assert report.wire_bytes() == rec["bytes"] and {c.dtype for c in report} == {"u16"}
+
+
+def test_gather_scatter_alltoall_permute(mesh8):
+  x = jnp.arange(W * W * 2, dtype=jnp.float32).reshape(W * W, 2)
+  # all_gather: every device gets everything.
+  f, out, rec = _run(mesh8, lambda b: comm.all_gather(b, "data", tiled=True), x)
+  np.testing.assert_array_equal(out, x)
+  assert rec["bytes"] == (W - 1) * W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  # reduce_scatter: device r gets the r-th slice of the sum.
+  f, out, rec = _run(mesh8, lambda b: comm.reduce_scatter(b, "data"), x, P("data"))
+  np.testing.assert_allclose(out, x.reshape(W, W, 2).sum(0), rtol=1e-6)
+  assert rec["bytes"] == (W - 1) / W * W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  # all_to_all: a transpose of blocks.
+  f, out, rec = _run(mesh8, lambda b: comm.all_to_all(b, "data"), x, P("data"))
+  np.testing.assert_array_equal(out, x.reshape(W, W, 2).transpose(1, 0, 2).reshape(W * W, 2))
+  assert rec["bytes"] == (W - 1) / W * W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  # ppermute ring: device i receives from i - 1.
+  f, out, rec = _run(mesh8, lambda b: comm.shift(b, "data", 1), x, P("data"))
+  np.testing.assert_array_equal(out, jnp.roll(x.reshape(W, W, 2), 1, axis=0).reshape(-1, 2))
+  assert rec["bytes"] == W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+
+
+def test_no_axis_means_one_device():
+  x = {"a": jnp.ones(3)}
+  for fn in (comm.mean, comm.sum, comm.reduce_scatter, comm.all_to_all):
+    out, nbytes = fn(x, None)
+    assert nbytes == 0 and out is x
+  out, nbytes = comm.all_gather(x, None)
+  assert nbytes == 0 and out["a"].shape == (1, 3)
+
+
+def test_inspect_maps_groups_to_axes_on_2d_mesh(mesh4x2):
+  def body(x):
+    a = lax.psum(x, "data")
+    b = lax.psum(x, "tensor")
+    c = lax.all_gather(x, "data", tiled=True)
+    d = lax.psum_scatter(x, "tensor", tiled=True)
+    e = lax.all_to_all(x, "data", 0, 0, tiled=True)
+    g = lax.ppermute(x, "tensor", [(0, 1), (1, 0)])
+    h = lax.psum(x, ("data", "tensor"))
+    return (a.sum() + b.sum() + c.sum() + d.sum() + e.sum() + g.sum() + h.sum())[None]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh4x2, in_specs=P("data", "tensor"),
+                            out_specs=P(("data", "tensor"))))
+  x = jnp.arange(32 * 8, dtype=jnp.float32).reshape(32, 8) + 1.0
+  report = comm.inspect(f, x, mesh=mesh4x2)
+  got = sorted((c.op, c.axes) for c in report)
+  assert got == sorted([
+      ("all-reduce", ("data",)), ("all-reduce", ("tensor",)), ("all-gather", ("data",)),
+      ("reduce-scatter", ("tensor",)), ("all-to-all", ("data",)),
+      ("collective-permute", ("tensor",)), ("all-reduce", ("data", "tensor"))])
+  local = 8 * 4 * 4  # f32[8, 4] per device
+  by_op = {(c.op, c.axes): c.wire_bytes for c in report}
+  assert by_op[("all-reduce", ("data",))] == 2 * 3 / 4 * local
+  assert by_op[("all-gather", ("data",))] == 3 * local
+  assert by_op[("reduce-scatter", ("tensor",))] == 1 / 2 * local
+  assert by_op[("all-to-all", ("data",))] == 3 / 4 * local
+  assert by_op[("collective-permute", ("tensor",))] == local
+  assert by_op[("all-reduce", ("data", "tensor"))] == 2 * 7 / 8 * local
+  assert "all-gather" in report.table()
+
+
+def test_inspect_marks_conditional_and_loops(mesh8):
+  def body(x, pred):
+    x = lax.cond(pred[0], lambda v: comm.varying(lax.psum(v, "data"), "data"), lambda v: v, x)
+    perm = [(i, (i + 1) % W) for i in range(W)]
+    return lax.fori_loop(0, 5, lambda i, v: lax.ppermute(v, "data", perm) * 0.5, x)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=(P("data"), P()), out_specs=P("data")))
+  report = comm.inspect(f, jnp.ones(W * 4), jnp.array([True]), mesh=mesh8)
+  (ar,) = report.select(op="all-reduce")
+  assert ar.in_conditional and ar.trips == 1
+  (cp,) = report.select(op="collective-permute")
+  assert not cp.in_conditional and cp.trips == 5
+  assert report.wire_bytes(conditional=False) == 5 * 4 * 4
+
+
+def test_iota_replica_groups():
+  from jaxcomm.comm._inspect import _iota_groups  # pylint: disable=import-outside-toplevel
+  assert _iota_groups("[2,4]<=[8]") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert _iota_groups("[4,2]<=[2,4]T(1,0)") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_counter_is_modular_and_found_by_name():
+  from typing import NamedTuple  # pylint: disable=import-outside-toplevel
+
+  class S(NamedTuple):
+    wire_bytes: jax.Array
+    other: jax.Array
+
+  c = comm.add_bytes(comm.zero_bytes(), 2**32 - 10)
+  d = comm.add_bytes(c, 25)
+  assert int(d - c) == 25  # exact across the wrap-around
+  state = (S(comm.add_bytes(comm.zero_bytes(), 7), jnp.ones(3)),
+           {"x": S(comm.add_bytes(comm.zero_bytes(), 5), jnp.zeros(()))})
+  assert int(comm.counted_bytes(state)) == 12

@@ -1,0 +1,153 @@
+"""The step builder: DP equals the single-device step, bytes agree three ways, per-worker state."""
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxcomm import comm, data, models, sync, train
+
+W = 8
+
+
+@pytest.fixture(scope="module")
+def digits_task():
+  model = models.MLP(hidden=(32,), num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  batch = data.digits().batch(0, 64)
+  return model, params, loss, batch
+
+
+@pytest.mark.parametrize("inner", [optax.sgd(0.5), optax.adam(1e-2)], ids=["sgd", "adam"])
+def test_dp_step_equals_full_batch_step(mesh8, digits_task, inner):
+  _, params, loss, batch = digits_task
+  trainer = train.Trainer(loss, optax.chain(sync.mean("data"), inner), mesh8)
+  state = trainer.init(params)
+  for _ in range(2):
+    state, _ = trainer.step(state, batch)
+  # Reference: the same optimiser on one device with the full batch.
+  ref_params, ref_opt = params, inner.init(params)
+  for _ in range(2):
+    g = jax.grad(loss)(ref_params, batch)
+    u, ref_opt = inner.update(g, ref_opt, ref_params)
+    ref_params = optax.apply_updates(ref_params, u)
+  chex.assert_trees_all_close(state.params, ref_params, atol=1e-6, rtol=1e-5)
+  assert int(state.step) == 2
+
+
+@pytest.mark.parametrize("dtype,itemsize", [(None, 4), (jnp.bfloat16, 2)])
+def test_dp_bytes_counted_equal_inspect_and_formula(mesh8, digits_task, dtype, itemsize):
+  _, params, loss, batch = digits_task
+  trainer = train.Trainer(loss, optax.chain(sync.mean("data", dtype=dtype), optax.sgd(0.1)),
+                          mesh8)
+  state = trainer.init(params)
+  n = sum(x.size for x in jax.tree.leaves(params))
+  if dtype is not None:  # One flat buffer, zero-padded to a multiple of W, two-phase.
+    n += -n % W
+  formula = 2 * (W - 1) / W * n * itemsize
+  _, m = trainer.step(state, batch)
+  report = comm.inspect(trainer.step_fn(state, batch), state, batch)
+  assert int(m["wire_bytes"]) == formula == report.wire_bytes()
+  assert {c.axes for c in report} == {("data",)}
+  if dtype is not None:
+    assert sorted(c.op for c in report) == ["all-gather", "all-to-all"]
+  assert {c.dtype for c in report} == {"f32" if itemsize == 4 else "u16"}  # bf16 travels as its bits
+
+
+class LocalSumState(NamedTuple):
+  local_sum: optax.Updates  # per-worker running sum of the local gradient
+  wire_bytes: jax.Array
+
+
+def local_sum_then_mean(axis_name):
+  """A toy transform with a per-worker buffer: what error memories look like to the builder."""
+
+  def init_fn(params):
+    return LocalSumState(jax.tree.map(jnp.zeros_like, params), comm.zero_bytes())
+
+  def update_fn(updates, state, params=None):
+    del params
+    local = jax.tree.map(jnp.add, state.local_sum, updates)
+    mean, nbytes = comm.mean(updates, axis_name)
+    return mean, LocalSumState(local, comm.add_bytes(state.wire_bytes, nbytes))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def test_per_worker_state_is_kept_distinct(mesh8, digits_task):
+  _, params, loss, _ = digits_task
+  trainer = train.Trainer(loss, optax.chain(local_sum_then_mean("data"), optax.adam(1e-2)),
+                          mesh8)
+  state = trainer.init(params)
+  layout = trainer.layout
+  assert all(jax.tree.leaves(layout.opt_state[0].local_sum))
+  assert not any(jax.tree.leaves(layout.params))
+  assert not layout.opt_state[0].wire_bytes
+  ds = data.digits()
+  for t in range(3):
+    state, _ = trainer.step(state, ds.batch(t, 64))
+  local = state.opt_state[0].local_sum
+  kernel = np.asarray(local["params"]["Dense_0"]["kernel"])
+  assert kernel.shape[0] == W
+  # Every worker saw different data, so every worker's buffer differs.
+  for i in range(W):
+    for j in range(i + 1, W):
+      assert not np.allclose(kernel[i], kernel[j])
+  # Their mean equals the sum of the exact mean gradients, the reference for no silent loss.
+  ref, p = jax.tree.map(jnp.zeros_like, params), params
+  tx = optax.adam(1e-2)
+  opt = tx.init(params)
+  for t in range(3):
+    g = jax.grad(loss)(p, ds.batch(t, 64))
+    ref = jax.tree.map(jnp.add, ref, g)
+    u, opt = tx.update(g, opt, p)
+    p = optax.apply_updates(p, u)
+  chex.assert_trees_all_close(jax.tree.map(lambda x: x.mean(0), local), ref, atol=1e-5)
+  # Replicated leaves are stored once, identical everywhere.
+  chex.assert_trees_all_close(state.params, p, atol=1e-5)
+
+
+def test_lm_loss_falls_on_embedded_corpus(mesh8):
+  lm = models.TransformerLM(d_model=32, num_layers=1, num_heads=2, d_ff=64, max_len=32)
+  params = lm.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))
+  trainer = train.Trainer(models.lm_loss(lm), optax.chain(sync.mean("data"), optax.adam(1e-2)),
+                          mesh8)
+  ds = data.pydoc_text()
+  state, history = train.fit(trainer, trainer.init(params),
+                             lambda t: ds.batch(t, 32, seq_len=32), 40, log_every=1,
+                             progress=False)
+  first, last = history[0]["loss"], np.mean([h["loss"] for h in history[-5:]])
+  assert first > 5.0 and last < 3.6, (first, last)
+  assert history[-1]["total_wire_bytes"] == 40 * history[-1]["wire_bytes"]
+
+
+def test_fit_writes_metrics(mesh8, digits_task, tmp_path):
+  _, params, loss, _ = digits_task
+  trainer = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh8)
+  ds = data.digits()
+  _, history = train.fit(trainer, trainer.init(params), lambda t: ds.batch(t, 16), 4,
+                         workdir=str(tmp_path), log_every=2, progress=False)
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 2 == len(history)
+  assert '"wire_bytes"' in lines[0]
+
+
+def test_bad_input_fails_before_compile(mesh8, digits_task):
+  _, params, loss, batch = digits_task
+  with pytest.raises(ValueError, match="axis_name"):
+    train.Trainer(loss, optax.sgd(0.1), mesh8, axis_name="model")
+  trainer = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh8)
+  state = trainer.init(params)
+  with pytest.raises(ValueError, match="divisible by the data axis"):
+    trainer.step(state, jax.tree.map(lambda x: x[:12], batch))
+  with pytest.raises(ValueError, match="dataset"):
+    data.load("imagenet")
+  with pytest.raises(ValueError, match="multiply"):
+    train.make_mesh({"data": 3})
+  with pytest.raises(ValueError, match="dtype"):
+    sync.mean("data", dtype=jnp.int8)
