@@ -5,6 +5,7 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 `models`, `data`, `train`, `sim`.
 """
 
+from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
 from jaxcomm import models
@@ -14,6 +15,7 @@ from jaxcomm import train
 __version__ = "0.1.0"
 
 __all__ = (
+    "codecs",
     "comm",
     "data",
     "models",

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxcomm.codecs import flatten as _flatten
+
 AxisName = str | tuple[str, ...] | None
 
 
@@ -81,21 +83,6 @@ def varying_axes(x: Any) -> frozenset:
   if mat is not None:
     return frozenset(mat.varying)
   return frozenset(getattr(aval, "vma", ()))
-
-
-def _flatten(tree):
-  leaves, treedef = jax.tree.flatten(tree)
-  flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves]) if leaves else \
-      jnp.zeros((0,), jnp.float32)
-
-  def unflatten(vec):
-    out, i = [], 0
-    for x in leaves:
-      out.append(vec[i:i + x.size].reshape(x.shape).astype(x.dtype))
-      i += x.size
-    return jax.tree.unflatten(treedef, out)
-
-  return flat, unflatten
 
 
 _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}

@@ -1,0 +1,102 @@
+"""The codec contract: what travels, as a pure encode/decode pair.
+
+A codec works on one flat float32 vector of static length n (callers flatten and
+concatenate a gradient tree first: fewer, larger ops). `encode(x, key)` returns the payload,
+a tuple of arrays that is exactly what goes on the wire, already in wire dtypes (packed
+bits in uint8, indices in the narrowest unsigned integer, scales in float32);
+`decode(payload, n)` returns float32[n]. `payload_bytes(n)` is the exact byte count of
+`encode` for length n, a static int. Codecs import nothing of jaxcomm and call no
+collectives.
+
+`linear` codecs decode the sum of payloads to the sum of inputs, so their payloads may be
+summed with psum; all others must travel by gather or the two-phase all-reduce.
+`stochastic` codecs need a PRNG key (a key shared by all workers is what makes random-k
+linear); deterministic ones ignore it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+Payload = tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+  """An encode/decode pair with its exact payload size. See the module docstring."""
+  name: str
+  encode: Callable[[jax.Array, Any], Payload]   # (f32[n], key) -> payload
+  decode: Callable[[Payload, int], jax.Array]   # (payload, n) -> f32[n]
+  payload_bytes: Callable[[int], int]           # n -> exact bytes of encode's output
+  linear: bool = False
+  stochastic: bool = False
+  error_bound: Callable[[jax.Array], jax.Array] | None = None  # x -> max |x - D(C(x))|
+
+  def roundtrip(self, x: jax.Array, key: Any = None) -> jax.Array:
+    """decode(encode(x)): what the receiver reconstructs."""
+    return self.decode(self.encode(x, key), x.shape[0])
+
+  def ratio(self, n: int) -> float:
+    """Compression ratio against float32 for a vector of n elements."""
+    return 4.0 * n / self.payload_bytes(n)
+
+
+def identity() -> Codec:
+  """Sends float32 as is: the exact reference every codec is held against.
+
+  >>> c = identity()
+  >>> c.roundtrip(jnp.arange(3.0)), c.payload_bytes(3), c.linear
+  (Array([0., 1., 2.], dtype=float32), 12, True)
+  """
+  return Codec("identity", encode=lambda x, key: (x.astype(jnp.float32),),
+               decode=lambda p, n: p[0], payload_bytes=lambda n: 4 * n, linear=True,
+               error_bound=lambda x: jnp.zeros((), jnp.float32))
+
+
+_CAST_DTYPES = {
+    "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
+    "float8_e4m3fn": jnp.float8_e4m3fn, "float8_e5m2": jnp.float8_e5m2,
+}
+
+
+def cast(dtype: Any = jnp.bfloat16) -> Codec:
+  """Round to a narrower float (bf16, fp16, fp8 e4m3/e5m2); linear up to rounding.
+
+  Summing cast payloads is exact in the wide accumulator, so the codec is linear; its
+  payload is the narrow float's bit pattern.
+
+  >>> c = cast("bfloat16")
+  >>> c.payload_bytes(10), c.linear
+  (20, True)
+  """
+  name = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
+  if name not in _CAST_DTYPES:
+    raise ValueError(f"cast dtype must be one of {sorted(_CAST_DTYPES)}, got {dtype!r}.")
+  dt = jnp.dtype(_CAST_DTYPES[name])
+  eps = float(jnp.finfo(dt).eps)
+  return Codec(f"cast({name})", encode=lambda x, key: (x.astype(dt),),
+               decode=lambda p, n: p[0].astype(jnp.float32),
+               payload_bytes=lambda n: dt.itemsize * n, linear=True,
+               error_bound=lambda x: jnp.max(jnp.abs(x)) * eps)
+
+
+def flatten(tree: Any) -> tuple[jax.Array, Callable[[jax.Array], Any]]:
+  """One float32 vector from a tree, and the function that puts a vector back."""
+  leaves, treedef = jax.tree.flatten(tree)
+  sizes = [math.prod(x.shape) for x in leaves]
+  flat = (jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+          if leaves else jnp.zeros((0,), jnp.float32))
+
+  def unflatten(vec):
+    out, i = [], 0
+    for x, s in zip(leaves, sizes):
+      out.append(vec[i:i + s].reshape(x.shape).astype(x.dtype))
+      i += s
+    return jax.tree.unflatten(treedef, out)
+
+  return flat, unflatten
