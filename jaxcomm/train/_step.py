@@ -44,7 +44,7 @@ def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = No
   Auto axes give classic shard_map semantics (inputs are resharded to `in_specs`); the
   default Explicit axes of `jax.make_mesh` would require callers to pre-shard everything.
 
-  >>> make_mesh({"data": 4, "tensor": 2}).shape
+  >>> dict(make_mesh({"data": 4, "tensor": 2}).shape)
   {'data': 4, 'tensor': 2}
   """
   if isinstance(shape, dict):
