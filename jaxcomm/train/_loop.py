@@ -11,6 +11,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxcomm.train import _validate
 from jaxcomm.train._step import Trainer, TrainState
 
 
@@ -37,10 +38,7 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     `(state, history)`: history is a list of metric dicts, one per logged step, with `step`,
     `loss`, `grad_norm`, `wire_bytes` (this step), `total_wire_bytes` and `time`.
   """
-  if steps < 0:
-    raise ValueError(f"steps must be >= 0, got {steps}.")
-  if log_every < 1:
-    raise ValueError(f"log_every must be >= 1, got {log_every}.")
+  _validate.fit_args(steps, log_every)
   writer = None
   if workdir is not None and jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
