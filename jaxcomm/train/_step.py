@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm
+from jaxcomm import sync
 from jaxcomm.train import _validate
 
 
@@ -237,6 +238,9 @@ class Trainer:
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
       grad_norm = optax.tree.norm(grads)
       measurements = {"loss": loss, "grad_norm": grad_norm, **aux}
+      skipped = sync.skipped_steps(new_opt)
+      if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
+        measurements["skipped_steps"] = skipped
       # Per-worker measurements travel out as [W] arrays: no collective is spent on them.
       measurements = jax.tree.map(lambda x: comm.varying(x, self.axes)[None], measurements)
       new_state = TrainState(step=state.step + 1,
@@ -263,7 +267,8 @@ class Trainer:
     """One training step on a global batch; returns the new state and measurements.
 
     Measurements: `loss` and `grad_norm` (means over workers; per-worker values under
-    `per_worker`), and `wire_bytes` sent by each device in this step.
+    `per_worker`), `wire_bytes` sent by each device in this step, and `skipped_steps` (the
+    steps skipped so far) when the transform contains `sync.skip_nonfinite`.
     """
     self._check_batch(batch)
     state, per_worker, sent = self.step_fn(state, batch)(state, batch)

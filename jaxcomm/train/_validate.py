@@ -80,10 +80,10 @@ def checkpoint_args(directory: Any, every: Any, keep: Any) -> tuple[str, int, in
 
 
 def distributed_args(coordinator: Any, num_processes: Any, process_id: Any,
-                     heartbeat_timeout_s: Any, init_timeout_s: Any) -> None:
+                     **timeouts_s: Any) -> None:
   """A coordinator 'host:port' with the process count and this process's id (or none)."""
-  v.integer("heartbeat_timeout_s", heartbeat_timeout_s, low=1)
-  v.integer("init_timeout_s", init_timeout_s, low=1)
+  for name, value in timeouts_s.items():
+    v.integer(name, value, low=1)
   if coordinator is None:
     if num_processes is not None or process_id is not None:
       raise ValueError("num_processes and process_id need a coordinator ('host:port').")
