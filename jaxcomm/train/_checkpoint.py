@@ -29,6 +29,7 @@ processes agree on whether a restore succeeded before using it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -78,7 +79,6 @@ class Checkpointer:
     directory, every, keep = _validate.checkpoint_args(directory, every, keep)
     self.directory = os.path.abspath(directory)
     self.every, self.keep = every, keep
-    self._fingerprint_fns = {}
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=every, max_to_keep=keep, create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
@@ -102,7 +102,8 @@ class Checkpointer:
     step = int(np.asarray(state.step))
     if step in self._manager.all_steps():
       return False
-    if not force and not self._manager.should_save(step):
+    # Orbax's own policy would also save the first step of a run; ours is every `every`.
+    if not (force or step % self.every == 0 or self._manager.reached_preemption(step)):
       return False
     stored = _storable(state)
     meta = {"step": step, "fingerprint": self._fingerprint(stored), "info": info or {},
@@ -162,15 +163,8 @@ class Checkpointer:
 
   # ---------------------------------------------------------------- helpers
   def _fingerprint(self, stored: Any) -> list[int]:
-    """One u32 per leaf, position-sensitive, computed where the data lives."""
-    leaves, treedef = jax.tree.flatten(stored)
-    key = (treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves))
-    if key not in self._fingerprint_fns:
-      mesh = leaves[0].sharding.mesh
-      self._fingerprint_fns[key] = jax.jit(
-          lambda xs: jnp.stack([_leaf_fingerprint(x) for x in xs]),
-          out_shardings=NamedSharding(mesh, P()))
-    return [int(x) for x in np.asarray(self._fingerprint_fns[key](leaves))]
+    leaves = jax.tree.leaves(stored)
+    return [int(x) for x in np.asarray(_fingerprint_fn(leaves[0].sharding.mesh)(leaves))]
 
   def _set_aside(self, steps: list[int]) -> None:
     self.wait()
@@ -201,6 +195,13 @@ def _abstract(like: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
   """What Orbax should read for one leaf: its stored shape and dtype, on `sharding`."""
   stored = jax.eval_shape(jax.random.key_data, like) if _is_key(like) else like
   return jax.ShapeDtypeStruct(stored.shape, stored.dtype, sharding=sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint_fn(mesh: jax.sharding.Mesh):
+  """u32[leaves]: one position-sensitive checksum per leaf, computed where the data lives."""
+  return jax.jit(lambda leaves: jnp.stack([_leaf_fingerprint(x) for x in leaves]),
+                 out_shardings=NamedSharding(mesh, P()))
 
 
 def _leaf_fingerprint(x: jax.Array) -> jax.Array:
