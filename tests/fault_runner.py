@@ -5,7 +5,7 @@ r"""experiments/train.py with the fault tests' methods registered and a kill swi
 
 Runs `experiments.train.main` unchanged (so the tests exercise the real program: flags,
 resume from --workdir, multi-host start-up, checkpoints) after registering the methods of
-`fault_methods.py`. --algos runs several methods one after the other in one process (one
+`faults.py`. --algos runs several methods one after the other in one process (one
 start-up, one set of processes), each in --workdir/<algo>. With --kill_at=T, process --kill_process sends itself SIGKILL when it is
 about to take step T, once a checkpoint of an earlier step is complete on disk (a kill
 "after a checkpoint"; the save of a later one may still be in flight, which must not
@@ -25,7 +25,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 from absl import app  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 
-import fault_methods  # pylint: disable=wrong-import-position,unused-import
+import faults  # pylint: disable=wrong-import-position,unused-import
 from experiments import builders  # pylint: disable=wrong-import-position
 from experiments import train  # pylint: disable=wrong-import-position
 
@@ -46,7 +46,7 @@ def _with_kill_switch(make_task):
 
     def batch_fn_killing(step):
       if step == _KILL_AT.value and jax.process_index() == _KILL_PROCESS.value:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + (60 if flags.FLAGS.checkpoint_every else 0)
         while not _complete_checkpoint(checkpoints) and time.monotonic() < deadline:
           time.sleep(0.05)
         print(f"fault_runner: SIGKILL at step {step}", file=sys.stderr, flush=True)

@@ -3,70 +3,25 @@ skipped with a warning and the previous one is used.
 
 The subprocess tests run the real program (`experiments/train.py`, through
 `tests/fault_runner.py`) and compare with the same training done here, uninterrupted, on the
-same 8 emulated devices. The methods come from `fault_methods.METHODS`: add a method there to
+same 8 emulated devices. The methods come from `faults.METHODS`: add a method there to
 put it through every check.
 """
 
-import functools
 import json
 import os
 import random
 import re
 import shutil
 import signal
-import subprocess
-import sys
 
 import jax
-import numpy as np
 import pytest
 
-import fault_methods
+import faults
 from experiments import builders
 from jaxcomm import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
 STEPS, EVERY = 12, 4
-
-
-def run_program(args, timeout=180):
-  """Runs fault_runner.py (experiments/train.py) on 8 emulated devices in a fresh process."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, RUNNER, *args], capture_output=True, text=True,
-                        timeout=timeout, cwd=ROOT, env=env, check=False)
-
-
-@functools.lru_cache(maxsize=None)
-def uninterrupted(algo, steps=STEPS):
-  """(trainer, initial params, final state, history) of the run done in this process."""
-  cfg = fault_methods.config(algo, steps)
-  _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
-  trainer = train.Trainer(loss, builders.make_optimizer(cfg), train.make_mesh({"data": 8}),
-                          has_aux=has_aux)
-  state, history = train.fit(trainer, trainer.init(params), batch_fn, steps, log_every=1,
-                             progress=False)
-  return trainer, params, state, history
-
-
-def restore(trainer, params, directory):
-  state, _ = train.Checkpointer(directory).restore(trainer, trainer.init(params))
-  return state
-
-
-def bits(tree):
-  """Every leaf as (path, dtype, shape, raw bytes): typed keys as their key data."""
-  def leaf(x):
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-      x = jax.random.key_data(x)
-    x = np.asarray(x)
-    return (str(x.dtype), x.shape, x.tobytes())
-  return [(jax.tree_util.keystr(p), leaf(x)) for p, x in jax.tree_util.tree_leaves_with_path(tree)]
-
-
-def assert_bitwise_equal(a, b):
-  for (path, x), (path_b, y) in zip(bits(a), bits(b), strict=True):
-    assert path == path_b and x == y, f"{path} differs"
 
 
 def kill_step(algo):
@@ -81,29 +36,29 @@ def resumed_runs(tmp_path_factory):
   """
   base = tmp_path_factory.mktemp("resume")
   common = [f"--checkpoint_every={EVERY}", "--keep=2", "--log_every=1"]
-  for algo in fault_methods.METHODS:
-    args = fault_methods.flag_args(algo, STEPS) + [f"--workdir={base / algo}"] + common
-    killed = run_program(args + [f"--kill_at={kill_step(algo)}"])
+  for algo in faults.METHODS:
+    args = faults.flag_args(algo, STEPS) + [f"--workdir={base / algo}"] + common
+    killed = faults.run_program(args + [f"--kill_at={kill_step(algo)}"])
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert f"SIGKILL at step {kill_step(algo)}" in killed.stderr
-  resumed = run_program(fault_methods.flag_args("dp", STEPS) + common + [
-      f"--workdir={base}", f"--algos={','.join(fault_methods.METHODS)}"])
+  resumed = faults.run_program(faults.flag_args("dp", STEPS) + common + [
+      f"--workdir={base}", f"--algos={','.join(faults.METHODS)}"])
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   starts = {path: int(step) for step, path in re.findall(
       r"resumed from the checkpoint at step (\d+) in (\S+)", resumed.stderr)}
   return {algo: (base / algo, starts.get(str(base / algo / "checkpoints")))
-          for algo in fault_methods.METHODS}
+          for algo in faults.METHODS}
 
 
-@pytest.mark.parametrize("algo", fault_methods.METHODS)
+@pytest.mark.parametrize("algo", faults.METHODS)
 def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
   workdir, start = resumed_runs[algo]
   assert start is not None and EVERY <= start <= kill_step(algo) and start % EVERY == 0
 
-  trainer, params, reference, history = uninterrupted(algo)
-  final = restore(trainer, params, str(workdir / "checkpoints"))
+  trainer, params, reference, history = faults.uninterrupted(algo, STEPS)
+  final = faults.restore(trainer, params, str(workdir / "checkpoints"))
   assert int(final.step) == STEPS
-  assert_bitwise_equal(final, reference)  # params, memories, counters, outer state, keys
+  faults.assert_bitwise_equal(final, reference)  # params, memories, counters, outer state, keys
   # The metrics of the two runs together are those of one run: each step once, same values.
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -154,15 +109,15 @@ def _mixed_up(step_dir):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
   """A run with per-worker state checkpointed at steps 2, 4, 6 (and its final state)."""
-  trainer, params, reference, _ = uninterrupted("toy_ef", 6)
+  trainer, params, reference, _ = faults.uninterrupted("toy_ef", 6)
   directory = str(tmp_path_factory.mktemp("ckpt"))
-  cfg = fault_methods.config("toy_ef", 6)
+  cfg = faults.config("toy_ef", 6)
   batch_fn = builders.make_task(cfg)[3]
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   state, _ = train.fit(trainer, trainer.init(params), batch_fn, 6, progress=False,
                        checkpointer=ckpt)
   assert ckpt.steps == [2, 4, 6]
-  assert_bitwise_equal(state, reference)
+  faults.assert_bitwise_equal(state, reference)
   return trainer, params, batch_fn, reference, directory
 
 
@@ -184,7 +139,7 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(saved_run, damage, 
   assert ckpt.steps == [2, 4] and os.path.isdir(os.path.join(directory, "6.unreadable"))
   # The run goes on from step 4, saves step 6 again and ends where the intact run ended.
   state, _ = train.fit(trainer, state, batch_fn, 6, progress=False, checkpointer=ckpt)
-  assert_bitwise_equal(state, reference)
+  faults.assert_bitwise_equal(state, reference)
   assert ckpt.steps == [2, 4, 6]
 
 
@@ -200,11 +155,11 @@ def test_half_written_save_leaves_the_previous_checkpoint(saved_run, tmp_path):
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   assert ckpt.steps == [2, 4, 6]
   state, _ = ckpt.restore(trainer, trainer.init(params))
-  assert_bitwise_equal(state, reference)
+  faults.assert_bitwise_equal(state, reference)
   # The run goes on and saves step 8 over the remains of the interrupted save.
   state, _ = train.fit(trainer, state, batch_fn, 8, progress=False, checkpointer=ckpt)
   assert ckpt.steps == [4, 6, 8]
-  assert_bitwise_equal(restore(trainer, params, directory), state)
+  faults.assert_bitwise_equal(faults.restore(trainer, params, directory), state)
 
 
 def test_no_readable_checkpoint_raises_instead_of_starting_over(saved_run, tmp_path):
@@ -226,10 +181,10 @@ def test_empty_directory_restores_nothing(saved_run, tmp_path):
 
 def test_restore_places_per_worker_leaves_with_the_trainer_shardings(saved_run):
   trainer, params, _, reference, source = saved_run
-  state = restore(trainer, params, source)
+  state = faults.restore(trainer, params, source)
   want = trainer.state_shardings(state)
   for x, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
     assert x.sharding.is_equivalent_to(sharding, x.ndim)
   error = state.opt_state[0].error  # the per-worker memory keeps its leading worker axis
   assert jax.tree.leaves(error)[0].shape[0] == 8
-  assert_bitwise_equal(state, reference)
+  faults.assert_bitwise_equal(state, reference)

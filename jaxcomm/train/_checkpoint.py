@@ -79,6 +79,7 @@ class Checkpointer:
     directory, every, keep = _validate.checkpoint_args(directory, every, keep)
     self.directory = os.path.abspath(directory)
     self.every, self.keep = every, keep
+    self._preemption = (None, False)  # (step asked about, answer)
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=every, max_to_keep=keep, create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
@@ -103,7 +104,7 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     # Orbax's own policy would also save the first step of a run; ours is every `every`.
-    if not (force or step % self.every == 0 or self._manager.reached_preemption(step)):
+    if not (force or step % self.every == 0 or self.reached_preemption(step)):
       return False
     stored = _storable(state)
     meta = {"step": step, "fingerprint": self._fingerprint(stored), "info": info or {},
@@ -114,8 +115,14 @@ class Checkpointer:
     return True
 
   def reached_preemption(self, step: int) -> bool:
-    """Whether JAX's preemption notice asks every process to save and stop at `step`."""
-    return self._manager.reached_preemption(step)
+    """Whether JAX's preemption notice asks every process to save and stop at `step`.
+
+    Asked once per step (the answer is remembered): on a multi-host run each question is a
+    step of JAX's preemption sync protocol.
+    """
+    if self._preemption[0] != step:
+      self._preemption = (step, self._manager.reached_preemption(step))
+    return self._preemption[1]
 
   def restore(self, trainer: Trainer, state_like: TrainState) -> tuple[TrainState, dict] | None:
     """The newest readable checkpoint as `(state, info)`, or None when there is none.

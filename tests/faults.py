@@ -1,4 +1,4 @@
-"""Methods the checkpoint / multi-host / fault tests run, registered as `--algo` values.
+"""The fault tests' methods (registered as `--algo` values) and shared helpers.
 
 The fault tests hold that every kind of state survives a kill, a restore on another process
 count, and a skipped step. Besides exact DP they use three small test-local transforms that
@@ -17,15 +17,23 @@ below if `experiments.builders` does not have one yet): every parametrised test 
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
+import sys
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
 from experiments import builders
-from jaxcomm import codecs, comm
+from jaxcomm import codecs, comm, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
 
 # Every method the resume / multi-host tests run (builders.ALGORITHMS names).
 METHODS = ("dp", "toy_ef", "toy_schedule", "toy_stochastic")
@@ -44,6 +52,48 @@ def config(algo: str, steps: int) -> builders.Config:
 
 def flag_args(algo: str, steps: int) -> list[str]:
   return [f"--algo={algo}", f"--steps={steps}"] + [f"--{k}={v}" for k, v in FLAGS.items()]
+
+
+def run_program(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+  """Runs fault_runner.py (experiments/train.py) on 8 emulated devices in a fresh process."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, RUNNER, *args], capture_output=True, text=True,
+                        timeout=timeout, cwd=ROOT, env=env, check=False)
+
+
+@functools.lru_cache(maxsize=None)
+def uninterrupted(algo: str, steps: int):
+  """(trainer, initial params, final state, history): the run done in this process on 8
+  devices, the reference the subprocess runs are compared with (cached per test session)."""
+  cfg = config(algo, steps)
+  _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
+  trainer = train.Trainer(loss, builders.make_optimizer(cfg), train.make_mesh({"data": 8}),
+                          has_aux=has_aux)
+  state, history = train.fit(trainer, trainer.init(params), batch_fn, steps, log_every=1,
+                             progress=False)
+  return trainer, params, state, history
+
+
+def restore(trainer, params, directory: str):
+  """The newest checkpoint in `directory`, placed with `trainer`'s shardings."""
+  state, _ = train.Checkpointer(directory).restore(trainer, trainer.init(params))
+  return state
+
+
+def key_data(tree):
+  """Typed PRNG keys as their uint32 data (so trees with keys compare with numpy tools)."""
+  return jax.tree.map(lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key) else x, tree)
+
+
+def assert_bitwise_equal(a, b) -> None:
+  """Same structure, dtypes, shapes and bytes, leaf by leaf."""
+  paths_a = jax.tree_util.tree_leaves_with_path(key_data(a))
+  paths_b = jax.tree_util.tree_leaves_with_path(key_data(b))
+  for (path, x), (path_b, y) in zip(paths_a, paths_b, strict=True):
+    x, y = np.asarray(x), np.asarray(y)
+    assert path == path_b and x.dtype == y.dtype and x.shape == y.shape, path
+    assert x.tobytes() == y.tobytes(), f"{jax.tree_util.keystr(path)} differs"
 
 
 # ------------------------------------------------------------------- error feedback
