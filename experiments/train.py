@@ -143,8 +143,9 @@ def _check_same_run(workdir: str, cfg) -> None:
                        f"{{setting: (saved, now)}}: {changed}; use another --workdir.")
   elif jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
       json.dump(settings, f, indent=2)
+    os.replace(path + ".tmp", path)  # the other processes read it whole or not at all
 
 
 if __name__ == "__main__":

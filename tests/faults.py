@@ -11,8 +11,11 @@ carry the kinds of state the real methods have:
 * `toy_stochastic`: PRNG keys split every step: a replicated (shared) key drawing a random
   mask and a per-worker key drawing dither noise.
 
-To run the fault tests on a real method, add its name to `METHODS` (and register a builder
-below if `experiments.builders` does not have one yet): every parametrised test picks it up.
+To run the fault tests on a real method, add its `--algo` name to `METHODS`,
+`MULTIHOST_METHODS` and/or `NONFINITE_METHODS` (and register a builder below if
+`experiments.builders` does not have one yet): every parametrised test picks it up. The
+experiment is `FLAGS` (a tiny MLP on digits); a method that needs settings of its own reads
+them from `cfg.extra` in its builder.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
 METHODS = ("dp", "toy_ef", "toy_schedule", "toy_stochastic")
 # Methods whose multi-process run must equal the single-process one (within float error).
 MULTIHOST_METHODS = ("dp", "toy_schedule")
+# Methods whose state must survive a skipped non-finite step untouched.
+NONFINITE_METHODS = ("dp", "toy_ef", "toy_schedule")
 SYNC_EVERY = 3
 
 # The experiment the subprocess tests run, as experiments.train flags and as a Config.

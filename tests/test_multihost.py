@@ -79,3 +79,24 @@ def test_a_dead_process_brings_the_other_down_within_the_heartbeat_timeout(tmp_p
   assert "another task died" in result.stderr
   assert report["exit_after_failure_s"][0] <= HEARTBEAT_S + DETECTION_SLACK_S, report
   assert result.returncode != 0
+
+
+@pytest.mark.parametrize("env,multi", [
+    ({}, False),
+    ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
+    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, True),
+    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, False),
+    ({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "2"}, True),
+    ({"TPU_WORKER_HOSTNAMES": "t0,t1"}, True),
+    ({"TPU_WORKER_HOSTNAMES": "t0"}, False),
+])
+def test_multi_process_environment_is_read_like_jax(monkeypatch, env, multi):
+  for name in ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
+               "SLURM_PROCID", "SLURM_NTASKS", "OMPI_MCA_orte_hnp_uri",
+               "OMPI_COMM_WORLD_SIZE", "TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  assert train.multi_process_environment() == multi
+  if not multi:  # a single-process run: start_distributed does nothing
+    assert train.start_distributed() is False

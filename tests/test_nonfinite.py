@@ -37,7 +37,7 @@ def bitwise(a, b):
     assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
-@pytest.mark.parametrize("algo", ["dp", "toy_ef", "toy_schedule"])
+@pytest.mark.parametrize("algo", faults.NONFINITE_METHODS)
 def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
   cfg = faults.config(algo, STEPS)
   _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
@@ -56,7 +56,7 @@ def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
                          progress=False)
   bitwise(state.params, without.params)
   bitwise(state.opt_state.inner_state, without.opt_state.inner_state)
-  if algo == "toy_schedule":  # the period does not count the skipped step
+  if algo == "toy_schedule":  # the sync period does not count the skipped step
     assert int(state.opt_state.inner_state.count) == STEPS - 1
 
 

@@ -151,9 +151,9 @@ class Checkpointer:
           self._set_aside(unreadable)
         state = jax.tree.map(_unstorable, out["state"], state_like)
         return state, out["meta"].get("info", {})
+      why = (error or "it failed on another process")[:500]
       logger.warning("checkpoint at step %d in %s cannot be restored (%s); trying the "
-                     "previous one.", step, self.directory, (error or "failed on another "
-                                                              "process")[:500])
+                     "previous one.", step, self.directory, why)
       unreadable.append(step)
     if unreadable:
       raise RuntimeError(f"none of the checkpoints {sorted(unreadable)} in {self.directory} "
