@@ -199,11 +199,11 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
     arXiv 1705.09056.
 
   >>> import jax.numpy as jnp, optax
-  >>> tx = dpsgd(optax.sgd(0.1), "ring", num_workers=8, axis_name=None)
+  >>> tx = dpsgd(optax.sgd(0.5), "ring", num_workers=8, axis_name=None)
   >>> params = {"w": jnp.ones(2)}
   >>> updates, state = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
   >>> updates["w"], int(state.count)
-  (Array([-0.1, -0.1], dtype=float32), 1)
+  (Array([-0.5, -0.5], dtype=float32), 1)
   """
   graph = _resolve(graph, num_workers)
   axes = _axes(axis_name)
@@ -271,11 +271,11 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import codecs
-  >>> tx = choco(optax.sgd(0.1), "ring", codecs.identity(), num_workers=8, axis_name=None)
+  >>> tx = choco(optax.sgd(0.5), "ring", codecs.identity(), num_workers=8, axis_name=None)
   >>> params = {"w": jnp.ones(2)}
   >>> updates, state = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
   >>> updates["w"], state.public
-  (Array([-0.1, -0.1], dtype=float32), Array([0.9, 0.9], dtype=float32))
+  (Array([-0.5, -0.5], dtype=float32), Array([0.5, 0.5], dtype=float32))
   """
   graph = _resolve(graph, num_workers)
   if graph.period != 1:

@@ -154,7 +154,7 @@ def gossip_graph(name: str, num_workers: int, *, shape=None) -> GossipGraph:
     arXiv 2110.13363; Assran et al., SGP (one-peer exponential), arXiv 1811.10792.
 
   >>> g = gossip_graph("ring", 8)
-  >>> g.degree(), round(g.matrices[0][0, 1], 4), round(g.second_eigenvalue(), 4)
+  >>> g.degree(), round(float(g.matrices[0][0, 1]), 4), round(g.second_eigenvalue(), 4)
   (2, 0.3333, 0.8047)
   >>> gossip_graph("one_peer_exponential", 8).period
   3
