@@ -7,6 +7,11 @@ from jaxcomm.sync._gossip import consensus_distance
 from jaxcomm.sync._gossip import dpsgd
 from jaxcomm.sync._gossip import gossip
 from jaxcomm.sync._gossip import stacked_consensus_distance
+from jaxcomm.sync._gradient_coding import FractionalRepetition
+from jaxcomm.sync._gradient_coding import GradientCodingState
+from jaxcomm.sync._gradient_coding import decode_gradient
+from jaxcomm.sync._gradient_coding import fractional_repetition
+from jaxcomm.sync._gradient_coding import gradient_coding
 from jaxcomm.sync._mean import MeanState
 from jaxcomm.sync._mean import mean
 from jaxcomm.sync._topology import GRAPHS
@@ -16,14 +21,19 @@ from jaxcomm.sync._topology import gossip_graph
 __all__ = (
     "ChocoState",
     "DpsgdState",
+    "FractionalRepetition",
     "GRAPHS",
     "GossipGraph",
+    "GradientCodingState",
     "MeanState",
     "choco",
     "consensus_distance",
+    "decode_gradient",
     "dpsgd",
+    "fractional_repetition",
     "gossip",
     "gossip_graph",
+    "gradient_coding",
     "mean",
     "stacked_consensus_distance",
 )
