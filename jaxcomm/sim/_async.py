@@ -40,13 +40,21 @@ class Method:
 
 
 def synchronous_sgd() -> Method:
-  """Minibatch SGD: every worker computes one gradient; the step waits for the slowest."""
+  """Minibatch SGD: every worker computes one gradient; the step waits for the slowest.
+
+  >>> synchronous_sgd().kind
+  'synchronous'
+  """
   return Method("synchronous SGD", "synchronous")
 
 
 def asynchronous_sgd() -> Method:
   """Asynchronous SGD: the server steps with each gradient as it arrives, whatever its
-  staleness; the worker restarts from the new iterate (Mishchenko et al., arXiv 2206.07638)."""
+  staleness; the worker restarts from the new iterate (Mishchenko et al., arXiv 2206.07638).
+
+  >>> asynchronous_sgd().kind
+  'asynchronous'
+  """
   return Method("asynchronous SGD", "asynchronous")
 
 
@@ -109,6 +117,7 @@ class SimResult(NamedTuple):
   loss: np.ndarray       # f64[K+1]: loss_fn at iterate k
   used: np.ndarray       # i32[K, W]: gradients of each worker applied at step k
   staleness: np.ndarray  # i32[K]: largest staleness (steps) among the gradients of step k
+  #                        (0 by construction for the methods that use fresh gradients only)
   discarded: np.ndarray  # i32[K]: computations thrown away (stale or timed out) in step k
   wire_bytes: float      # bytes one device sends per step (clock exchange + gradient sum)
   params: Any            # the final parameters
@@ -303,6 +312,13 @@ def simulate(method: Method, grad_fn: Callable, loss_fn: Callable, params: Any,
 
   Raises:
     ValueError: bad steps, lr, axis, or a compute model / method sized for other workers.
+
+  >>> from jaxcomm import sim, train
+  >>> mesh = train.make_mesh({"data": 8})
+  >>> r = simulate(rennala_sgd(8), lambda p, key: p, lambda p: jnp.sum(p ** 2),
+  ...              jnp.ones(2), sim.fixed([1.0] * 7 + [10.0]), mesh=mesh, steps=3, lr=0.5)
+  >>> r.time.tolist(), r.used[0].tolist()
+  ([0.0, 2.0, 4.0, 6.0], [2, 1, 1, 1, 1, 1, 1, 0])
   """
   if method.kind not in _BUILDERS:
     raise ValueError(f"method kind {method.kind!r} is unknown; allowed: {', '.join(METHODS)}.")

@@ -133,6 +133,8 @@ def decode_gradient(coded: Any, code: FractionalRepetition, stragglers: jax.Arra
     `approximate`, lost groups are made up for by rescaling the recovered ones.
   """
   axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name or ())
+  if not axes and code.num_workers == 1:  # One worker: nothing straggles, nothing travels.
+    return coded, 0.0, jnp.ones((), jnp.float32)
   if comm.axis_size(axes) != code.num_workers:
     raise ValueError(f"the code has {code.num_workers} workers but the mesh axis {axes} has "
                      f"{comm.axis_size(axes)}.")
