@@ -54,6 +54,10 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout", 100, "Seconds after which a silent process is declared dead and the "
     "others abort (multi-process runs).")
+_TOPOLOGY = flags.DEFINE_string("topology", "ring", "dpsgd/choco: gossip graph (ring, torus, "
+                                "exponential, complete, one_peer_exponential).")
+_GOSSIP_CODEC = flags.DEFINE_string("gossip_codec", "bfloat16", "choco: codec of the gossip.")
+_CONSENSUS_STEP = flags.DEFINE_float("consensus_step", 0.5, "choco: consensus step size.")
 
 
 def config_from_flags():
@@ -64,7 +68,9 @@ def config_from_flags():
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
-      d_ff=4 * _D_MODEL.value)
+      d_ff=4 * _D_MODEL.value,
+      extra={"topology": _TOPOLOGY.value, "gossip_codec": _GOSSIP_CODEC.value,
+             "consensus_step": _CONSENSUS_STEP.value})
 
 
 def main(argv):
