@@ -172,3 +172,15 @@ def test_presets_have_numbers_and_sources():
 def test_bad_input_names_the_argument(make, word):
   with pytest.raises(ValueError, match=word.replace("[", r"\[").replace("]", r"\]")):
     make()
+
+
+def test_split_operands_charges_the_latency_once_per_operand():
+  col = comm.Collective(op="all-reduce", dtype="f32", shape=((10,), (30,)), axes=("data",),
+                        group_size=8, operand_bytes=160.0, wire_bytes=280.0,
+                        in_conditional=False, trips=1, name="tuple")
+  combined = comm.cost([col], LINK, "ring").seconds()
+  split = comm.cost([col], LINK, "ring", split_operands=True).seconds()
+  assert combined == pytest.approx(comm.collective_time("all-reduce", 160.0, 8, LINK, "ring"))
+  assert split == pytest.approx(comm.collective_time("all-reduce", 40.0, 8, LINK, "ring") +
+                                comm.collective_time("all-reduce", 120.0, 8, LINK, "ring"))
+  assert split - combined == pytest.approx(2 * 7 * A)  # one more ring latency schedule

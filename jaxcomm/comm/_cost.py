@@ -402,14 +402,32 @@ class CommCost:
     return self.table()
 
 
+def _operand_bytes(col: Collective) -> list:
+  """Bytes of each operand of a (possibly multi-operand) collective.
+
+  The report keeps one dtype set per collective, so bytes are shared out by element count:
+  exact when the operands have one dtype, as XLA's combiner produces.
+  """
+  shapes = col.shape
+  if not shapes or isinstance(shapes[0], int):
+    return [col.operand_bytes]
+  sizes = [math.prod(s) for s in shapes]
+  total = sum(sizes)
+  return [col.operand_bytes * n / total if total else 0.0 for n in sizes]
+
+
 def cost(report: CollectiveReport | Iterable[Collective], topology_spec: Any,
-         algorithm: str = "auto") -> CommCost:
+         algorithm: str = "auto", *, split_operands: bool = False) -> CommCost:
   """Modelled time of every collective `comm.inspect` found in a compiled program.
 
   Args:
     report: a `CollectiveReport` (or any iterable of `Collective`).
     topology_spec: a `Topology`, `Link`, preset name or dict {axis: link} (see `topology`).
     algorithm: "ring", "tree", "halving_doubling" or "auto" (fastest per collective).
+    split_operands: how a multi-operand collective (XLA combines many small all-reduces
+      into one tuple all-reduce) runs. False: as one collective of the summed bytes, one
+      latency schedule. True: one collective per operand, each paying the latency, which
+      is what XLA:CPU's gloo collectives do (measured by benchmarks/shaped_link.py).
 
   Returns:
     A `CommCost`: `.seconds()` per call (`conditional=False`: what runs on every call),
@@ -432,9 +450,12 @@ def cost(report: CollectiveReport | Iterable[Collective], topology_spec: Any,
     if not isinstance(col, Collective):
       raise ValueError(f"report must hold comm.Collective entries, got {col!r}.")
     link = topo.link(col.axes)
-    times = algorithm_times(col.op, col.operand_bytes, col.group_size, link)
+    parts = _operand_bytes(col) if split_operands else [col.operand_bytes]
+    picked = [_pick(algorithm_times(col.op, n, col.group_size, link), algorithm)
+              for n in parts]
+    seconds = sum(t for _, t in picked)
     if col.op == "collective-permute" and col.wire_bytes == 0:
-      times = {a: 0.0 for a in times}
-    name, seconds = _pick(times, algorithm)
+      seconds = 0.0
+    name = picked[0][0] if len({a for a, _ in picked}) == 1 else "mixed"
     costs.append(CollectiveCost(collective=col, link=link, algorithm=name, seconds=seconds))
   return CommCost(tuple(costs))
