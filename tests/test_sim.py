@@ -100,6 +100,7 @@ def test_time_to_target_and_never_reached():
 def test_measured_and_modelled_compute():
   x = jnp.ones((64, 64))
   assert sim.measure_seconds(lambda a: a @ a, x, repeats=3) > 0
+  assert 0 < sim.measure_seconds(lambda a: a @ a, x, repeats=3, statistic="min")
   assert sim.step_flops(lambda a: a @ a, x) == 2 * 64 ** 3
 
 
@@ -117,6 +118,7 @@ def test_measured_and_modelled_compute():
     (lambda: sim.comm_seconds_per_step([-1.0], comm.CommCost(())), "step_bytes"),
     (lambda: sim.comm_seconds_per_step([1.0], 0.5), "comm_cost"),
     (lambda: sim.measure_seconds(lambda: 0, repeats=0), "repeats"),
+    (lambda: sim.measure_seconds(lambda: 0, statistic="mean"), "statistic"),
 ])
 def test_bad_input_names_the_argument(make, word):
   with pytest.raises(ValueError, match=word):
