@@ -125,13 +125,12 @@ def resolve_methods(labels: list | None) -> tuple[list, list]:
   return run, notes
 
 
-def _compute_seconds(settings: Settings, algo: str, overrides: dict, loss_fn, params,
-                     local_batch) -> float:
-  """One worker's step (gradient, transform, update) with no communication, timed here."""
+def _local_step(settings: Settings, algo: str, overrides: dict, loss_fn, params, batch):
+  """One worker's step (gradient, transform, update) with no communication: the method
+  built for one device (axis_name=None), as a jitted function and its arguments."""
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   from experiments import builders  # pylint: disable=import-outside-toplevel
-  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
 
   tx = builders.make_optimizer(_config(settings, algo, overrides, None))
 
@@ -140,13 +139,26 @@ def _compute_seconds(settings: Settings, algo: str, overrides: dict, loss_fn, pa
     u, s = tx.update(g, s, p)
     return optax.apply_updates(p, u), s
 
-  # The fastest of several calls: the least disturbed by other programs on the machine.
-  return sim.measure_seconds(jax.jit(step), params, tx.init(params), local_batch,
-                             repeats=settings.compute_repeats, statistic="min")
+  return jax.jit(step), (params, tx.init(params), batch)
 
 
-def run_method(label: str, settings: Settings, mesh) -> dict:
-  """Trains one method and puts it on the simulated clock of every network."""
+def measure_compute(steps: dict, repeats: int) -> dict:
+  """Seconds per call of each method's local step, timed round-robin across methods and
+  taking each one's fastest call: every method sees the same load on a shared machine, and
+  the fastest call is the least disturbed by other programs."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
+  for fn, args in steps.values():  # compile and warm up
+    jax.block_until_ready(fn(*args))
+  best = {label: float("inf") for label in steps}
+  for _ in range(repeats):
+    for label, (fn, args) in steps.items():
+      best[label] = min(best[label], sim.measure_seconds(fn, *args, repeats=1, warmup=0))
+  return best
+
+
+def train_method(label: str, settings: Settings, mesh) -> tuple[dict, dict]:
+  """Trains one method; returns its record and what the simulation needs."""
   from experiments import builders  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm, sim, train  # pylint: disable=import-outside-toplevel
 
@@ -166,33 +178,39 @@ def run_method(label: str, settings: Settings, mesh) -> dict:
   step_bytes = np.array([row["wire_bytes"] for row in history], dtype=np.float64)
   workers = trainer.num_workers
   local = {k: v[:settings.batch_size // workers] for k, v in batch_fn(0).items()}
-  compute = _compute_seconds(settings, algo, overrides, loss_fn, params, local)
-  overlap = sim.overlap_steps(algo, tau=overrides.get("extra", {}).get("tau"))
   dp_bytes = comm.allreduce_bytes(comm.tree_bytes(params), workers)
   per_step = float(step_bytes.mean())
   smoothed = sim.smooth(losses, settings.smooth)
-  out = {
+  record = {
       "method": label, "algo": algo, "overrides": overrides, "workers": workers,
       "steps": settings.steps, "final_loss": float(smoothed[-1]),
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
       "compression_ratio": dp_bytes / per_step if per_step else None,
       "inspected_wire_bytes": {"every_step": report.wire_bytes(conditional=False),
                                "conditional": report.wire_bytes(conditional=True)},
-      "compute_seconds_per_step": compute, "overlap_steps": overlap,
+      "overlap_steps": sim.overlap_steps(algo, tau=overrides.get("extra", {}).get("tau")),
       "train_seconds_emulated": train_seconds,
       "curve": {"step": [row["step"] for row in history], "loss": losses.tolist(),
                 "smoothed_loss": smoothed.tolist(),
                 "cumulative_wire_bytes": np.cumsum(step_bytes).tolist()},
       "networks": {},
   }
+  sim_inputs = {"report": report, "step_bytes": step_bytes,
+                "local_step": _local_step(settings, algo, overrides, loss_fn, params, local)}
+  return record, sim_inputs
+
+
+def simulate_method(record: dict, report, step_bytes, compute: float,
+                    settings: Settings) -> None:
+  """Puts a trained method on the simulated clock of every network (fills record)."""
+  from jaxcomm import comm, sim  # pylint: disable=import-outside-toplevel
+  record["compute_seconds_per_step"] = compute
   for network in settings.networks:
-    costed = comm.cost(report, network)
-    comm_s = sim.comm_seconds_per_step(step_bytes, costed)
-    timeline = sim.simulate(compute, comm_s, overlap_steps=overlap)
-    out["networks"][network] = {
+    comm_s = sim.comm_seconds_per_step(step_bytes, comm.cost(report, network))
+    timeline = sim.simulate(compute, comm_s, overlap_steps=record["overlap_steps"])
+    record["networks"][network] = {
         "comm_seconds_per_step": float(comm_s.mean()), "total_seconds": timeline.total,
         "exposed_comm_seconds": timeline.exposed_comm, "time": timeline.done.tolist()}
-  return out
 
 
 def pick_target(results: list, settings: Settings) -> tuple[float, str]:
@@ -283,12 +301,21 @@ def run(settings: Settings, workdir: str, methods: list | None = None, *,
     comm.preset(network)  # an unknown preset fails before anything trains
   labels, notes = resolve_methods(methods)
   mesh = train.make_mesh({"data": jax.device_count()})
-  results = []
+  results, inputs = [], []
   for label in labels:
     if verbose:
       print(f"training {label} ({settings.steps} steps on {jax.device_count()} devices)...",
             file=sys.stderr, flush=True)
-    results.append(run_method(label, settings, mesh))
+    record, sim_inputs = train_method(label, settings, mesh)
+    results.append(record)
+    inputs.append(sim_inputs)
+  if verbose:
+    print("measuring compute per step...", file=sys.stderr, flush=True)
+  compute = measure_compute({r["method"]: i["local_step"] for r, i in zip(results, inputs)},
+                            settings.compute_repeats)
+  for record, sim_inputs in zip(results, inputs):
+    simulate_method(record, sim_inputs["report"], sim_inputs["step_bytes"],
+                    compute[record["method"]], settings)
   target, target_source = pick_target(results, settings)
   add_time_to_target(results, target, settings)
   text = table(results, settings, target)
