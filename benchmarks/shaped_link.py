@@ -181,6 +181,10 @@ def orchestrate(args) -> int:
   except subprocess.TimeoutExpired:
     print(f"shaped_link: workers did not finish within {args.timeout} s; stopped them.")
     return 1
+  except KeyboardInterrupt as stopped:
+    print(f"shaped_link: interrupted ({stopped}); stopped the workers and removed the "
+          f"namespaces, veth pair and hosts files.")
+    return 130
   finally:
     for proc, log in procs:
       if proc.poll() is None:
