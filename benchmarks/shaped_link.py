@@ -150,10 +150,11 @@ def orchestrate(args) -> int:
       env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
       env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
       for pid, ns in enumerate(NAMESPACES):
-        cmd = ["ip", "netns", "exec", ns, sys.executable, os.path.abspath(__file__),
+        cmd = ["ip", "netns", "exec", ns, "nice", "-n", str(args.nice), sys.executable,
+               os.path.abspath(__file__),
                "--worker", f"--process_id={pid}", f"--coordinator={ADDRESSES[0]}:{PORT}",
                f"--rate_mbit={args.rate_mbit}", f"--out={outdir}", f"--steps={args.steps}",
-               f"--sync_every={args.sync_every}"]
+               f"--sync_every={args.sync_every}", f"--local_batch={args.local_batch}"]
         log = open(os.path.join(outdir, f"worker{pid}.log"), "w", encoding="utf-8")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                        cwd=ROOT), log))
@@ -200,6 +201,7 @@ def _print_table(result: dict) -> None:
         f"{link['bandwidth_bytes_per_s'] / 1e6:.2f} MB/s), latency per message (measured) "
         f"{link['latency'] * 1e3:.3f} ms; 2 processes x 1 CPU device, gloo ring; "
         f"load average {result['load_average'][0]:.1f}")
+  print(f"workers' niceness {result.get('nice', 0)}")
   print(f"model: {result['model']}, {result['param_bytes']:,} parameter bytes, per-worker "
         f"batch {result['local_batch']}")
   for c in result.get("calibration", []):
@@ -286,7 +288,7 @@ def worker(args) -> None:
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()
   cfg = builders.Config(model="lm", d_model=128, num_layers=4, num_heads=4, d_ff=512,
-                        seq_len=64, batch_size=8 * w, lr=1e-3)
+                        seq_len=64, batch_size=args.local_batch * w, lr=1e-3)
   lm = models.TransformerLM(d_model=cfg.d_model, num_layers=cfg.num_layers,
                             num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
   params = lm.init(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
@@ -402,7 +404,7 @@ def worker(args) -> None:
           f"{rows[-1]['predicted_step_s']:.4f}", flush=True)
 
   if jax.process_index() == 0:
-    result = {"load_average": os.getloadavg(),
+    result = {"load_average": os.getloadavg(), "nice": os.nice(0),
               "link": {"rate_mbit": args.rate_mbit, "latency": latency,
                        "bandwidth_bytes_per_s": goodput},
               "model": f"TransformerLM d_model={cfg.d_model} layers={cfg.num_layers}",
@@ -418,14 +420,20 @@ def main() -> int:
   parser.add_argument("--rate_mbit", type=int, default=RATE_MBIT, help="tbf rate, Mbit/s.")
   parser.add_argument("--steps", type=int, default=12, help="timed steps per method.")
   parser.add_argument("--sync_every", type=int, default=4, help="H of local SGD.")
+  parser.add_argument("--local_batch", type=int, default=4, help="sequences per worker.")
   parser.add_argument("--timeout", type=float, default=900, help="seconds for all workers.")
   parser.add_argument("--json", default=None, help="also write the results here.")
+  parser.add_argument("--nice", type=int, default=0,
+                      help="niceness of the two workers; on a busy shared machine a negative "
+                           "value (root) lets other programs disturb the timings less.")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--process_id", type=int, default=0, help=argparse.SUPPRESS)
   parser.add_argument("--coordinator", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  for name in ("rate_mbit", "steps", "sync_every"):
+  if not -20 <= args.nice <= 19:
+    parser.error(f"--nice must be in [-20, 19], got {args.nice}.")
+  for name in ("rate_mbit", "steps", "sync_every", "local_batch"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
   if args.steps % args.sync_every:
