@@ -72,7 +72,7 @@ def main(argv):
         (sim.rennala_sgd(w), steps, lr),
         (sim.mindflayer_sgd(allotted, trials=1), steps, lr),
     ]
-    results = [sim.simulate(m, grad_fn, loss_fn, params, compute, mesh=mesh, steps=k, lr=a,
+    results = [sim.simulate_workers(m, grad_fn, loss_fn, params, compute, mesh=mesh, steps=k, lr=a,
                             seed=_SEED.value) for m, k, a in runs]
     horizon = min(r.time[-1] for r in results)
     target = _TARGET.value

@@ -71,7 +71,7 @@ def rennala_reference(compute, batch, steps, lr, seed=0):
 @pytest.fixture(scope="module")
 def one_slow_worker(mesh8):
   compute = sim.fixed([1.0] * 7 + [10.0])
-  runs = {m.kind: sim.simulate(m, grad_fn, loss_fn, PARAMS, compute, mesh=mesh8, steps=60,
+  runs = {m.kind: sim.simulate_workers(m, grad_fn, loss_fn, PARAMS, compute, mesh=mesh8, steps=60,
                                lr=0.2)
           for m in (sim.synchronous_sgd(), sim.rennala_sgd(W))}
   return compute, runs
@@ -82,7 +82,7 @@ def test_rennala_equals_event_driven_reference_and_never_uses_stale_gradients(
   compute, runs = one_slow_worker
   for compute, result in ((compute, runs["rennala"]),
                           (sim.lognormal(np.linspace(0.5, 3.0, W), 0.7),
-                           sim.simulate(sim.rennala_sgd(5), grad_fn, loss_fn, PARAMS,
+                           sim.simulate_workers(sim.rennala_sgd(5), grad_fn, loss_fn, PARAMS,
                                         sim.lognormal(np.linspace(0.5, 3.0, W), 0.7),
                                         mesh=mesh8, steps=25, lr=0.2))):
     batch = int(result.used[0].sum())
@@ -96,7 +96,7 @@ def test_rennala_equals_event_driven_reference_and_never_uses_stale_gradients(
 
 
 def test_asynchronous_sgd_uses_stale_gradients(mesh8):
-  result = sim.simulate(sim.asynchronous_sgd(), grad_fn, loss_fn, PARAMS,
+  result = sim.simulate_workers(sim.asynchronous_sgd(), grad_fn, loss_fn, PARAMS,
                         sim.fixed([1.0] * 7 + [10.0]), mesh=mesh8, steps=80, lr=0.02)
   assert (result.used.sum(1) == 1).all()
   assert result.staleness.max() >= 7  # the slow worker's gradient arrives ~70 steps late
@@ -118,9 +118,9 @@ def test_rennala_beats_synchronous_sgd_in_simulated_time_with_one_slow_worker(on
 
 def test_mindflayer_beats_rennala_under_heavy_tailed_times(mesh8):
   compute = sim.heavy_tailed(base=1.0, scale=0.1, alpha=0.5)  # infinite mean: workers get stuck
-  rennala = sim.simulate(sim.rennala_sgd(W), grad_fn, loss_fn, PARAMS, compute, mesh=mesh8,
+  rennala = sim.simulate_workers(sim.rennala_sgd(W), grad_fn, loss_fn, PARAMS, compute, mesh=mesh8,
                          steps=60, lr=0.2, seed=3)
-  mindflayer = sim.simulate(sim.mindflayer_sgd(allotted=2.0, trials=1), grad_fn, loss_fn,
+  mindflayer = sim.simulate_workers(sim.mindflayer_sgd(allotted=2.0, trials=1), grad_fn, loss_fn,
                             PARAMS, compute, mesh=mesh8, steps=60, lr=0.2, seed=3)
   assert mindflayer.time[-1] <= 60 * 2.0 + 1e-3  # a step never lasts more than the allotted time
   horizon = mindflayer.time[-1]
@@ -155,8 +155,8 @@ def test_bad_input_fails_at_build(mesh8):
   with pytest.raises(ValueError, match="trials"):
     sim.mindflayer_sgd(1.0, trials=0)
   with pytest.raises(ValueError, match="describes 3 workers"):
-    sim.simulate(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed([1.0, 2.0, 3.0]),
+    sim.simulate_workers(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed([1.0, 2.0, 3.0]),
                  mesh=mesh8, steps=2, lr=0.1)
   with pytest.raises(ValueError, match="steps"):
-    sim.simulate(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed(1.0), mesh=mesh8,
+    sim.simulate_workers(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed(1.0), mesh=mesh8,
                  steps=0, lr=0.1)

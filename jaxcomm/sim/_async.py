@@ -289,7 +289,7 @@ _BUILDERS = {"synchronous": _synchronous, "asynchronous": _asynchronous,
              "rennala": _rennala, "mindflayer": _mindflayer}
 
 
-def simulate(method: Method, grad_fn: Callable, loss_fn: Callable, params: Any,
+def simulate_workers(method: Method, grad_fn: Callable, loss_fn: Callable, params: Any,
              compute: ComputeModel, *, mesh: jax.sharding.Mesh, steps: int, lr: float,
              axis_name: str = "data", seed: int = 0) -> SimResult:
   """Runs `steps` server steps of `method` on the workers of `axis_name`.
@@ -315,7 +315,7 @@ def simulate(method: Method, grad_fn: Callable, loss_fn: Callable, params: Any,
 
   >>> from jaxcomm import sim, train
   >>> mesh = train.make_mesh({"data": 8})
-  >>> r = simulate(rennala_sgd(8), lambda p, key: p, lambda p: jnp.sum(p ** 2),
+  >>> r = simulate_workers(rennala_sgd(8), lambda p, key: p, lambda p: jnp.sum(p ** 2),
   ...              jnp.ones(2), sim.fixed([1.0] * 7 + [10.0]), mesh=mesh, steps=3, lr=0.5)
   >>> r.time.tolist(), r.used[0].tolist()
   ([0.0, 2.0, 4.0, 6.0], [2, 1, 1, 1, 1, 1, 1, 0])
