@@ -8,6 +8,7 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import sync
 from jaxcomm import train
@@ -18,6 +19,7 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "local",
     "models",
     "sync",
     "train",
