@@ -32,6 +32,12 @@ _REDUCE_DTYPE = flags.DEFINE_string("reduce_dtype", None, "dp: dtype gradients t
 _D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
 _HEADS = flags.DEFINE_integer("num_heads", 4, "LM attention heads.")
+_DELAY = flags.DEFINE_integer("delay", 1, "stale: staleness tau, in updates.")
+_COMPENSATION = flags.DEFINE_enum("compensation", "none", ["none", "dc"],
+                                  "stale: delay compensation (dc: DC-ASGD).")
+_DC_LAMBDA = flags.DEFINE_float("dc_lambda", 0.04, "stale: DC-ASGD lambda.")
+_MICRO_BATCHES = flags.DEFINE_string("micro_batches", "1", "acco: micro-batches per worker "
+                                     "and round, N or one count per worker (n0,n1,...).")
 
 
 def config_from_flags():
@@ -42,7 +48,9 @@ def config_from_flags():
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
-      d_ff=4 * _D_MODEL.value)
+      d_ff=4 * _D_MODEL.value,
+      extra={"delay": _DELAY.value, "compensation": _COMPENSATION.value,
+             "dc_lambda": _DC_LAMBDA.value, "micro_batches": _MICRO_BATCHES.value})
 
 
 def main(argv):
@@ -56,6 +64,9 @@ def main(argv):
   cfg = config_from_flags()
   tx = builders.make_optimizer(cfg)
   _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+  wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+  if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+    loss_fn = wrap_loss(cfg, loss_fn)
   mesh = train.make_mesh({"data": jax.device_count()})
   trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
   state = trainer.init(params)

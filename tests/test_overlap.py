@@ -464,3 +464,17 @@ def test_bad_input_raises_value_error_at_build(mesh8, mlp):
                           mesh8)
   with pytest.raises(ValueError, match="micro_batches has 2 entries"):
     trainer.init(params)
+
+
+def test_experiment_builders_register_the_methods():
+  from experiments import builders  # pylint: disable=import-outside-toplevel
+  extras = {"delayed": {}, "stale": {"delay": 2, "compensation": "dc", "dc_lambda": 0.1},
+            "acco": {"micro_batches": "1,2,3,4,1,2,3,4"}}
+  for algo, extra in extras.items():
+    tx = builders.make_optimizer(builders.Config(algo=algo, extra=extra))
+    assert callable(tx.init) and callable(tx.update)
+  assert callable(builders.ALGORITHMS["acco"].wrap_loss)
+  with pytest.raises(ValueError, match="micro_batches"):
+    builders.make_optimizer(builders.Config(algo="acco", extra={"micro_batches": "2,0"}))
+  with pytest.raises(ValueError, match="delay"):
+    builders.make_optimizer(builders.Config(algo="stale", extra={"delay": -1}))

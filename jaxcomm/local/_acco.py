@@ -172,8 +172,8 @@ def acco(inner: optax.GradientTransformation, axis_name: comm.AxisName = "data",
   >>> u1, state = tx.update({"w": 3 * jnp.ones(2)}, state, p)  # estimate from round 0's
   >>> p1 = {"w": p["w"] + u1["w"]}
   >>> u2, state = tx.update({"w": jnp.ones(2)}, state, p1)  # real: mean of rounds 0 and 1
-  >>> u0["w"], u1["w"], p1["w"] + u2["w"]
-  (Array([0., 0.], dtype=float32), Array([-1., -1.], dtype=float32), Array([-2., -2.], dtype=float32))
+  >>> u0["w"].tolist(), u1["w"].tolist(), (p1["w"] + u2["w"]).tolist()
+  ([0.0, 0.0], [-1.0, -1.0], [-2.0, -2.0])
   """
   counts = _check_micro_batches(micro_batches)
   inner = optax.with_extra_args_support(inner)

@@ -87,8 +87,8 @@ def stale(inner: optax.GradientTransformation, delay: int,
     delay: tau >= 0, the staleness in updates.
     axis_name: the data axis (or tuple of axes) to average over; None for one device.
     compensation: None, or "dc" for DC-ASGD delay compensation.
-    lam: DC-ASGD's lambda >= 0 (0.04 is the paper's constant-lambda setting); unused without
-      compensation.
+    lam: DC-ASGD's lambda >= 0 (0.04: the paper's constant-lambda setting, as recalled,
+      unverified); unused without compensation.
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params`.
