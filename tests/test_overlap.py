@@ -238,10 +238,9 @@ def threshold(converged):
 def test_staleness_threshold_shrinks_with_delay_and_dc_widens_it(mesh8):
   plain = {tau: threshold(stable_lrs(mesh8, tau, None)) for tau in (0, 1, 2, 4)}
   dc = {tau: threshold(stable_lrs(mesh8, tau, "dc")) for tau in (1, 2, 4)}
-  print("thresholds", plain, dc)
-  # Measured (jax 0.10.2, 400 steps, lr grid 3.8 % apart; a_max = 1):
-  #   no compensation: tau 0: 1.96, tau 1: 0.97, tau 2: 0.60, tau 4: 0.34
-  #   DC-ASGD, lam 1:  tau 1: 1.89, tau 2: 1.82, tau 4: 1.69
+  # Measured (jax 0.10.2, 400 steps, lr grid 3.8 % apart, largest a = 1):
+  #   no compensation: tau 0: 1.971, tau 1: 0.971, tau 2: 0.598, tau 4: 0.342
+  #   DC-ASGD, lam 1:  tau 1: 1.899, tau 2: 1.971, tau 4: 1.971
   # Theory for x_{t+1} = x_t - lr a x_{t-tau}: stable iff lr a < 2 sin(pi / (2 (2 tau + 1))),
   # i.e. 2, 1, 0.618, 0.347; exact DC restores the undelayed bound 2 to first order.
   for tau, lr in plain.items():
@@ -398,7 +397,8 @@ def test_acco_ends_closer_to_dp_than_delayed_on_lm(mesh8):
   dp = final_loss(optax.chain(sync.mean("data"), optax.adam(lr)), updates, full)
   delayed = final_loss(local.delayed(optax.adam(lr), "data"), updates + 1, full)
   acco = final_loss(local.acco(optax.adam(lr), "data"), 2 * updates + 1, half)
-  # Measured (30 updates, Adam 3e-2, held-out loss): dp ~, delayed ~, acco ~.
+  # Measured (jax 0.10.2; 30 updates, Adam 3e-2, held-out loss of the final parameters):
+  # dp 3.131, delayed 3.433, acco 3.164 (at Adam 1e-2: 3.099, 3.308, 3.104).
   assert abs(acco - dp) < abs(delayed - dp), (dp, delayed, acco)
 
 
