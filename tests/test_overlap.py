@@ -478,3 +478,45 @@ def test_experiment_builders_register_the_methods():
     builders.make_optimizer(builders.Config(algo="acco", extra={"micro_batches": "2,0"}))
   with pytest.raises(ValueError, match="delay"):
     builders.make_optimizer(builders.Config(algo="stale", extra={"delay": -1}))
+
+
+# ------------------------------------------------------------------ property: build or ValueError
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error,  # noqa: E402
+                             run_update, valid_or)
+
+FEW = settings(max_examples=12, deadline=None, derandomize=True,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+COUNTS_OR_JUNK = valid_or(st.one_of(st.integers(1, 4), st.lists(st.integers(1, 3), min_size=W,
+                                                                max_size=W).map(tuple)),
+                          # (A wrong number of valid counts is caught at init, not build.)
+                          st.one_of(JUNK, st.lists(st.integers(-1, 0), min_size=1,
+                                                   max_size=W)))
+
+
+@FEW
+@given(inner=TRANSFORMS, axis_name=AXIS_NAMES)
+@example(inner=optax.adam(0.1), axis_name="data")
+def test_delayed_builds_or_raises_value_error(inner, axis_name):
+  builds_or_value_error(lambda: local.delayed(inner, axis_name),
+                        lambda tx: run_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, delay=valid_or(st.integers(0, 3)), axis_name=AXIS_NAMES,
+       compensation=valid_or(st.sampled_from([None, "dc"])), lam=valid_or(st.floats(0, 2)))
+@example(inner=optax.sgd(0.1), delay=2, axis_name="data", compensation="dc", lam=0.5)
+def test_stale_builds_or_raises_value_error(inner, delay, axis_name, compensation, lam):
+  builds_or_value_error(lambda: local.stale(inner, delay, axis_name, compensation, lam),
+                        lambda tx: run_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, axis_name=AXIS_NAMES, counts=COUNTS_OR_JUNK)
+@example(inner=optax.adam(0.1), axis_name=("a", "b"), counts=(1, 2, 3, 1, 2, 3, 1, 2))
+def test_acco_builds_or_raises_value_error(inner, axis_name, counts):
+  if isinstance(counts, tuple) and axis_name is None:
+    counts = counts[:1]  # one device: one count
+  builds_or_value_error(lambda: local.acco(inner, axis_name, micro_batches=counts),
+                        lambda tx: run_update(tx, axis_name))

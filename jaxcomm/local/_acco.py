@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -11,6 +10,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
 
@@ -28,21 +28,12 @@ class AccoState(NamedTuple):
 
 def _check_micro_batches(micro_batches) -> tuple[int, ...] | int:
   """An int (every worker the same) or one positive int per worker."""
-  if isinstance(micro_batches, numbers.Integral) and not isinstance(micro_batches, bool):
-    counts = [int(micro_batches)]
-  else:
-    try:
-      counts = np.asarray(micro_batches)
-    except Exception as e:  # pylint: disable=broad-except
-      raise ValueError(f"micro_batches must be a positive int or a sequence of positive ints "
-                       f"(one per worker), got {micro_batches!r}.") from e
-    if counts.ndim != 1 or counts.size == 0 or not np.issubdtype(counts.dtype, np.integer):
-      raise ValueError(f"micro_batches must be a positive int or a sequence of positive ints "
-                       f"(one per worker), got {micro_batches!r}.")
-    counts = counts.tolist()
-  if min(counts) < 1:
-    raise ValueError(f"micro_batches must all be positive (>= 1), got {micro_batches!r}.")
-  return counts[0] if isinstance(micro_batches, numbers.Integral) else tuple(counts)
+  what = "micro_batches (one int, or one per worker)"
+  if isinstance(micro_batches, (tuple, list, np.ndarray)):
+    if len(micro_batches) == 0:
+      raise ValueError(f"{what} must not be empty, got {micro_batches!r}.")
+    return tuple(v.integer(what, n, low=1, high=2**31 - 1) for n in micro_batches)
+  return v.integer(what, micro_batches, low=1, high=2**31 - 1)
 
 
 def _worker_count(counts, axis_name: comm.AxisName) -> jax.Array:
@@ -88,6 +79,8 @@ def micro_batch_loss(loss_fn: Callable, micro_batches: int | Sequence[int],
   1.5
   """
   counts = _check_micro_batches(micro_batches)
+  loss_fn = v.callable_("loss_fn", loss_fn)
+  axis_name = v.axis_name("axis_name", axis_name)
   m = counts if isinstance(counts, int) else max(counts)
 
   def loss(params, batch):
@@ -176,7 +169,8 @@ def acco(inner: optax.GradientTransformation, axis_name: comm.AxisName = "data",
   ([0.0, 0.0], [-1.0, -1.0], [-2.0, -2.0])
   """
   counts = _check_micro_batches(micro_batches)
-  inner = optax.with_extra_args_support(inner)
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
+  axis_name = v.axis_name("axis_name", axis_name)
 
   def shard_of(flat):
     w = comm.axis_size(axis_name)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 
@@ -51,7 +52,8 @@ def delayed(inner: optax.GradientTransformation,
   >>> u0["w"], u1["w"]
   (Array([0., 0.], dtype=float32), Array([-1., -1.], dtype=float32))
   """
-  inner = optax.with_extra_args_support(inner)
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
+  axis_name = v.axis_name("axis_name", axis_name)
 
   def init_fn(params):
     return DelayedState(count=jnp.zeros((), jnp.int32),

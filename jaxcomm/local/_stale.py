@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 COMPENSATIONS = (None, "dc")
@@ -24,9 +23,9 @@ class StaleState(NamedTuple):
   wire_bytes: jax.Array       # u32[]: cumulative bytes sent (mod 2**32)
 
 
-def _check_lam(lam: Any) -> None:
-  if isinstance(lam, numbers.Real) and not (math.isfinite(lam) and lam >= 0):
-    raise ValueError(f"lam must be a finite number >= 0, got {lam!r}.")
+def _check_lam(lam: Any) -> Any:
+  """A finite number >= 0; a (possibly traced) jax array is taken as given."""
+  return lam if isinstance(lam, jax.Array) else v.number("lam", lam, low=0)
 
 
 def delay_compensation(grads: optax.Updates, params_now: optax.Params,
@@ -57,7 +56,7 @@ def delay_compensation(grads: optax.Updates, params_now: optax.Params,
   >>> delay_compensation(jnp.array([1.0, 2.0]), jnp.array([0.5, 0.5]), jnp.zeros(2), 0.1)
   Array([1.05, 2.2 ], dtype=float32)
   """
-  _check_lam(lam)
+  lam = _check_lam(lam)
 
   def correct(g, now, old):
     shift = (now - old).astype(g.dtype)
@@ -104,13 +103,11 @@ def stale(inner: optax.GradientTransformation, delay: int,
   >>> float(u["w"]), float(state.past_params["w"][0])
   (0.0, 0.0)
   """
-  if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or delay < 0:
-    raise ValueError(f"delay must be an integer >= 0, got {delay!r}.")
-  delay = int(delay)
-  if compensation not in COMPENSATIONS:
-    raise ValueError(f"compensation must be one of {COMPENSATIONS}, got {compensation!r}.")
-  _check_lam(lam)
-  inner = optax.with_extra_args_support(inner)
+  delay = v.integer("delay", delay, low=0)
+  compensation = v.one_of("compensation", compensation, COMPENSATIONS)
+  lam = _check_lam(lam)
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
+  axis_name = v.axis_name("axis_name", axis_name)
 
   def init_fn(params):
     past = jax.tree.map(lambda x: jnp.broadcast_to(x, (delay, *jnp.shape(x))), params)
