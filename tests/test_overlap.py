@@ -8,10 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, data, local, models, sync, train
+# The property-test helpers of the foundation's validation tests.
+from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, run_update,
+                             valid_or)
 
 W = 8
 BATCH = 64  # 8 examples per worker
@@ -403,16 +408,16 @@ def test_acco_ends_closer_to_dp_than_delayed_on_lm(mesh8):
 
 
 # ------------------------------------------------------------------ contract and bad input
-TRANSFORMS = {
+ONE_DEVICE = {
     "delayed": lambda: local.delayed(optax.sgd(0.1, momentum=0.5), None),
     "stale": lambda: local.stale(optax.sgd(0.1), 2, None, compensation="dc"),
     "acco": lambda: local.acco(optax.sgd(0.1, momentum=0.5), None, micro_batches=2),
 }
 
 
-@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+@pytest.mark.parametrize("name", sorted(ONE_DEVICE))
 def test_contract_one_device(name):
-  tx = TRANSFORMS[name]()
+  tx = ONE_DEVICE[name]()
   params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array(0.5, jnp.bfloat16)}
   abstract = jax.eval_shape(tx.init, jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
@@ -481,11 +486,6 @@ def test_experiment_builders_register_the_methods():
 
 
 # ------------------------------------------------------------------ property: build or ValueError
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error,  # noqa: E402
-                             run_update, valid_or)
-
 FEW = settings(max_examples=12, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 COUNTS_OR_JUNK = valid_or(st.one_of(st.integers(1, 4), st.lists(st.integers(1, 3), min_size=W,
