@@ -33,6 +33,11 @@ def delayed(inner: optax.GradientTransformation,
   last step is never applied. One all-reduce of the gradient per step, as in exact data
   parallelism: 2(W-1)/W * |g| bytes.
 
+  In the compiled step (`comm.compiled_text`) the all-reduce reads only the buffer parameter.
+  XLA:CPU (jaxlib 0.10) schedules it ahead of almost all of the forward and backward work
+  but runs it synchronously, so on CPU nothing is hidden; the independence is what an
+  asynchronous backend's latency-hiding scheduler needs.
+
   Args:
     inner: the optimiser that receives the (one step old) mean gradient.
     axis_name: the data axis (or tuple of axes); None for one device.
