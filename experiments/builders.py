@@ -107,3 +107,4 @@ def make_task(cfg: Config):
 
 
 from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import

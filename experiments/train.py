@@ -58,6 +58,12 @@ _TOPOLOGY = flags.DEFINE_string("topology", "ring", "dpsgd/choco: gossip graph (
                                 "exponential, complete, one_peer_exponential).")
 _GOSSIP_CODEC = flags.DEFINE_string("gossip_codec", "bfloat16", "choco: codec of the gossip.")
 _CONSENSUS_STEP = flags.DEFINE_float("consensus_step", 0.5, "choco: consensus step size.")
+_DELAY = flags.DEFINE_integer("delay", 1, "stale: staleness tau, in updates.")
+_COMPENSATION = flags.DEFINE_enum("compensation", "none", ["none", "dc"],
+                                  "stale: delay compensation (dc: DC-ASGD).")
+_DC_LAMBDA = flags.DEFINE_float("dc_lambda", 0.04, "stale: DC-ASGD lambda.")
+_MICRO_BATCHES = flags.DEFINE_string("micro_batches", "1", "acco: micro-batches per worker "
+                                     "and round, N or one count per worker (n0,n1,...).")
 
 
 def config_from_flags():
@@ -70,7 +76,9 @@ def config_from_flags():
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
       d_ff=4 * _D_MODEL.value,
       extra={"topology": _TOPOLOGY.value, "gossip_codec": _GOSSIP_CODEC.value,
-             "consensus_step": _CONSENSUS_STEP.value})
+             "consensus_step": _CONSENSUS_STEP.value, "delay": _DELAY.value,
+             "compensation": _COMPENSATION.value, "dc_lambda": _DC_LAMBDA.value,
+             "micro_batches": _MICRO_BATCHES.value})
 
 
 def main(argv):
@@ -91,6 +99,9 @@ def main(argv):
   if _SKIP_NONFINITE.value:
     tx = sync.skip_nonfinite(tx, cfg.axis_name)
   _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+  wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+  if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+    loss_fn = wrap_loss(cfg, loss_fn)
   mesh = train.make_mesh({"data": jax.device_count()})
   trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
   state = trainer.init(params)

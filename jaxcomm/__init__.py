@@ -8,6 +8,7 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import sim
 from jaxcomm import sync
@@ -19,6 +20,7 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "local",
     "models",
     "sim",
     "sync",

@@ -104,6 +104,7 @@ class Trainer:
     self.has_aux = has_aux
     self._layout = None
     self._step_fn = None
+    self._sync_each_step = all(d.platform == "cpu" for d in mesh.devices.flat)
     self._init_fn = None
 
   # ---------------------------------------------------------------- specs and layout
@@ -126,6 +127,27 @@ class Trainer:
   def _stack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[None] if pw else x, per_worker, tree)
 
+  def _opt_abstract(self, params_abs, pspecs):
+    """Per-device shapes and dtypes of the optimiser state.
+
+    Most transforms initialise without a mesh. A sharded state (ACCO's ZeRO-1 shard) reads
+    the axis size in `init`, which fails outside shard_map with an unbound axis name: such
+    an `init` is traced under shard_map instead, giving the per-device shapes.
+    """
+    try:
+      return jax.eval_shape(self.optimizer.init, params_abs)
+    except NameError:  # "unbound axis name": init needs the mesh.
+      box = {}
+
+      def probe(p):
+        opt = self.optimizer.init(p)
+        box["abs"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
+        return jax.tree.map(lambda x: comm.varying(x, self.axes)[None], opt)
+
+      jax.eval_shape(jax.shard_map(probe, mesh=self.mesh, in_specs=(pspecs,),
+                                   out_specs=P(self.axes)), params_abs)
+      return box["abs"]
+
   def _derive_layout(self, params) -> StateLayout:
     """Fixed point of 'which leaves vary over the data axes' under init and update."""
     params_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
@@ -142,7 +164,7 @@ class Trainer:
       return jax.tree.map(lambda x: x[None], opt)
 
     out_all = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
-    opt_abs = jax.eval_shape(self.optimizer.init, params_abs)
+    opt_abs = self._opt_abstract(params_abs, pspecs)
     jax.eval_shape(jax.shard_map(probe_init, mesh=self.mesh, in_specs=(pspecs,),
                                  out_specs=out_all(opt_abs)), params_abs)
     layout = StateLayout(params=jax.tree.map(lambda _: False, params_abs),
@@ -197,7 +219,9 @@ class Trainer:
     """The initial train state; `params` are the (replicated) initial parameters."""
     self._layout = self._derive_layout(params)
     pspecs = self._param_spec(self.param_specs, params)
-    opt_abs = jax.eval_shape(self.optimizer.init, params)
+    opt_abs = self._opt_abstract(
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), params),
+        pspecs)
     opt_out = self._specs(self.layout.opt_state, self._base_opt_specs(opt_abs))
     param_out = self._specs(self.layout.params, pspecs)
 
@@ -272,6 +296,12 @@ class Trainer:
     """
     self._check_batch(batch)
     state, per_worker, sent = self.step_fn(state, batch)(state, batch)
+    if self._sync_each_step:
+      # XLA:CPU can deadlock in an all-reduce rendezvous when executions of a collective
+      # program overlap across emulated devices: a device runs step t + 1 into a collective
+      # while others still wait for a thread for step t (seen with jaxlib 0.10.2 whenever
+      # the collective comes first in the program, e.g. `local.delayed`). One step at a time.
+      jax.block_until_ready(state)
     means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
     return state, {**means, "wire_bytes": sent, "per_worker": per_worker}
 
