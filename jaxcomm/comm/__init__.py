@@ -20,6 +20,13 @@ from jaxcomm.comm._collectives import from_bits
 from jaxcomm.comm._collectives import to_bits
 from jaxcomm.comm._collectives import tree_bytes
 from jaxcomm.comm._collectives import two_phase_sum
+from jaxcomm.comm._compressed import COLLECTIVES
+from jaxcomm.comm._compressed import CompressedSum
+from jaxcomm.comm._compressed import compressed_bytes
+from jaxcomm.comm._compressed import compressed_sum
+from jaxcomm.comm._compressed import gather_sum
+from jaxcomm.comm._compressed import linear_sum
+from jaxcomm.comm._compressed import two_phase
 from jaxcomm.comm._collectives import varying
 from jaxcomm.comm._collectives import varying_axes
 from jaxcomm.comm._counter import add_bytes
@@ -33,6 +40,8 @@ from jaxcomm.comm._inspect import parse_hlo
 
 __all__ = (
     "AxisName",
+    "COLLECTIVES",
+    "CompressedSum",
     "Collective",
     "CollectiveReport",
     "add_bytes",
@@ -43,9 +52,13 @@ __all__ = (
     "allreduce_bytes",
     "axis_size",
     "compiled_text",
+    "compressed_bytes",
+    "compressed_sum",
     "from_bits",
+    "gather_sum",
     "counted_bytes",
     "inspect",
+    "linear_sum",
     "mean",
     "parse_hlo",
     "ppermute",
@@ -55,6 +68,7 @@ __all__ = (
     "sum",
     "to_bits",
     "tree_bytes",
+    "two_phase",
     "two_phase_sum",
     "varying",
     "varying_axes",
