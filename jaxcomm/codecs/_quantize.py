@@ -284,14 +284,18 @@ def fp4(*, block: int | None = 32, stochastic: bool = False) -> Codec:
   grid = jnp.asarray(_E2M1)
   mids = jnp.asarray((_E2M1[1:] + _E2M1[:-1]) / 2)
 
-  def encode(x, key):
-    if stochastic:
-      _need_key(key, "fp4(stochastic=True)")
+  def scaled(x):
     xb, _ = blocks(x, block)
     scale = jnp.max(jnp.abs(xb), axis=1) / 6.0
     v = jnp.abs(xb) / _safe(scale)[:, None]
+    lo = jnp.clip(jnp.sum(v[..., None] >= grid[1:], axis=-1), 0, 6)  # grid[lo] <= v
+    return xb, scale, v, lo
+
+  def encode(x, key):
     if stochastic:
-      lo = jnp.clip(jnp.sum(v[..., None] >= grid[1:], axis=-1), 0, 6)
+      _need_key(key, "fp4(stochastic=True)")
+    xb, scale, v, lo = scaled(x)
+    if stochastic:
       frac = (v - grid[lo]) / (grid[lo + 1] - grid[lo])
       idx = lo + (jax.random.uniform(key, v.shape, _F32) < frac)
     else:
@@ -309,10 +313,15 @@ def fp4(*, block: int | None = 32, stochastic: bool = False) -> Codec:
   def error_bound(x):  # Widest E2M1 gap is 4..6: 2 scale units.
     return jnp.max(_amax(x, block)) / 6.0 * ((2.0 if stochastic else 1.0) + F32_SLACK * 8)
 
+  def variance_bound(x):  # Stochastic rounding across a gap g: variance <= g^2 / 4.
+    _, scale, _, lo = scaled(x)
+    gap = (grid[lo + 1] - grid[lo]) * scale[:, None]
+    return jnp.sum(gap ** 2) / 4
+
   return Codec(f"fp4(block={block}{', stochastic' if stochastic else ''})", encode, decode,
                payload_bytes=lambda n: packed_bytes(n, 4) + 4 * num_blocks(n, block),
                stochastic=stochastic, unbiased=stochastic, error_bound=error_bound,
-               collective="two_phase")
+               variance_bound=variance_bound if stochastic else None, collective="two_phase")
 
 
 _FP8 = {"e4m3fn": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
