@@ -104,3 +104,7 @@ def make_task(cfg: Config):
   batch_fn = lambda t: dataset.batch(t, cfg.batch_size, seed=cfg.seed, process_index=pi,
                                      process_count=pc)
   return model, models.classifier_loss(model), params, batch_fn, True
+
+
+# Method modules register their algorithms on import (one line each).
+from experiments import algos_compression  # pylint: disable=wrong-import-position,unused-import,cyclic-import  # noqa: E402,F401

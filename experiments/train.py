@@ -32,6 +32,14 @@ _REDUCE_DTYPE = flags.DEFINE_string("reduce_dtype", None, "dp: dtype gradients t
 _D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
 _HEADS = flags.DEFINE_integer("num_heads", 4, "LM attention heads.")
+# --algo=compressed (experiments/algos_compression.py); they go into cfg.extra.
+_CODEC = flags.DEFINE_string("codec", "top_k", "compressed: codec (see algos_compression.CODECS).")
+_MEMORY = flags.DEFINE_enum("memory", "ef", ["none", "ef", "ef21", "loco"], "compressed: memory.")
+_COLLECTIVE = flags.DEFINE_enum("collective", "auto", ["auto", "psum", "gather", "two_phase"],
+                                "compressed: how payloads are summed.")
+_FRACTION = flags.DEFINE_float("fraction", 0.01, "compressed: fraction kept by sparsifiers.")
+_BITS = flags.DEFINE_integer("bits", 4, "compressed: code width of quantisers.")
+_CHUNK = flags.DEFINE_integer("chunk", None, "compressed: chunk / block size of the codec.")
 
 
 def config_from_flags():
@@ -42,7 +50,9 @@ def config_from_flags():
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
-      d_ff=4 * _D_MODEL.value)
+      d_ff=4 * _D_MODEL.value,
+      extra={"codec": _CODEC.value, "memory": _MEMORY.value, "collective": _COLLECTIVE.value,
+             "fraction": _FRACTION.value, "bits": _BITS.value, "chunk": _CHUNK.value})
 
 
 def main(argv):
