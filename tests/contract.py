@@ -35,7 +35,7 @@ def codec_zoo() -> dict:
   zoo = [
       codecs.identity(), codecs.cast("float32"), codecs.cast("bfloat16"),
       codecs.cast("float8_e4m3fn"),
-      codecs.uniform(4, block=64), codecs.uniform(3, stochastic=True, block=100),
+      codecs.uniform(4, block=64, symmetric=False), codecs.uniform(3, stochastic=True, block=100),
       codecs.qsgd(7, bucket=128), codecs.sign(block=128),
       codecs.top_k(0.05), codecs.top_k(k=4, chunk=64),
       codecs.random_k(0.1), codecs.random_k(0.1, shared_key=False), codecs.rtop_k(0.2, 0.05),

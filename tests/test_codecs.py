@@ -39,12 +39,15 @@ def test_wire_formats_are_narrow():
   assert spec(codecs.sign(), 64) == [jnp.uint8, jnp.float32]
   assert codecs.sign().payload_bytes(64) == 8 + 4  # 1 bit per element, packed 8 per byte
   assert codecs.fp4(block=None).payload_bytes(64) == 32 + 4  # 2 codes per byte
-  assert codecs.uniform(3, block=None).payload_bytes(64) == 24 + 8  # a 3-bit bit stream
+  assert codecs.uniform(3, block=None).payload_bytes(64) == 24 + 4  # a 3-bit stream, a scale
+  assert codecs.uniform(3, block=None, symmetric=False).payload_bytes(64) == 24 + 8  # lo, step
   assert spec(codecs.top_k(k=4, chunk=64), 1000)[1] == jnp.uint8  # chunk-local indices
   assert spec(codecs.top_k(k=4), 1000)[1] == jnp.uint16
   assert spec(codecs.top_k(k=4), 70000)[1] == jnp.uint32
   assert spec(codecs.dct_top_k(), 1000) == [jnp.float32, jnp.uint8]
   assert spec(codecs.random_k(k=3), 100) == [jnp.float32]  # shared key: values only
+  # Own key: one offset per stratum of n/k elements travels, not a full index.
+  assert spec(codecs.random_k(0.01, shared_key=False), 10000) == [jnp.float32, jnp.uint8]
   assert spec(codecs.fp8(), 10) == [jnp.float8_e4m3fn, jnp.float32]
   assert codecs.qsgd(7, bucket=None).payload_bytes(10) == 5 + 4  # sign + 3 level bits
 
@@ -105,6 +108,7 @@ def test_top_k_and_random_k_select_what_they_say(vec):
 
 @pytest.mark.parametrize("codec", [codecs.qsgd(3, bucket=100),
                                    codecs.uniform(2, stochastic=True, block=50),
+                                   codecs.uniform(1, stochastic=True, block=50, symmetric=False),
                                    codecs.fp4(block=50, stochastic=True)],
                          ids=lambda c: c.name)
 def test_stochastic_codecs_are_unbiased(codec, vec):
@@ -130,6 +134,7 @@ def test_stochastic_codecs_are_unbiased(codec, vec):
 def test_bad_input():
   bad = [
       (lambda: codecs.uniform(0), "bits"), (lambda: codecs.uniform(17), "bits"),
+      (lambda: codecs.uniform(1), "bits"),  # a symmetric grid needs a sign and a level
       (lambda: codecs.uniform(2.5), "bits"), (lambda: codecs.uniform(4, block=0), "block"),
       (lambda: codecs.qsgd(0), "levels"), (lambda: codecs.qsgd(2 ** 15), "levels"),
       (lambda: codecs.qsgd(4, bucket=-1), "bucket"),

@@ -42,33 +42,46 @@ def _safe(s):
   return jnp.where(s > 0, s, 1.0)
 
 
-def uniform(bits: int = 8, *, stochastic: bool = False, block: int | None = None) -> Codec:
-  """int-N: each block's [min, max] split into 2**bits - 1 equal steps.
+def uniform(bits: int = 8, *, stochastic: bool = False, block: int | None = None,
+            symmetric: bool = True) -> Codec:
+  """int-N: uniform levels with a float32 scale per block.
 
-  Payload: the codes packed (ceil(n * bits / 8) bytes) and float32 `lo` and `step` per block.
-  With `stochastic=True` the rounding is stochastic, which makes the codec unbiased.
+  Symmetric (default): levels k * scale for k in -L..L, L = 2**(bits-1) - 1 and scale = the
+  block's largest magnitude / L, so zero is exact (most gradient entries are near zero).
+  Asymmetric (`symmetric=False`): the block's [min, max] in 2**bits - 1 equal steps (two floats
+  per block; allows bits=1). Codes travel packed (ceil(n * bits / 8) bytes). With
+  `stochastic=True` the rounding is stochastic, which makes the codec unbiased.
 
   Args:
-    bits: code width, 1..16.
+    bits: code width, 1..16 (2..16 when symmetric).
     stochastic: stochastic rounding (needs a key) instead of round-to-nearest.
     block: elements per scale block; None for one block over the whole vector.
+    symmetric: levels symmetric around an exact zero, or spanning [min, max].
 
   Returns:
     A `Codec`; error bound step/2 (nearest) or step (stochastic) per block.
 
-  >>> c = uniform(2, block=4)
-  >>> c.roundtrip(jnp.array([0., 1., 2., 3., 10., 20., 30., 40.]))
-  Array([ 0.,  1.,  2.,  3., 10., 20., 30., 40.], dtype=float32)
-  >>> c.payload_bytes(8)  # 8 codes of 2 bits, and lo, step per block
-  18
+  >>> c = uniform(2, block=4)  # levels -s, 0, s
+  >>> c.roundtrip(jnp.array([0., 1., -1., 0.2, 10., 20., 30., -40.]))
+  Array([  0.,   1.,  -1.,   0.,   0.,  40.,  40., -40.], dtype=float32)
+  >>> c.payload_bytes(8)  # 8 codes of 2 bits, one scale per block
+  10
   """
   bits = check_bits(bits)
   block = check_block(block)
-  levels = 2 ** bits - 1
-  name = f"uniform({bits}{', stochastic' if stochastic else ''}, block={block})"
+  if symmetric and bits < 2:
+    raise ValueError("bits must be >= 2 for a symmetric grid (-L..L); use symmetric=False "
+                     "(levels min and max) or codecs.sign() for 1 bit.")
+  levels = 2 ** (bits - 1) - 1 if symmetric else 2 ** bits - 1
+  name = (f"uniform({bits}{', stochastic' if stochastic else ''}, block={block}"
+          f"{'' if symmetric else ', asymmetric'})")
 
-  def stats(x):
+  def grid(x):
+    """Blocks, mask, the value of code 0 and the step per block."""
     xb, valid = blocks(x, block)
+    if symmetric:
+      step = jnp.max(jnp.abs(xb), axis=1) / levels
+      return xb, valid, -levels * step, step
     lo = jnp.min(jnp.where(valid, xb, jnp.inf), axis=1)
     hi = jnp.max(jnp.where(valid, xb, -jnp.inf), axis=1)
     return xb, valid, lo, (hi - lo) / levels
@@ -76,26 +89,30 @@ def uniform(bits: int = 8, *, stochastic: bool = False, block: int | None = None
   def encode(x, key):
     if stochastic:
       _need_key(key, "uniform(stochastic=True)")
-    xb, _, lo, step = stats(x)
+    xb, _, lo, step = grid(x)
     v = (xb - lo[:, None]) / _safe(step)[:, None]
-    q = jnp.clip(_round(v, key, stochastic), 0, levels).astype(jnp.uint32)
-    return (pack_bits(unblock(q, x.shape[0]), bits), lo, step)
+    top = 2 * levels if symmetric else levels
+    q = jnp.clip(_round(v, key, stochastic), 0, top).astype(jnp.uint32)
+    scales = (step,) if symmetric else (lo, step)
+    return (pack_bits(unblock(q, x.shape[0]), bits),) + scales
 
   def decode(p, n):
-    codes, lo, step = p
+    codes, step = p[0], p[-1]
+    lo = -levels * step if symmetric else p[1]
     q, _ = blocks(unpack_bits(codes, bits, n).astype(_F32), block)
     return unblock(lo[:, None] + q * step[:, None], n)
 
   def error_bound(x):
-    _, _, _, step = stats(x)
+    _, _, _, step = grid(x)
     return jnp.max(step) * (1.0 if stochastic else 0.5) + F32_SLACK * jnp.max(jnp.abs(x))
 
   def variance_bound(x):
-    _, valid, _, step = stats(x)
+    _, valid, _, step = grid(x)
     return jnp.sum(jnp.sum(valid, axis=1) * step ** 2 / 4)
 
+  scale_bytes = 4 if symmetric else 8
   return Codec(name, encode, decode,
-               payload_bytes=lambda n: packed_bytes(n, bits) + 8 * num_blocks(n, block),
+               payload_bytes=lambda n: packed_bytes(n, bits) + scale_bytes * num_blocks(n, block),
                stochastic=stochastic, error_bound=error_bound, unbiased=stochastic,
                variance_bound=variance_bound if stochastic else None, collective="two_phase")
 

@@ -13,6 +13,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxcomm.codecs._base import Codec
@@ -125,15 +126,39 @@ def top_k(fraction: float | None = None, *, k: int | None = None,
                error_bound=error_bound, collective="gather")
 
 
+class _Strata:
+  """k near-equal consecutive blocks of range(n) (sizes floor or ceil of n/k), one pick each.
+
+  Every index of a block of size s is picked with probability 1/s, within 1/ceil(n/k) of the
+  k/n of a uniformly random k-subset, at O(k) cost (a permutation of n costs a sort of n).
+  The receiver knows each pick's block from its position, so only the offset inside the
+  block travels: index_dtype(ceil(n/k)), uint8 for n/k <= 256.
+  """
+
+  def __init__(self, n: int, k: int):
+    bounds = (np.arange(k + 1, dtype=np.int64) * n) // k
+    self.start = bounds[:-1].astype(np.int32)
+    self.size = np.diff(bounds).astype(np.int32)
+    self.offset_dtype = index_dtype(int(self.size.max()))
+
+  def offsets(self, key):
+    return jax.random.randint(key, self.start.shape, 0, jnp.asarray(self.size), jnp.int32)
+
+  def indices(self, offsets):
+    return jnp.asarray(self.start) + offsets.astype(jnp.int32)
+
+
 def random_k(fraction: float | None = None, *, k: int | None = None,
              shared_key: bool = True) -> Codec:
-  """k elements chosen uniformly at random (without replacement), unscaled.
+  """k random coordinates, one in each of k near-equal consecutive blocks; unscaled.
 
-  With `shared_key=True` every worker must encode with the same key: all pick the same
-  coordinates, only the float32 values travel, decode regenerates the indices from the key
-  (`decode(payload, n, key)`), and the codec is linear (payloads may be summed with psum).
-  With `shared_key=False` each worker draws its own coordinates and the indices travel.
-  Values are not rescaled by n/k: use it with error feedback.
+  Stratified sampling: every coordinate is kept with (almost exactly) probability k/n as with
+  a uniformly random k-subset, the k picks are distinct, and only the offset inside each block
+  needs to travel. With `shared_key=True` every worker must encode with the same key: all pick
+  the same coordinates, only the float32 values travel, decode regenerates the indices from
+  the key (`decode(payload, n, key)`), and the codec is linear (payloads may be summed with
+  psum). With `shared_key=False` each worker draws its own coordinates and the offsets
+  travel. Values are not rescaled by n/k: use it with error feedback.
 
   Args:
     fraction: fraction of the vector kept, in (0, 1].
@@ -148,28 +173,35 @@ def random_k(fraction: float | None = None, *, k: int | None = None,
   count = _fraction_or_k(fraction, k)
   name = "k" if k else "fraction"
 
-  def indices(key, n):
+  def strata(n):
+    return _Strata(n, _resolve(count, n, name))
+
+  def check(key):
     if key is None:
       raise ValueError("random_k is stochastic: encode and decode need a PRNG key, got None.")
-    return jax.random.permutation(key, n)[:_resolve(count, n, name)]
 
   def encode(x, key):
-    idx = indices(key, x.shape[0])
-    if shared_key:
-      return (x[idx],)
-    return (x[idx], idx.astype(index_dtype(x.shape[0])))
+    check(key)
+    st = strata(x.shape[0])
+    off = st.offsets(key)
+    vals = x[st.indices(off)]
+    return (vals,) if shared_key else (vals, off.astype(st.offset_dtype))
 
-  if shared_key:
-    decode = lambda p, n, key: _scatter(p[0], indices(key, n), n)
-  else:
-    decode = lambda p, n: _scatter(p[0], p[1], n)
+  def decode_shared(p, n, key):
+    check(key)
+    st = strata(n)
+    return _scatter(p[0], st.indices(st.offsets(key)), n)
+
+  def decode_own(p, n):
+    return _scatter(p[0], strata(n).indices(p[1]), n)
 
   def payload_bytes(n):
-    kk = _resolve(count, n, name)
-    return kk * 4 if shared_key else kk * (4 + index_dtype(n).itemsize)
+    st = strata(n)
+    return st.start.size * (4 if shared_key else 4 + st.offset_dtype.itemsize)
 
   return Codec(f"random_k({_describe(count)}{', shared' if shared_key else ''})", encode,
-               decode, payload_bytes, linear=shared_key, stochastic=True, shared_key=shared_key,
+               decode_shared if shared_key else decode_own, payload_bytes, linear=shared_key,
+               stochastic=True, shared_key=shared_key,
                error_bound=lambda x: jnp.max(jnp.abs(x)), collective="gather")
 
 
@@ -177,7 +209,9 @@ def rtop_k(r: int | float, k: int | float) -> Codec:
   """rTop-k: the r largest-magnitude elements, of which a uniformly random k are sent.
 
   r and k are counts (int) or fractions of the vector length (float in (0, 1]); k <= r.
-  Payload: float32 values and indices. Each worker draws its own subset (non-linear).
+  The k are drawn stratified over the ranks (see `random_k`): each of the top r is sent with
+  probability about k/r. Payload: float32 values and indices. Each worker draws its own
+  subset (non-linear).
 
   References:
     Barnes, Inan, Isik, Ozgur, rTop-k: A Statistical Estimation Approach to Distributed SGD,
@@ -203,7 +237,8 @@ def rtop_k(r: int | float, k: int | float) -> Codec:
       raise ValueError("rtop_k is stochastic: encode needs a PRNG key, got None.")
     rr, kk = sizes(x.shape[0])
     _, top = lax.top_k(jnp.abs(x), rr)
-    idx = top[jax.random.permutation(key, rr)[:kk]]
+    st = _Strata(rr, kk)  # k of the top r by rank, each with probability k/r
+    idx = top[st.indices(st.offsets(key))]
     return (x[idx], idx.astype(index_dtype(x.shape[0])))
 
   def payload_bytes(n):
