@@ -46,7 +46,8 @@ def codec_zoo() -> dict:
 
 
 # ---------------------------------------------------------------------------- transforms
-def _params(dtype):
+def example_params(dtype=jnp.float32):
+  """The small parameter tree (two leaves, 16 elements) every contract check uses."""
   return {"w": jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4).astype(dtype),
           "b": jnp.linspace(0.5, -0.5, 4, dtype=jnp.float32).astype(dtype)}
 
@@ -63,27 +64,35 @@ def _same_types(a, b, what):
 
 
 def check_jit_state_and_dtypes(tx: optax.GradientTransformation) -> None:
-  """jit without recompiling, dtypes kept (f32 and bf16), state unchanged, init abstract."""
+  """jit without recompiling, dtypes kept (f32 and bf16), state unchanged, init abstract.
+
+  The second call must hit the compilation cache; dtypes and state types are static, so the
+  bf16 checks read them from `jax.eval_shape` instead of compiling a second program.
+  """
+  params = example_params(jnp.float32)
+  grads = jax.tree.map(lambda p: 0.3 * p + 0.1, params)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  updates, new_state = update(grads, state, params)
+  compiled = update._cache_size()  # pylint: disable=protected-access  (jit caches per function)
+  updates, new_state = update(grads, new_state, params)
+  recompiled = update._cache_size() != compiled  # pylint: disable=protected-access
+  assert not recompiled, "update recompiled on the second call"
+  _same_types(state, new_state, "state after update")
+  chex.assert_tree_all_finite(updates)
   for dtype in (jnp.float32, jnp.bfloat16):
-    params = _params(dtype)
-    grads = jax.tree.map(lambda p: (0.3 * p + 0.1).astype(dtype), params)
-    state = tx.init(params)
-    _same_types(jax.eval_shape(tx.init, _abstract(params)), state, "init on ShapeDtypeStruct")
-    update = jax.jit(tx.update)
-    updates, new_state = update(grads, state, params)
-    compiled = update._cache_size()  # pylint: disable=protected-access  (jit caches per function)
-    updates, new_state = update(grads, new_state, params)
-    assert update._cache_size() == compiled, "update recompiled on the second call"  # pylint: disable=protected-access
-    _same_types(state, new_state, "state after update")
-    for u, p in zip(jax.tree.leaves(updates), jax.tree.leaves(params)):
-      assert u.dtype == p.dtype and u.shape == p.shape, (u.dtype, p.dtype)
-    chex.assert_tree_all_finite(updates)
+    abstract = _abstract(example_params(dtype))
+    state_abs = jax.eval_shape(tx.init, abstract)
+    _same_types(state_abs, tx.init(example_params(dtype)), "init on ShapeDtypeStruct")
+    updates_abs, new_state_abs = jax.eval_shape(tx.update, abstract, state_abs, abstract)
+    _same_types(abstract, updates_abs, f"updates of {jnp.dtype(dtype).name} parameters")
+    _same_types(state_abs, new_state_abs, "state after update")
 
 
 def check_converges_on_quadratic(tx: optax.GradientTransformation, steps: int = 200,
                                  factor: float = 1e-2) -> float:
   """Minimises 0.5 ||p - target||^2 inside lax.scan; final loss < factor * initial."""
-  params = _params(jnp.float32)
+  params = example_params(jnp.float32)
   target = jax.tree.map(lambda p: 1.0 + 0.5 * jnp.sin(3.0 * p), params)
   loss = lambda p: 0.5 * sum(jnp.sum((a - b) ** 2) for a, b in
                              zip(jax.tree.leaves(p), jax.tree.leaves(target)))
@@ -118,7 +127,7 @@ def check_on_mesh(tx: optax.GradientTransformation, mesh, axis_name="data", step
   """
   axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   w = math.prod(mesh.shape[a] for a in axes)
-  params = _params(jnp.float32)
+  params = example_params(jnp.float32)
   loss = lambda p, b: 0.5 * sum(jnp.sum((x - b["t"][0, i]) ** 2)
                                 for i, x in enumerate(jax.tree.leaves(p)))
   batch = {"t": jnp.arange(w * 2, dtype=jnp.float32).reshape(w, 2) / w}

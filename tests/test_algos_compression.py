@@ -15,7 +15,8 @@ def _lm_task(cfg):
                             num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
   params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
   ds = data.pydoc_text()
-  return models.lm_loss(lm), params, lambda t: ds.batch(t, cfg.batch_size, seq_len=cfg.seq_len), False
+  batch_fn = lambda t: ds.batch(t, cfg.batch_size, seq_len=cfg.seq_len)
+  return models.lm_loss(lm), params, batch_fn, False
 
 
 @pytest.mark.parametrize("model,extra", [

@@ -1,4 +1,5 @@
-"""Codecs on one device: exact payload bytes, wire formats, error bounds, unbiasedness, bad input."""
+"""Codecs on one device: exact payload bytes, wire formats, error bounds, unbiasedness, bad
+input."""
 
 import math
 
@@ -100,7 +101,8 @@ def test_top_k_and_random_k_select_what_they_say(vec):
   b = _rt(codecs.random_k(k=100, shared_key=False), vec, key)
   np.testing.assert_array_equal(a, b)  # same key, same coordinates, indices travel or not
   assert np.count_nonzero(a) == 100
-  np.testing.assert_array_equal(np.asarray(a)[np.flatnonzero(a)], np.asarray(vec)[np.flatnonzero(a)])
+  kept = np.flatnonzero(a)
+  np.testing.assert_array_equal(np.asarray(a)[kept], np.asarray(vec)[kept])
   r = _rt(codecs.rtop_k(100, 10), vec, key)
   top100 = set(np.argsort(-np.abs(vec))[:100].tolist())
   assert np.count_nonzero(r) == 10 and set(np.flatnonzero(r).tolist()) <= top100

@@ -74,7 +74,8 @@ def test_bytes_counted_equal_inspect_and_formula(mesh8, xs, name, collective):
 
 
 def test_own_payload_is_the_single_device_round_trip(mesh8, xs):
-  for name in ("uniform(4, block=64)", "top_k(k=4, chunk=64)", "dct_top_k(chunk=64, k=8)"):
+  for name in ("uniform(4, block=64, asymmetric)", "top_k(k=4, chunk=64)",
+               "dct_top_k(chunk=64, k=8)"):
     compiled, _, _ = _compiled(mesh8, name, "gather")
     _, own, _ = compiled(xs, jnp.zeros_like(xs))
     ref = jax.jit(jax.vmap(lambda x, c=ZOO[name]: c.roundtrip(x)))(xs)
@@ -90,8 +91,10 @@ def test_two_phase_exact_codecs_equal_psum(mesh8, xs):
 
 
 def test_two_phase_matches_its_definition_with_server_memory(mesh8, xs):
-  """Chunk r: s_r = sum_w D(C(x_w,r)) + m_r on device r; all get D(C(s_r)); m_r' = s_r - D(C(s_r))."""
-  name = "uniform(4, block=64)"
+  """Chunk r: s_r = sum_w D(C(x_w,r)) + m_r on device r; all get D(C(s_r));
+  m_r' = s_r - D(C(s_r)).
+  """
+  name = "uniform(4, block=64, asymmetric)"
   codec = ZOO[name]
   compiled, counted, report = _compiled(mesh8, name, "two_phase", server_memory=True)
   assert counted == report.wire_bytes() == comm.compressed_bytes(codec, N, W, "two_phase")

@@ -1,14 +1,15 @@
-"""sync.compressed: exactness against sync.mean, memories, hierarchy, convergence, bytes, bad input."""
+"""sync.compressed: exactness against sync.mean, memories, hierarchy, convergence, bytes, bad
+input."""
 
-import functools
-
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm, data, models, sync, train
+from jaxcomm import codecs, comm, sync, train
 from tests import contract
 
 W = 8
@@ -33,115 +34,120 @@ def test_contract_memories(memory):
   contract.check_transform(tx, steps=300)
 
 
-# ---------------------------------------------------------------------------- digits task
+# ---------------------------------------------------------------------------- one update
+N = 500
+
+
 @pytest.fixture(scope="module")
-def task():
-  model = models.MLP(hidden=(16,), num_classes=10)
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 64)))
-  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
-  ds = data.digits()
-  return params, loss, [ds.batch(t, 64) for t in range(3)]
+def grads():
+  """[steps=3, W, N] local gradients, different on every worker and step."""
+  return jax.random.normal(jax.random.key(3), (3, W, N)) * jnp.linspace(0.1, 3.0, N)
 
 
-def _run(mesh, tx, task, steps=2, axis_name="data"):
-  params, loss, batches = task
-  trainer = train.Trainer(loss, tx, mesh, axis_name=axis_name)
-  state = trainer.init(params)
-  for t in range(steps):
-    state, m = trainer.step(state, batches[t])
-  return trainer, state, m
+def _updates(mesh, tx, grads, steps=1):
+  """`steps` updates of `tx` on each worker's rows, in shard_map without the Trainer.
+
+  Returns the updates [steps, W, N] and the final state with a leading worker axis on every
+  leaf (replicated leaves repeat).
+  """
+  params = {"w": jnp.zeros((grads.shape[-1],))}
+
+  def body(g):  # g: [steps, 1, N], this worker's rows
+    state, out = tx.init(params), []
+    for t in range(steps):
+      u, state = tx.update({"w": g[t, 0]}, state, params)
+      out.append(u["w"])
+    stack = lambda x: comm.varying(x, "data")[None]
+    return stack(jnp.stack(out)), jax.tree.map(stack, state)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(None, "data"), out_specs=P("data")))
+  updates, state = f(grads[:steps])
+  return np.asarray(updates).transpose(1, 0, 2), state
 
 
-def _local_grads(task, t=0):
-  """[W, n] local gradients of step t at the initial parameters (worker w: w-th slice)."""
-  params, loss, batches = task
-  split = jax.tree.map(lambda x: x.reshape(W, -1, *x.shape[1:]), batches[t])
-  grad_w = lambda b: codecs.flatten(jax.grad(loss)(params, b))[0]
-  return np.asarray(jax.jit(jax.vmap(grad_w))(split))
+def _roundtrip(codec, rows, key=None):
+  return np.asarray(jax.jit(jax.vmap(lambda x: codec.roundtrip(x, key)))(rows))
 
 
-def _flat(tree):
-  return np.asarray(codecs.flatten(tree)[0])
-
-
-def test_identity_and_cast_float32_equal_sync_mean(mesh8, task):
-  _, ref, _ = _run(mesh8, optax.chain(sync.mean("data"), optax.adam(1e-2)), task)
+def test_identity_and_cast_float32_equal_sync_mean(mesh8, grads):
+  ref, _ = _updates(mesh8, sync.mean("data"), grads)
+  np.testing.assert_allclose(ref[0, 0], grads[0].mean(0), rtol=1e-5, atol=1e-6)
   for codec, collective in [(codecs.identity(), None), (codecs.identity(), "gather"),
                             (codecs.cast("float32"), "two_phase")]:
-    tx = optax.chain(sync.compressed(codec, collective=collective), optax.adam(1e-2))
-    _, state, _ = _run(mesh8, tx, task)
-    np.testing.assert_allclose(_flat(state.params), _flat(ref.params), rtol=1e-5, atol=1e-6)
+    out, state = _updates(mesh8, sync.compressed(codec, collective=collective), grads)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert state.memory is None and state.key is None
 
 
-def test_random_k_shared_key_psum_equals_mean_of_masked_gradients(mesh8, task):
-  params = task[0]
+def test_random_k_shared_key_psum_equals_mean_of_masked_gradients(mesh8, grads):
   codec = codecs.random_k(0.1)
-  tx = optax.chain(sync.compressed(codec, key=KEY), optax.sgd(1.0))
-  assert tx.init(params)[0].memory is None
-  _, state, _ = _run(mesh8, tx, task, steps=1)
-  update = _flat(state.params) - _flat(params)
+  out, _ = _updates(mesh8, sync.compressed(codec, key=KEY), grads)
   # The coordinates every worker drew: the transform splits its key once per update.
   _, sub = jax.random.split(KEY)
-  mask = np.asarray(jax.jit(codec.roundtrip)(jnp.ones(update.size), sub)) != 0
-  assert mask.sum() == round(0.1 * update.size)
-  np.testing.assert_allclose(update, -np.where(mask, _local_grads(task), 0.0).mean(0),
-                             rtol=1e-5, atol=1e-7)
-  assert np.count_nonzero(update) > 0.5 * mask.sum()
+  mask = _roundtrip(codec, jnp.ones((1, N)), sub)[0] != 0
+  assert mask.sum() == round(0.1 * N)
+  np.testing.assert_allclose(out[0, 0], np.where(mask, grads[0], 0.0).mean(0), atol=1e-6)
 
 
-@pytest.mark.parametrize("memory", ["ef", "loco"])
-def test_memory_after_a_step_is_input_minus_decoded(mesh8, task, memory):
+@pytest.mark.parametrize("memory,collective", [("ef", "gather"), ("ef", "two_phase"),
+                                               ("loco", "gather")])
+def test_memory_after_a_step_is_input_minus_decoded(mesh8, grads, memory, collective):
   codec = codecs.top_k(k=8, chunk=64)
-  tx = optax.chain(sync.compressed(codec, memory=memory, beta=0.5), optax.sgd(1.0))
-  trainer, state, _ = _run(mesh8, tx, task, steps=1)
-  g = _local_grads(task)
-  decoded = np.stack([np.asarray(jax.jit(codec.roundtrip)(jnp.asarray(x))) for x in g])
-  mem = np.asarray(state.opt_state[0].memory, np.float32)
-  assert mem.shape == g.shape and trainer.layout.opt_state[0].memory
+  out, state = _updates(mesh8, sync.compressed(codec, memory=memory, collective=collective,
+                                               beta=0.5), grads)
+  g = np.asarray(grads[0])
+  if collective == "gather":
+    decoded = _roundtrip(codec, g)
+  else:  # two-phase: each of the W chunks is encoded on its own
+    c = -(-N // W)
+    chunks = np.pad(g, ((0, 0), (0, W * c - N))).reshape(W * W, c)
+    decoded = _roundtrip(codec, chunks).reshape(W, -1)[:, :N]
+  mem = np.asarray(state.memory, np.float32)
   want = g - decoded if memory == "ef" else 0.5 * (g - decoded)
   tol = 1e-6 if memory == "ef" else 1e-2 * np.abs(want).max()  # loco keeps bf16
   np.testing.assert_allclose(mem, want, atol=tol)
-  np.testing.assert_allclose(_flat(state.params) - _flat(task[0]), -decoded.mean(0), atol=1e-6)
+  if collective == "gather":
+    np.testing.assert_allclose(out[0, 0], decoded.mean(0), atol=1e-6)
+  else:  # the owner re-encodes the reduced chunk; its error stays in the server memory
+    assert state.server_memory is not None and np.abs(state.server_memory).max() > 0
 
 
-def test_ef21_aggregate_is_the_mean_of_worker_states(mesh8, task):
-  tx = optax.chain(sync.compressed(codecs.top_k(0.1), memory="ef21"), optax.sgd(0.1))
-  trainer, state, _ = _run(mesh8, tx, task, steps=3)
-  s = state.opt_state[0]
-  assert not trainer.layout.opt_state[0].aggregate and trainer.layout.opt_state[0].memory
-  np.testing.assert_allclose(s.aggregate, np.asarray(s.memory).mean(0), atol=1e-6)
-  assert np.abs(s.aggregate).max() > 0
+def test_ef21_aggregate_is_the_mean_of_worker_states(mesh8, grads):
+  out, state = _updates(mesh8, sync.compressed(codecs.top_k(0.1), memory="ef21"), grads, steps=3)
+  h = np.asarray(state.aggregate)
+  np.testing.assert_allclose(h[0], np.asarray(state.memory).mean(0), atol=1e-6)
+  np.testing.assert_allclose(out[-1, 0], h[0], atol=1e-6)  # the update direction is h
+  assert (h == h[0]).all() and np.abs(h).max() > 0
 
 
-def test_per_worker_keys_unless_shared(mesh8):
+def test_per_worker_keys_unless_shared(mesh8, grads):
   """Identical gradients everywhere: stochastic rounding differs per worker, random-k does not."""
-  params = {"w": jnp.linspace(-1.0, 1.0, 64)}
-  loss = lambda p, b: 0.5 * jnp.sum((p["w"] - 2.0) ** 2) + 0.0 * jnp.sum(b["x"])
-  batch = {"x": jnp.zeros((W, 1))}
-  for codec, distinct in [(codecs.uniform(2, stochastic=True), True), (codecs.random_k(0.5), False)]:
-    tx = optax.chain(sync.compressed(codec, memory="ef", collective="gather", key=KEY),
-                     optax.sgd(0.1))
-    trainer = train.Trainer(loss, tx, mesh8)
-    state = trainer.init(params)
-    key0 = state.opt_state[0].key
-    state, _ = trainer.step(state, batch)
-    assert not np.array_equal(state.opt_state[0].key, key0)  # split every update
-    mem = np.asarray(state.opt_state[0].memory)
+  same = jnp.broadcast_to(grads[:1, :1], grads[:1].shape)
+  for codec, distinct in [(codecs.uniform(2, stochastic=True), True),
+                          (codecs.random_k(0.5), False)]:
+    tx = sync.compressed(codec, memory="ef", collective="gather", key=KEY)
+    _, state = _updates(mesh8, tx, same)
+    assert not np.array_equal(state.key[0], tx.init({"w": jnp.zeros(N)}).key)  # split
+    mem = np.asarray(state.memory)
     assert (len({m.tobytes() for m in mem}) == W) == distinct, codec.name
 
 
 # ---------------------------------------------------------------------------- hierarchical
-def test_hierarchical_fast_axis_exact_slow_axis_compressed(mesh4x2, task):
+def test_hierarchical_fast_axis_exact_slow_axis_compressed(mesh4x2):
   axes = ("tensor", "data")  # first axis fast (exact), the rest slow (compressed)
-  n = _flat(task[0]).size
-  _, ref, _ = _run(mesh4x2, optax.chain(sync.mean(axes), optax.adam(1e-2)), task, axis_name=axes)
-  _, state, _ = _run(mesh4x2, optax.chain(sync.compressed(codecs.identity(), axis_name=axes),
-                                          optax.adam(1e-2)), task, axis_name=axes)
-  np.testing.assert_allclose(_flat(state.params), _flat(ref.params), rtol=1e-5, atol=1e-6)
+  n = sum(x.size for x in jax.tree.leaves(contract.example_params()))
+  # Exact codec: the same parameters as sync.mean over both axes, in the Trainer.
+  _, ref, _, _ = contract.check_on_mesh(optax.chain(sync.mean(axes), optax.sgd(0.1)),
+                                        mesh4x2, axis_name=axes)
+  _, state, _, _ = contract.check_on_mesh(
+      optax.chain(sync.compressed(codecs.identity(), axis_name=axes), optax.sgd(0.1)),
+      mesh4x2, axis_name=axes)
+  chex.assert_trees_all_close(state.params, ref.params, atol=1e-6)
+  # A lossy codec: float32 on the fast axis, the codec's bytes on the slow axis only.
   codec = codecs.uniform(4, block=64)
   tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=axes), optax.sgd(0.1))
-  _, _, m, report = contract.check_on_mesh(tx, mesh4x2, axis_name=axes)
-  n = sum(x.size for x in jax.tree.leaves(contract._params(jnp.float32)))  # pylint: disable=protected-access
+  trainer, _, m, report = contract.check_on_mesh(tx, mesh4x2, axis_name=axes)
+  assert trainer.layout.opt_state[0].memory
   shard = -(-n // 2)
   fast = comm.reduce_scatter_bytes(4 * 2 * shard, 2) + comm.all_gather_bytes(4 * shard, 2)
   slow = comm.compressed_bytes(codec, shard, 4, "two_phase")
@@ -201,8 +207,9 @@ def test_top_k_with_memory_tracks_sgd_and_without_stalls(mesh8):
 def test_bytes_in_state_equal_inspect_and_formula(mesh8, codec, memory, collective):
   tx = optax.chain(sync.compressed(codec, memory=memory, collective=collective, key=KEY),
                    optax.sgd(0.1))
-  _, _, m, _ = contract.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
-  n = sum(x.size for x in jax.tree.leaves(contract._params(jnp.float32)))  # pylint: disable=protected-access
+  trainer, _, m, _ = contract.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
+  assert bool(trainer.layout.opt_state[0].memory) == (memory is not None)  # per worker
+  n = sum(x.size for x in jax.tree.leaves(contract.example_params()))
   chosen = collective or ("psum" if codec.linear and codec.name != "cast(bfloat16)"
                           else "two_phase" if codec.linear else codec.collective)
   assert int(m["wire_bytes"]) == round(comm.compressed_bytes(codec, n, W, chosen))

@@ -53,6 +53,51 @@ def _split_axes(axis_name) -> tuple[tuple, tuple]:
   return (), (axis_name,)
 
 
+class _FastShard:
+  """The exact fast-axis part of a hierarchical reduction: this device's slots of the vector.
+
+  The flat vector (n slots, zero-padded to F * m) is reduce-scattered over the fast axes; the
+  device then compresses its m slots over the slow axes, and the results are all-gathered.
+  Buffers keep the full length n (state shapes must not depend on the mesh); a device reads
+  and writes only its own slots. Without fast axes every method is the identity.
+  """
+
+  def __init__(self, n: int, fast: tuple, f_size: int = 1):
+    self.n, self.fast, self.f_size = n, fast, f_size
+    self.m = -(-n // f_size)
+    self.start = lax.axis_index(fast) * self.m if fast else 0
+
+  @classmethod
+  def create(cls, n: int, fast: tuple) -> "_FastShard":
+    return cls(n, fast, comm.axis_size(fast) if fast else 1)
+
+  def _pad(self, buf):
+    return jnp.pad(buf, (0, self.f_size * self.m - self.n))
+
+  def reduce(self, g):
+    """This device's slots of the mean over the fast axes, and the wire bytes."""
+    if not self.fast:
+      return g, 0.0
+    shard, nbytes = comm.reduce_scatter(self._pad(g), self.fast)
+    return shard / self.f_size, nbytes
+
+  def region(self, buf):
+    return lax.dynamic_slice(self._pad(buf), (self.start,), (self.m,)) if self.fast else buf
+
+  def write(self, buf, slots):
+    if not self.fast:
+      return slots.astype(buf.dtype)
+    return lax.dynamic_update_slice(self._pad(buf), slots.astype(buf.dtype),
+                                    (self.start,))[:self.n]
+
+  def gather(self, slots):
+    """The full vector from every device's slots, and the wire bytes."""
+    if not self.fast:
+      return slots, 0.0
+    full, nbytes = comm.all_gather(slots, self.fast, tiled=True)
+    return full[:self.n], nbytes
+
+
 def compressed(codec: codecs.Codec, memory: str | None = None, collective: str | None = None,
                axis_name: comm.AxisName = "data", *, key: Any = None,
                server_memory: bool | None = None, beta: float = 0.9,
@@ -165,49 +210,33 @@ def compressed(codec: codecs.Codec, memory: str | None = None, collective: str |
   def update_fn(updates, state, params=None):
     del params
     g, unflatten = codecs.flatten(updates)
-    n = g.shape[0]
     new_key, sub = step_key(state)
-    # Fast axes: exact float32 reduce-scatter; this device then handles a shard of m slots.
-    shard, fast_bytes, region, write = g, 0.0, (lambda b: b), (lambda b, r: r)
-    if fast:
-      f_size = comm.axis_size(fast)
-      m = -(-n // f_size)
-      start = lax.axis_index(fast) * m
-      pad = lambda b: jnp.pad(b, (0, f_size * m - n))
-      region = lambda b: lax.dynamic_slice(pad(b), (start,), (m,))
-      write = lambda b, r: lax.dynamic_update_slice(pad(b), r.astype(b.dtype), (start,))[:n]
-      shard, fast_bytes = comm.reduce_scatter(pad(g), fast)
-      shard = shard / f_size
-    # Slow axes: the codec.
-    mem = None if state.memory is None else region(state.memory).astype(jnp.float32)
-    sent = shard
+    shard = _FastShard.create(g.shape[0], fast)
+    x, fast_bytes = shard.reduce(g)  # g itself without fast axes
+    mem = None if state.memory is None else shard.region(state.memory).astype(jnp.float32)
     if memory in ("ef", "loco"):
-      sent = shard + mem
+      sent = x + mem
     elif memory == "ef21":
-      sent = shard - mem
-    server = None if state.server_memory is None else region(state.server_memory)
+      sent = x - mem
+    else:
+      sent = x
+    server = None if state.server_memory is None else shard.region(state.server_memory)
     out, nbytes = comm.compressed_sum(sent, codec, slow or None, collective, key=sub,
                                       server_memory=server)
-    delta = out.total / comm.axis_size(slow)
-    if fast:
-      delta, gather_bytes = comm.all_gather(delta, fast, tiled=True)
-      delta, fast_bytes = delta[:n], fast_bytes + gather_bytes
+    delta, gather_bytes = shard.gather(out.total / comm.axis_size(slow))
     new_memory, aggregate = state.memory, state.aggregate
     if memory == "ef":
-      new_memory = write(state.memory, sent - out.own)
+      new_memory = shard.write(state.memory, sent - out.own)
     elif memory == "loco":
-      new_memory = write(state.memory, beta * mem + (1 - beta) * (sent - out.own))
+      new_memory = shard.write(state.memory, beta * mem + (1 - beta) * (sent - out.own))
     elif memory == "ef21":
-      new_memory = write(state.memory, mem + out.own)
-      aggregate = state.aggregate + delta
-      delta = aggregate
-    if new_memory is not None:
-      new_memory = new_memory.astype(memory_dtype)
+      new_memory = shard.write(state.memory, mem + out.own)
+      aggregate = delta = state.aggregate + delta
     if server is not None:
-      server = write(state.server_memory, out.server_memory)
+      server = shard.write(state.server_memory, out.server_memory)
     new_state = CompressedState(
         memory=new_memory, aggregate=aggregate, server_memory=server, key=new_key,
-        wire_bytes=comm.add_bytes(state.wire_bytes, nbytes + fast_bytes))
+        wire_bytes=comm.add_bytes(state.wire_bytes, nbytes + fast_bytes + gather_bytes))
     return unflatten(delta), new_state
 
   return optax.GradientTransformation(init_fn, update_fn)
