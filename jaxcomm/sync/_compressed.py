@@ -118,9 +118,10 @@ def compressed(codec: codecs.Codec, memory: str | None = None, collective: str |
   `collective` is how the payloads are summed (see `jaxcomm.comm.compressed_sum`): "psum"
   (only linear codecs with float32 payloads), "gather" (all-gather, decode each, sum in
   float32) or "two_phase" (all-to-all of encoded chunks, float32 reduction on the owner,
-  re-encode with an owner-side error memory, all-gather). None picks: psum for linear
-  float32 codecs, two_phase for linear narrow floats (cast to bf16), else the codec's
-  preference (gather for sparsifiers, two_phase for quantisers).
+  re-encode with an owner-side error memory, all-gather; the codec then sees W chunks of
+  ceil(n / W) elements, so a fixed count such as top_k(k=...) applies per chunk). None
+  picks: psum for linear float32 codecs, two_phase for linear narrow floats (cast to bf16),
+  else the codec's preference (gather for sparsifiers, two_phase for quantisers).
 
   Hierarchical reduction: with a tuple `axis_name=(fast, slow, ...)` the FIRST axis is the
   fast one (devices inside a node): gradients are reduce-scattered over it exactly in
