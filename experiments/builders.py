@@ -108,3 +108,4 @@ def make_task(cfg: Config):
 
 # Method modules register their algorithms on import (one line each).
 from experiments import algos_compression  # pylint: disable=wrong-import-position,unused-import,cyclic-import  # noqa: E402,F401
+from experiments import algos_lowrank  # pylint: disable=wrong-import-position,unused-import,cyclic-import  # noqa: E402,F401

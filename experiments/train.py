@@ -40,6 +40,14 @@ _COLLECTIVE = flags.DEFINE_enum("collective", "auto", ["auto", "psum", "gather",
 _FRACTION = flags.DEFINE_float("fraction", 0.01, "compressed: fraction kept by sparsifiers.")
 _BITS = flags.DEFINE_integer("bits", 4, "compressed: code width of quantisers.")
 _CHUNK = flags.DEFINE_integer("chunk", None, "compressed: chunk / block size of the codec.")
+# --algo=powersgd|lq_sgd|onebit_adam|demo (experiments/algos_lowrank.py); also --bits,
+# --collective, --chunk, --memory=none (no error feedback).
+_RANK = flags.DEFINE_integer("rank", 2, "powersgd/lq_sgd: rank.")
+_START_ITER = flags.DEFINE_integer("start_iter", 0, "powersgd/lq_sgd: exact steps first.")
+_ALPHA = flags.DEFINE_float("alpha", 10.0, "lq_sgd: log-quantisation curvature.")
+_FREEZE = flags.DEFINE_integer("freeze_step", 100, "onebit_adam: exact Adam steps first.")
+_BETA = flags.DEFINE_float("beta", 0.999, "demo: momentum decay.")
+_K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per chunk.")
 
 
 def config_from_flags():
@@ -52,7 +60,9 @@ def config_from_flags():
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
       d_ff=4 * _D_MODEL.value,
       extra={"codec": _CODEC.value, "memory": _MEMORY.value, "collective": _COLLECTIVE.value,
-             "fraction": _FRACTION.value, "bits": _BITS.value, "chunk": _CHUNK.value})
+             "fraction": _FRACTION.value, "bits": _BITS.value, "chunk": _CHUNK.value,
+             "rank": _RANK.value, "start_iter": _START_ITER.value, "alpha": _ALPHA.value,
+             "freeze_step": _FREEZE.value, "beta": _BETA.value, "k": _K.value})
 
 
 def main(argv):
