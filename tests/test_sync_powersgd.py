@@ -187,3 +187,12 @@ def test_bad_input_fails_when_built():
                       "orthogonalization_epsilon")]:
     with pytest.raises(ValueError, match=word):
       make()
+
+
+def test_conv_kernels_are_viewed_with_output_features_last():
+  # Flax conv kernels are kh x kw x C_in x C_out: the matrix is (kh kw C_in) x C_out, oriented
+  # 64 x 576, so rank 4 sends P (64 x 4) and Q (576 x 4) instead of capping the rank at 3.
+  params = {"k": jnp.zeros((3, 3, 64, 64))}
+  assert sync.powersgd_bytes(params, 4, W) == comm.allreduce_bytes(4 * (64 * 4 + 576 * 4), W)
+  state = sync.powersgd(4).init(params)
+  assert state.q[0].shape == (1, 576, 4) and state.error[0].shape == (1, 64, 576)

@@ -45,7 +45,7 @@ class ResNet18(nn.Module):
   >>> import jax, jax.numpy as jnp
   >>> model = ResNet18(width=8, groups=4)
   >>> params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-  >>> model.apply(jax.tree.map(jnp.zeros_like, params), jnp.zeros((2, 32, 32, 3))).shape
+  >>> jax.eval_shape(model.apply, params, jnp.zeros((2, 32, 32, 3))).shape
   (2, 10)
   """
   num_classes: int = 10

@@ -43,8 +43,9 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
   worker w sends C(m_w + e_w) and keeps e_w <- m_w + e_w - D(C(m_w + e_w)); the owner of
   chunk r sums the decoded chunks, adds its server error, re-encodes and keeps that error.
   The decoded mean is the new m on every worker; the update is -lr m_hat / (sqrt(v_hat) + eps).
-  Bias correction of m continues after the freeze (it tends to 1). This is a complete
-  optimiser: do not chain another one after it.
+  Bias correction of m continues after the freeze (it tends to 1). Coordinates whose frozen
+  v is 0 are never moved (exact Adam would not move them; a 1-bit code cannot send 0).
+  This is a complete optimiser: do not chain another one after it.
 
   Args:
     learning_rate: a float or an optax schedule of the update count.
@@ -116,7 +117,10 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
     t_nu = jnp.minimum(t, max(freeze_step, 1)).astype(jnp.float32)
     mu_hat = mu / (1 - b1 ** t.astype(jnp.float32))
     nu_hat = nu / (1 - b2 ** t_nu)
-    step = -lr(state.count) * mu_hat / (jnp.sqrt(nu_hat) + eps)
+    # v = 0 means no gradient ever reached the coordinate before the freeze (e.g. a blank
+    # input pixel): exact Adam leaves it alone (m = 0 too), but the 1-bit code cannot say 0,
+    # so it would be moved by lr * scale / eps. Keep it still.
+    step = jnp.where(nu > 0, -lr(state.count) * mu_hat / (jnp.sqrt(nu_hat) + eps), 0.0)
     new_state = OnebitAdamState(count=t, mu=mu, nu=nu, worker_error=we, server_error=se,
                                 wire_bytes=counter)
     return unflatten(step), new_state

@@ -45,7 +45,7 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape) -> _Plan:
     if len(shape) <= 1:
       exact.append(i)
       continue
-    rows, cols = shape[0], math.prod(shape[1:])
+    rows, cols = math.prod(shape[:-1]), shape[-1]
     # The shorter side first: at rank = min(n, m) P^ is then square and the result exact.
     n, m, transposed = (cols, rows, True) if rows > cols else (rows, cols, False)
     r = min(rank, n)
@@ -62,7 +62,7 @@ def _stack(leaves, group: _Group) -> jax.Array:
   """f32[B, n, m]: the group's leaves as oriented matrices."""
   mats = []
   for i, transposed in group.members:
-    mat = leaves[i].astype(jnp.float32).reshape(leaves[i].shape[0], -1)
+    mat = leaves[i].astype(jnp.float32).reshape(-1, leaves[i].shape[-1])
     mats.append(mat.T if transposed else mat)
   return jnp.stack(mats)
 
@@ -264,8 +264,8 @@ def powersgd(rank: int, warm_start: bool = True, error_feedback: bool = True,
              axis_name: comm.AxisName = "data", seed: int = 0) -> optax.GradientTransformation:
   """Replaces each worker's gradient by PowerSGD's rank-r approximation of the mean.
 
-  Per matrix-shaped tensor (ndim >= 2, viewed as shape[0] x prod(rest), oriented with the
-  shorter side first so that rank = min(n, m) is exact), with M_w = g_w + e_w:
+  Per matrix-shaped tensor (ndim >= 2, viewed as prod(shape[:-1]) x shape[-1], oriented with
+  the shorter side first so that rank = min(n, m) is exact), with M_w = g_w + e_w:
   1. P = M_w Q, psum P; 2. P^ = Gram-Schmidt(P) (`orthonormalize`); 3. Q_w = M_w^T P^;
   4. e_w <- M_w - P^ Q_w^T; 5. Q = psum(Q_w) / W; 6. the update is P^ Q^T.
   Q starts from `seed` (the same on all workers) and is warm-started with the previous
@@ -274,6 +274,11 @@ def powersgd(rank: int, warm_start: bool = True, error_feedback: bool = True,
   shape are batched into one matmul per step (`batch_same_shape`), so a step is two
   all-reduces and a few batched matmuls whatever the number of layers. Before `start_iter`
   updates the step is the exact mean (lax.cond; each branch counts its own bytes).
+
+  The matrix view differs from the paper's (PyTorch) shape[0] x prod(rest) on purpose: Flax
+  keeps output features LAST (a conv kernel is kh x kw x C_in x C_out), so shape[0] of a 3x3
+  conv is 3, which would cap the rank at 3 and leave every conv uncompressed at rank >= 2.
+  prod(shape[:-1]) x shape[-1] is PyTorch's (C_out) x (C_in kh kw) view, transposed.
 
   Args:
     rank: r >= 1 (capped at min(n, m) per matrix).
