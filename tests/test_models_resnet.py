@@ -23,7 +23,11 @@ def test_resnet_forward_and_gradient_small():
   # blocks, pooling, head) at a fraction of the compile time.
   model = models.ResNet18(width=4, stages=(1, 1, 1, 1), groups=2)
   x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
-  params = jax.jit(model.init)(jax.random.key(0), x)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), x)  # one compile (the gradient) only
+  leaves, treedef = jax.tree.flatten(shapes)
+  keys = jax.random.split(jax.random.key(0), len(leaves))
+  params = jax.tree.unflatten(treedef, [0.3 * jax.random.normal(k, s.shape) if len(s.shape) > 1
+                                        else jnp.ones(s.shape) for k, s in zip(keys, leaves)])
   loss = models.classifier_loss(model)
   (value, aux), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
       params, {"x": x, "y": jnp.array([0, 1])})
