@@ -32,6 +32,12 @@ _REDUCE_DTYPE = flags.DEFINE_string("reduce_dtype", None, "dp: dtype gradients t
 _D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
 _HEADS = flags.DEFINE_integer("num_heads", 4, "LM attention heads.")
+# Layouts with a sequence or pipeline axis (experiments/layouts_sequence.py).
+_MESH = flags.DEFINE_string("mesh", "", "Mesh axes, e.g. data=2,sequence=4 (default: data=all).")
+_ATTENTION = flags.DEFINE_string("attention", None, "Sequence axis: ring|ring_zigzag|ulysses|"
+                                 "linear_lasp2|linear_allscan|linear_lasp_ring.")
+_SCHEDULE = flags.DEFINE_string("schedule", None, "Pipeline axis: gpipe|1f1b.")
+_MICROBATCHES = flags.DEFINE_integer("microbatches", None, "Pipeline micro-batches.")
 
 
 def config_from_flags():
@@ -42,7 +48,9 @@ def config_from_flags():
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
-      d_ff=4 * _D_MODEL.value)
+      d_ff=4 * _D_MODEL.value,
+      extra={"mesh": _MESH.value, "attention": _ATTENTION.value, "schedule": _SCHEDULE.value,
+             "microbatches": _MICROBATCHES.value})
 
 
 def main(argv):
@@ -53,11 +61,22 @@ def main(argv):
   from experiments import builders  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm, train  # pylint: disable=import-outside-toplevel
 
+  from experiments import layouts_sequence  # pylint: disable=import-outside-toplevel
+
   cfg = config_from_flags()
-  tx = builders.make_optimizer(cfg)
-  _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-  mesh = train.make_mesh({"data": jax.device_count()})
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
+  mesh_shape = layouts_sequence.parse_mesh(cfg.extra["mesh"], jax.device_count())
+  mesh = train.make_mesh(mesh_shape)
+  if set(mesh_shape) == {"data"}:
+    tx = builders.make_optimizer(cfg)
+    _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+    trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
+  else:
+    layout = layouts_sequence.build(cfg, mesh_shape)
+    cfg.axis_name = layout.axis_name
+    tx = builders.make_optimizer(cfg)
+    params, batch_fn = layout.params, layout.batch_fn
+    trainer = train.Trainer(layout.loss_fn, tx, mesh, axis_name=layout.axis_name,
+                            param_specs=layout.param_specs, batch_specs=layout.batch_specs)
   state = trainer.init(params)
   state, history = train.fit(trainer, state, batch_fn, cfg.steps, workdir=_WORKDIR.value,
                              log_every=_LOG_EVERY.value)
@@ -70,6 +89,14 @@ def main(argv):
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
       "compression_ratio": dp_bytes / per_step if per_step else float("inf"),
   }
+  if set(mesh_shape) != {"data"}:
+    # Activation traffic (K/V rotations, all-to-alls, pipeline sends) is not in the optimiser's
+    # counters: read every collective of the compiled step.
+    batch = trainer.shard_batch(batch_fn(0))
+    report = comm.inspect(trainer.step_fn(state, batch), state, batch, mesh=mesh)
+    summary["mesh"] = mesh_shape
+    summary["step_wire_bytes_by_axis"] = {",".join(k) or "?": v
+                                          for k, v in report.by_axis().items()}
   if jax.process_index() == 0:
     os.makedirs(_WORKDIR.value, exist_ok=True)
     with open(os.path.join(_WORKDIR.value, "summary.json"), "w", encoding="utf-8") as f:
@@ -79,6 +106,9 @@ def main(argv):
     print(f"  final loss            {summary['final_loss']:.4f}")
     print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
     print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
+    if "step_wire_bytes_by_axis" in summary:
+      print(f"  mesh {mesh_shape}: compiled step wire bytes by axis "
+            f"{ {k: f'{v:,.0f}' for k, v in summary['step_wire_bytes_by_axis'].items()} }")
 
 
 if __name__ == "__main__":

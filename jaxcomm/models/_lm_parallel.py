@@ -88,7 +88,7 @@ def lm_sequence_batch(tokens, axis_size: int, *, zigzag: bool = False) -> dict:
 
   >>> b = lm_sequence_batch(np.arange(9)[None], 2, zigzag=True)
   >>> b["positions"].tolist(), b["targets"].tolist()
-  [[0, 1, 6, 7, 2, 3, 4, 5]], [[1, 2, 7, 8, 3, 4, 5, 6]]
+  ([[0, 1, 6, 7, 2, 3, 4, 5]], [[1, 2, 7, 8, 3, 4, 5, 6]])
   """
   tokens = np.asarray(tokens)
   t = tokens.shape[1] - 1

@@ -9,8 +9,9 @@ outputs travel to the next stage and the input gradients to the previous one by 
 Stages keep only their *boundary* activations (the input of the stage for each micro-batch
 in flight) and recompute the stage in the backward step, as GPipe does. GPipe runs all
 forwards, then all backwards: every stage holds M activations. 1F1B (PipeDream-Flush)
-starts backwards as soon as the last stage can, so stage s holds at most S-s of them.
-Both have the same bubble with unit-time ops, (S-1)/(M+S-1).
+starts backwards as soon as the last stage can, so stage s holds at most S-s of them
+awaiting their backward (plus, here, one that arrived before the stage could take it): never
+more than S, whatever M. Both have the same bubble with unit-time ops, (S-1)/(M+S-1).
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def schedule_1f1b(num_stages: int, num_microbatches: int) -> PipelineSchedule:
     num_microbatches: M >= S.
 
   Returns:
-    The schedule; same bubble as GPipe, but stage s holds at most S-s activations.
+    The schedule; same bubble as GPipe, but stage s holds at most S-s activations
+    awaiting their backward (+1 received early): at most S, independent of M.
 
   References:
     Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training" (PipeDream-2BW /
@@ -163,7 +165,7 @@ def schedule_1f1b(num_stages: int, num_microbatches: int) -> PipelineSchedule:
 
   >>> sched = schedule_1f1b(4, 8)
   >>> sched.steps, round(sched.bubble_fraction, 4), sched.live.tolist()
-  (22, 0.2727, [4, 3, 2, 1])
+  (22, 0.2727, [4, 4, 3, 2])
   """
   _check(num_stages, num_microbatches)
   orders = []
