@@ -263,8 +263,9 @@ class Trainer:
         size = math.prod(self.mesh.shape[a] for a in _axes(axes))
         n = np.shape(x)[dim] if np.ndim(x) > dim else None
         if n is None or n % size:
-          raise ValueError(f"batch dimension {dim} ({n}) must be divisible by the size of "
-                           f"mesh axes {axes!r} ({size}).")
+          kind = "data" if set(_axes(axes)) <= set(self.axes) else "mesh"
+          raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
+                           f"{kind} axis size {size} (axes {axes!r}).")
 
   def _grad_norm(self, grads):
     """Global norm of a worker's gradient; leaves split over model axes are summed over them."""
