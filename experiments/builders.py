@@ -104,3 +104,7 @@ def make_task(cfg: Config):
   batch_fn = lambda t: dataset.batch(t, cfg.batch_size, seed=cfg.seed, process_index=pi,
                                      process_count=pc)
   return model, models.classifier_loss(model), params, batch_fn, True
+
+
+from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import

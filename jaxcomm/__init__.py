@@ -8,8 +8,10 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import parallel
+from jaxcomm import sim
 from jaxcomm import sync
 from jaxcomm import train
 
@@ -19,8 +21,10 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "local",
     "models",
     "parallel",
+    "sim",
     "sync",
     "train",
 )
