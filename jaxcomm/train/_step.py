@@ -269,7 +269,7 @@ class Trainer:
       for dim, axes in enumerate(spec):
         names = () if axes is None else tuple(axes) if isinstance(axes, tuple) else (axes,)
         size = math.prod(self.mesh.shape[a] for a in names)
-        n = np.shape(x)[dim] if np.ndim(x) > dim else None
+        n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
           kind = "data" if set(names) <= set(self.axes) else "mesh"
           raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
