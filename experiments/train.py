@@ -82,9 +82,18 @@ _BETA = flags.DEFINE_float("beta", 0.999, "demo: momentum decay.")
 _K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per chunk.")
 
 
+# Layouts with a sequence or pipeline axis (experiments/layouts_sequence.py).
+_MESH = flags.DEFINE_string("mesh", "", "Mesh axes, e.g. data=2,sequence=4 (default: data=all).")
+_ATTENTION = flags.DEFINE_string("attention", None, "Sequence axis: ring|ring_zigzag|ulysses|"
+                                 "linear_lasp2|linear_allscan|linear_lasp_ring.")
+_SCHEDULE = flags.DEFINE_string("schedule", None, "Pipeline axis: gpipe|1f1b.")
+_MICROBATCHES = flags.DEFINE_integer("microbatches", None, "Pipeline micro-batches.")
+
+
 # Method-specific flags, passed to the builders in `cfg.extra` (one name a line).
 EXTRA_FLAGS = (
     "alpha",
+    "attention",
     "beta",
     "bits",
     "chunk",
@@ -99,8 +108,11 @@ EXTRA_FLAGS = (
     "gossip_codec",
     "k",
     "memory",
+    "mesh",
     "micro_batches",
+    "microbatches",
     "rank",
+    "schedule",
     "start_iter",
     "topology",
 )
@@ -129,19 +141,29 @@ def main(argv):
   train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           heartbeat_timeout_s=_HEARTBEAT.value)
   from experiments import builders  # pylint: disable=import-outside-toplevel
+  from experiments import layouts_sequence  # pylint: disable=import-outside-toplevel
 
   cfg = config_from_flags()
   workdir = _WORKDIR.value
   _check_same_run(workdir, cfg)
+  mesh_shape = layouts_sequence.parse_mesh(cfg.extra["mesh"], jax.device_count())
+  mesh = train.make_mesh(mesh_shape)
+  layout = None if set(mesh_shape) == {"data"} else layouts_sequence.build(cfg, mesh_shape)
+  if layout is not None:
+    cfg.axis_name = layout.axis_name
   tx = builders.make_optimizer(cfg)
   if _SKIP_NONFINITE.value:
     tx = sync.skip_nonfinite(tx, cfg.axis_name)
-  _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-  wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
-  if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
-    loss_fn = wrap_loss(cfg, loss_fn)
-  mesh = train.make_mesh({"data": jax.device_count()})
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
+  if layout is None:
+    _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+    wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+    if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+      loss_fn = wrap_loss(cfg, loss_fn)
+    trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
+  else:
+    params, batch_fn = layout.params, layout.batch_fn
+    trainer = train.Trainer(layout.loss_fn, tx, mesh, axis_name=layout.axis_name,
+                            param_specs=layout.param_specs, batch_specs=layout.batch_specs)
   state = trainer.init(params)
   checkpointer = None
   if _CHECKPOINT_EVERY.value:
@@ -166,6 +188,14 @@ def main(argv):
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
       "compression_ratio": dp_bytes / per_step if per_step else float("inf"),
   }
+  if layout is not None:
+    # Activation traffic (K/V rotations, all-to-alls, pipeline sends) is not in the optimiser's
+    # counters: read every collective of the compiled step.
+    batch = trainer.shard_batch(batch_fn(0))
+    report = comm.inspect(trainer.step_fn(state, batch), state, batch, mesh=mesh)
+    summary["mesh"] = mesh_shape
+    summary["step_wire_bytes_by_axis"] = {",".join(k) or "?": v
+                                          for k, v in report.by_axis().items()}
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, {trainer.num_workers} workers in "
@@ -174,6 +204,9 @@ def main(argv):
     print(f"  final loss            {summary['final_loss']:.4f}")
   print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
   print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
+  if layout is not None:
+    print(f"  mesh {mesh_shape}: compiled step wire bytes by axis "
+          f"{ {k: f'{v:,.0f}' for k, v in summary['step_wire_bytes_by_axis'].items()} }")
 
 
 def _check_same_run(workdir: str, cfg) -> None:
