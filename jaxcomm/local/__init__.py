@@ -1,0 +1,42 @@
+"""When it travels: local-update schedules that wrap an inner optimiser.
+
+Every schedule is an optax transform that takes the worker's local gradient, steps its inner
+optimiser, and on a sync step returns the updates that move each worker to the synchronised
+parameters. Worker parameters therefore differ between syncs, and the Trainer keeps them per
+worker. Bytes are counted inside the branch that syncs. Every schedule accepts a
+participation mask (which workers are live at each sync).
+"""
+
+from jaxcomm.local._diloco import DilocoState
+from jaxcomm.local._diloco import diloco
+from jaxcomm.local._dreamddp import DreamddpState
+from jaxcomm.local._dreamddp import dreamddp
+from jaxcomm.local._dreamddp import layer_groups
+from jaxcomm.local._hierarchical import HierarchicalState
+from jaxcomm.local._hierarchical import hierarchical
+from jaxcomm.local._local_sgd import LocalSgdState
+from jaxcomm.local._local_sgd import local_sgd
+from jaxcomm.local._scaffold import ScaffoldState
+from jaxcomm.local._scaffold import scaffold
+from jaxcomm.local._sparseloco import sparseloco
+from jaxcomm.local._sparseloco import topk_chunks
+from jaxcomm.local._streaming import StreamingDilocoState
+from jaxcomm.local._streaming import streaming_diloco
+
+__all__ = (
+    "DilocoState",
+    "DreamddpState",
+    "HierarchicalState",
+    "LocalSgdState",
+    "ScaffoldState",
+    "StreamingDilocoState",
+    "diloco",
+    "dreamddp",
+    "hierarchical",
+    "layer_groups",
+    "local_sgd",
+    "scaffold",
+    "sparseloco",
+    "streaming_diloco",
+    "topk_chunks",
+)
