@@ -104,3 +104,6 @@ def make_task(cfg: Config):
   batch_fn = lambda t: dataset.batch(t, cfg.batch_size, seed=cfg.seed, process_index=pi,
                                      process_count=pc)
   return model, models.classifier_loss(model), params, batch_fn, True
+
+
+from experiments import algos_local  # pylint: disable=wrong-import-position,unused-import

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 from absl import app
 from absl import flags
 
@@ -32,12 +33,67 @@ _REDUCE_DTYPE = flags.DEFINE_string("reduce_dtype", None, "dp: dtype gradients t
 _D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
 _HEADS = flags.DEFINE_integer("num_heads", 4, "LM attention heads.")
+_MESH = flags.DEFINE_string("mesh", None, "Mesh axes as name:size,... (default data:<devices>); "
+                            "the batch is split over all of them, e.g. slow:2,fast:4.")
+# Local-update methods (experiments/algos_local.py); they reach the builders via cfg.extra.
+_SYNC_EVERY = flags.DEFINE_integer("sync_every", 10, "Local methods: H, steps between syncs.")
+_FRAGMENTS = flags.DEFINE_integer("fragments", 2, "streaming_diloco: fragments.")
+_OVERLAP = flags.DEFINE_integer("overlap", 0, "streaming_diloco: steps a sync overlaps.")
+_ALPHA = flags.DEFINE_float("alpha", 0.5, "streaming_diloco: local weight at the merge.")
+_CODEC = flags.DEFINE_string("codec", None, "Outer-gradient codec: none|identity|bf16|fp16|fp8|"
+                             "auto (default: the method's).")
+_MEMORY = flags.DEFINE_boolean("memory", False, "diloco: error feedback on the codec.")
+_PARTICIPATION = flags.DEFINE_string("participation", None,
+                                     "Live workers per sync: drop:W1,W2@K1,K2 or random:RATE.")
+_OUTER_LR = flags.DEFINE_float("outer_lr", None, "Outer learning rate (diloco 0.7, "
+                               "sparseloco 1.0).")
+_OUTER_MOMENTUM = flags.DEFINE_float("outer_momentum", 0.9, "Outer Nesterov momentum.")
+_DENSITY = flags.DEFINE_float("density", 0.02, "sparseloco: top-k density per chunk.")
+_BITS = flags.DEFINE_integer("bits", 2, "sparseloco: bits per value (0: float32).")
+_WORKER_STEPS = flags.DEFINE_list("worker_steps", None, "hierarchical: steps per period of "
+                                  "each slow worker.")
+_WEIGHTING = flags.DEFINE_string("weighting", "uniform", "hierarchical: uniform|steps.")
+_LABEL_SKEW = flags.DEFINE_float("label_skew", 0.0, "MLP: Dirichlet alpha of a label-skewed "
+                                 "split across workers (0: identical data).")
 
 
-def config_from_flags():
+def mesh_from_flag(spec, num_devices):
+  """{'data': N} by default, else the axes of `name:size,...`."""
+  if not spec:
+    return {"data": num_devices}
+  try:
+    return {name: int(size) for name, size in (a.split(":") for a in spec.split(","))}
+  except ValueError as e:
+    raise ValueError(f"--mesh {spec!r}: expected name:size,name:size.") from e
+
+
+def local_extra(mesh_shape):
+  """cfg.extra for the local-update methods."""
+  names = tuple(mesh_shape)
+  extra = {
+      "sync_every": _SYNC_EVERY.value, "fragments": _FRAGMENTS.value,
+      "overlap": _OVERLAP.value, "alpha": _ALPHA.value, "codec": _CODEC.value,
+      "memory": _MEMORY.value, "participation": _PARTICIPATION.value,
+      "outer_momentum": _OUTER_MOMENTUM.value, "density": _DENSITY.value,
+      "bits": _BITS.value, "weighting": _WEIGHTING.value,
+      "num_workers": int(np.prod(list(mesh_shape.values()))),
+  }
+  if _OUTER_LR.value is not None:
+    extra["outer_lr"] = _OUTER_LR.value
+  if _WORKER_STEPS.value:
+    extra["worker_steps"] = [int(s) for s in _WORKER_STEPS.value]
+  if len(names) == 2:  # hierarchical: the first axis is the slow one
+    extra.update(slow_axis=names[0], fast_axis=names[1], num_slow=mesh_shape[names[0]])
+  return extra
+
+
+def config_from_flags(mesh_shape=None):
   from experiments import builders  # pylint: disable=import-outside-toplevel
   dataset = _DATASET.value or ("pydoc" if _MODEL.value == "lm" else "digits")
+  mesh_shape = mesh_shape or {"data": 1}
+  axes = tuple(mesh_shape)
   return builders.Config(
+      axis_name=axes[0] if len(axes) == 1 else axes, extra=local_extra(mesh_shape),
       model=_MODEL.value, dataset=dataset, algo=_ALGO.value, optimizer=_OPTIMIZER.value,
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
@@ -53,11 +109,20 @@ def main(argv):
   from experiments import builders  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm, train  # pylint: disable=import-outside-toplevel
 
-  cfg = config_from_flags()
+  from jaxcomm import data  # pylint: disable=import-outside-toplevel
+
+  mesh_shape = mesh_from_flag(_MESH.value, jax.device_count())
+  cfg = config_from_flags(mesh_shape)
   tx = builders.make_optimizer(cfg)
   _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-  mesh = train.make_mesh({"data": jax.device_count()})
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
+  mesh = train.make_mesh(mesh_shape)
+  trainer = train.Trainer(loss_fn, tx, mesh, axis_name=cfg.axis_name, has_aux=has_aux)
+  if _LABEL_SKEW.value:
+    skewed = data.label_skew(data.load(cfg.dataset), trainer.num_workers, _LABEL_SKEW.value,
+                             seed=cfg.seed)
+    batch_fn = lambda t: skewed.batch(t, cfg.batch_size, seed=cfg.seed,
+                                      process_index=jax.process_index(),
+                                      process_count=jax.process_count())
   state = trainer.init(params)
   state, history = train.fit(trainer, state, batch_fn, cfg.steps, workdir=_WORKDIR.value,
                              log_every=_LOG_EVERY.value)

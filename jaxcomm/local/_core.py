@@ -150,6 +150,18 @@ def live_weights(participation: Callable | None, k: jax.Array,
   return row[worker_index(axis_name)], row, jnp.sum(row)
 
 
+def masked_sum(tree: Any, mine: jax.Array, axis_name: comm.AxisName) -> tuple[Any, float]:
+  """Sum over workers of `mine` × `tree` (one all-reduce), and the wire bytes."""
+  return comm.sum(jax.tree.map(lambda x: x * mine.astype(x.dtype), tree), axis_name)
+
+
+def live_mean_or_keep(total: Any, count: jax.Array, tree: Any) -> Any:
+  """`total / count`, or each worker's own `tree` when no worker was live."""
+  return jax.tree.map(
+      lambda s, x: jnp.where(count > 0, s / jnp.maximum(count, 1).astype(s.dtype), x),
+      total, tree)
+
+
 def masked_average(tree: Any, mine: jax.Array, count: jax.Array,
                    axis_name: comm.AxisName) -> tuple[Any, float]:
   """Mean of `tree` over the live workers (weights `mine`), and the wire bytes.
@@ -157,11 +169,8 @@ def masked_average(tree: Any, mine: jax.Array, count: jax.Array,
   One all-reduce of the weighted tree; the division by the live count is local. If no worker
   is live every worker keeps its own values.
   """
-  total, nbytes = comm.sum(jax.tree.map(lambda x: x * mine.astype(x.dtype), tree), axis_name)
-  avg = jax.tree.map(
-      lambda s, x: jnp.where(count > 0, s / jnp.maximum(count, 1).astype(s.dtype), x),
-      total, tree)
-  return avg, nbytes
+  total, nbytes = masked_sum(tree, mine, axis_name)
+  return live_mean_or_keep(total, count, tree), nbytes
 
 
 def switch(index: jax.Array, branches: Sequence[Callable], *operands) -> Any:

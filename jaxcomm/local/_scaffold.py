@@ -84,9 +84,10 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
       mine, _, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
       fresh = jax.tree.map(lambda s: s / sync_every, grad_sum)
       change = jax.tree.map(jnp.subtract, fresh, control)
-      (local, change), nbytes = _core.masked_average((local, change), mine, n_live, axis_name)
-      share = n_live / comm.axis_size(axis_name)  # Σ_live Δc / W = mean_live Δc · n_live / W
-      global_control = jax.tree.map(lambda c, d: c + d * share, global_control, change)
+      (total, change), nbytes = _core.masked_sum((local, change), mine, axis_name)
+      local = _core.live_mean_or_keep(total, n_live, local)
+      w = comm.axis_size(axis_name)
+      global_control = jax.tree.map(lambda c, d: c + d / w, global_control, change)
       control = jax.tree.map(lambda f, c: jnp.where(mine > 0, f, c), fresh, control)
       grad_sum = jax.tree.map(jnp.zeros_like, grad_sum)
       return local, control, global_control, grad_sum, comm.add_bytes(wire, nbytes)
