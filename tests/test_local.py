@@ -106,15 +106,55 @@ def test_local_sgd_h1_equals_exact_dp(task):
   close(jax.tree.map(lambda x: x[W - 1], ls.params), dp.params)
 
 
+# Every schedule's run without a mask is held against its reference below; with an all-live
+# mask it must be the same run. One compiled trainer per (schedule, masked).
+SGD = optax.sgd(LR)
+SCHEDULES = {  # name: (factory(**participation), steps, slow-axis width or None)
+    "local_sgd": (lambda **kw: local.local_sgd(SGD, 2, **kw), 4, None),
+    "diloco": (lambda **kw: local.diloco(optax.adam(1e-2), NESTEROV, 3, **kw), 6, None),
+    "streaming": (lambda **kw: local.streaming_diloco(
+        SGD, optax.sgd(0.7, momentum=0.9), 4, 2, 1, 0.5, codec=None, **kw), 8, None),
+    "sparseloco": (lambda **kw: local.sparseloco(SGD, 2, 0.1, 2, decay=0.95, **kw), 4, None),
+    "dreamddp": (lambda **kw: local.dreamddp(SGD, 3, **kw), 6, None),
+    "scaffold": (lambda **kw: local.scaffold(SGD, 2, **kw), 4, None),
+    "hierarchical": (lambda **kw: local.hierarchical(
+        SGD, 2, "fast", "slow", worker_steps=[2, 1], weighting="steps", **kw), 4, 2),
+}
+
+
 @pytest.fixture(scope="module")
-def diloco_h3(task):
-  """DiLoCo H=3 (Adam inner, Nesterov outer), 6 steps: the reference run shared below."""
+def runs(task):
   params, loss, batches, _ = task
-  return run_trainer(loss, local.diloco(optax.adam(1e-2), NESTEROV, 3), params, batches, 6)
+  cache = {}
+
+  def get(name, masked=False):
+    if (name, masked) not in cache:
+      make, steps, slow = SCHEDULES[name]
+      kw = {"participation": np.ones((8, slow or W), bool)} if masked else {}
+      mesh = train.make_mesh({"slow": 2, "fast": 4}) if slow else None
+      cache[name, masked] = run_trainer(loss, make(**kw), params, batches, steps, mesh=mesh,
+                                        axis_name=("slow", "fast") if slow else "data")
+    return cache[name, masked]
+
+  return get
 
 
-def test_diloco_h3_matches_reference(task, diloco_h3):
-  _, state, sent = diloco_h3
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_all_live_mask_equals_no_mask(runs, name):
+  _, a, sent_a = runs(name)
+  _, b, sent_b = runs(name, masked=True)
+  close(a.params, b.params, atol=1e-7)
+  assert sent_a == sent_b and sum(sent_a) > 0
+
+
+def test_local_sgd_h2_matches_reference(task, runs):
+  _, state, _ = runs("local_sgd")
+  ps, *_ = ref_diloco(task, SGD, optax.sgd(1.0), 2, 4)  # FedAvg: outer SGD(1)
+  close(state.params, ps)
+
+
+def test_diloco_h3_matches_reference(task, runs):
+  _, state, sent = runs("diloco")
   ps, s, theta, o = ref_diloco(task, optax.adam(1e-2), NESTEROV, 3, 6)
   close(state.params, ps)
   close(state.opt_state.outer_params, theta)
@@ -124,9 +164,9 @@ def test_diloco_h3_matches_reference(task, diloco_h3):
   assert sent == [0, 0, comm.allreduce_bytes(4 * n, W)] * 2
 
 
-def test_streaming_one_fragment_equals_diloco(task, diloco_h3):
+def test_streaming_one_fragment_equals_diloco(task, runs):
   params, loss, batches, _ = task
-  _, dl, dl_sent = diloco_h3
+  _, dl, dl_sent = runs("diloco")
   tx = local.streaming_diloco(optax.adam(1e-2), NESTEROV, 3, fragments=1, overlap=0,
                               alpha=0.0, codec=None)
   _, st, st_sent = run_trainer(loss, tx, params, batches, 6)
@@ -134,35 +174,13 @@ def test_streaming_one_fragment_equals_diloco(task, diloco_h3):
   assert st_sent == dl_sent
 
 
-def test_diloco_identity_codec_equals_no_codec(task, diloco_h3):
+def test_diloco_identity_codec_equals_no_codec(task, runs):
   params, loss, batches, _ = task
-  _, dl, dl_sent = diloco_h3
+  _, dl, dl_sent = runs("diloco")
   tx = local.diloco(optax.adam(1e-2), NESTEROV, 3, codec=codecs.identity())
   _, st, st_sent = run_trainer(loss, tx, params, batches, 6)
   close(st.params, dl.params, atol=1e-7)
   assert st_sent == dl_sent
-
-
-# Every schedule with an all-live mask equals itself without one.
-SCHEDULES = {
-    "local_sgd": lambda **kw: local.local_sgd(optax.sgd(LR), 2, **kw),
-    "diloco": lambda **kw: local.diloco(optax.sgd(LR), NESTEROV, 2, **kw),
-    "streaming": lambda **kw: local.streaming_diloco(optax.sgd(LR), NESTEROV, 2, 2, 1, 0.5,
-                                                     codec=None, **kw),
-    "sparseloco": lambda **kw: local.sparseloco(optax.sgd(LR), 2, 0.1, 2, **kw),
-    "dreamddp": lambda **kw: local.dreamddp(optax.sgd(LR), 2, **kw),
-    "scaffold": lambda **kw: local.scaffold(optax.sgd(LR), 2, **kw),
-}
-
-
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
-def test_all_live_mask_equals_no_mask(task, name):
-  params, loss, batches, _ = task
-  _, a, sent_a = run_trainer(loss, SCHEDULES[name](), params, batches, 4)
-  _, b, sent_b = run_trainer(loss, SCHEDULES[name](participation=np.ones((3, W), bool)),
-                             params, batches, 4)
-  close(a.params, b.params, atol=1e-7)
-  assert sent_a == sent_b and sum(sent_a) > 0
 
 
 # ------------------------------------------------------------------ participation
@@ -232,11 +250,10 @@ def test_scaffold_matches_reference(task):
   assert sent == [0, 2 * comm.allreduce_bytes(4 * n, W)] * 3  # θ and Δc
 
 
-def test_dreamddp_matches_reference_and_syncs_each_leaf_once(task):
+def test_dreamddp_matches_reference_and_syncs_each_leaf_once(task, runs):
   params, loss, batches, grads = task
   h, steps = 3, 6
-  trainer, state, sent = run_trainer(loss, local.dreamddp(optax.sgd(LR), h), params,
-                                     batches, steps)
+  _, state, sent = runs("dreamddp")
   leaves, treedef = jax.tree.flatten(params)
   groups = local.layer_groups([x.size for x in leaves], min(h, len(leaves)))
   assert sorted(i for g in groups for i in range(len(leaves)) if i in g) == \
@@ -260,12 +277,10 @@ def test_dreamddp_matches_reference_and_syncs_each_leaf_once(task):
   assert sum(sent[:h]) == comm.allreduce_bytes(4 * n, W) > max(sent)
 
 
-def test_streaming_overlap_and_mixing_match_reference(task):
+def test_streaming_overlap_and_mixing_match_reference(task, runs):
   params, loss, batches, grads = task
   h, frags, tau, alpha, steps = 4, 2, 1, 0.5, 8
-  tx = local.streaming_diloco(optax.sgd(LR), optax.sgd(0.7, momentum=0.9), h, frags, tau,
-                              alpha, codec=None)
-  _, state, sent = run_trainer(loss, tx, params, batches, steps)
+  _, state, sent = runs("streaming")
   flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
   n = flat(params).size
   leaves, treedef = jax.tree.flatten(params)
@@ -298,12 +313,12 @@ def test_streaming_overlap_and_mixing_match_reference(task):
   assert [s for s in sent if s] == [comm.allreduce_bytes(4 * m, W)] * 4  # t = 2, 4, 6, 8
 
 
-def test_sparseloco_matches_reference(task):
+def test_sparseloco_matches_reference(task, runs):
   params, loss, batches, grads = task
   h, steps, density, beta = 2, 4, 0.1, 0.95
   codec = local.topk_chunks(density, 2, 4096)
-  _, state, sent = run_trainer(loss, local.sparseloco(optax.sgd(LR), h, density, 2,
-                                                      decay=beta), params, batches, steps)
+  _, state, sent = runs("sparseloco")
+  roundtrip = jax.jit(jax.vmap(codec.roundtrip))
   theta, ps = params, stack(params)
   vec = lambda tree: codecs.flatten(tree)[0]
   n = vec(params).size
@@ -313,7 +328,7 @@ def test_sparseloco_matches_reference(task):
     if t % h == 0:
       delta = jax.vmap(lambda p: vec(jax.tree.map(jnp.subtract, theta, p)))(ps)
       e = beta * mem + delta
-      sent_vals = jax.vmap(codec.roundtrip)(e)
+      sent_vals = roundtrip(e)
       mem = e - sent_vals
       _, unflatten = codecs.flatten(params)
       theta = jax.tree.map(lambda a, b: a - b, theta, unflatten(sent_vals.mean(0)))
@@ -323,15 +338,11 @@ def test_sparseloco_matches_reference(task):
   assert sent == [0, comm.all_gather_bytes(codec.payload_bytes(n), W)] * 2
 
 
-def test_hierarchical_wp_sgd_matches_reference(task):
+def test_hierarchical_wp_sgd_matches_reference(task, runs):
   """2 slow groups x 4 fast workers; group 1 computes 1 of every 2 steps; WP-SGD weights."""
   params, loss, batches, grads = task
-  mesh = train.make_mesh({"slow": 2, "fast": 4})
   h, steps, wsteps = 2, 4, [2, 1]
-  tx = local.hierarchical(optax.sgd(LR), h, "fast", "slow", worker_steps=wsteps,
-                          weighting="steps")
-  trainer, state, sent = run_trainer(loss, tx, params, batches, steps, mesh=mesh,
-                                     axis_name=("slow", "fast"))
+  trainer, state, sent = runs("hierarchical")
   ps = stack(params, 2)
   for t in range(1, steps + 1):
     g = grads(jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), ps), blocks(batches[t - 1]))
@@ -352,16 +363,44 @@ def test_hierarchical_wp_sgd_matches_reference(task):
 
 
 # ------------------------------------------------------------------ bytes, three ways
-def test_bytes_counted_equal_inspect_and_formula(task, diloco_h3):
-  params, loss, batches, _ = task
-  n = sum(x.size for x in jax.tree.leaves(params))
-  trainer, state, sent = diloco_h3
+def _sync_bytes(name, params):
+  """(bytes of each sync over one period, ALGORITHMS.md formulas) of a SCHEDULES run."""
+  sizes = [x.size for x in jax.tree.leaves(params)]
+  n = sum(sizes)
+  if name == "streaming":
+    return [comm.allreduce_bytes(4 * math.ceil(n / 2), W)] * 2
+  if name == "sparseloco":
+    return [comm.all_gather_bytes(local.topk_chunks(0.1, 2).payload_bytes(n), W)]
+  if name == "dreamddp":
+    return [comm.allreduce_bytes(4 * sum(sizes[i] for i in g), W)
+            for g in local.layer_groups(sizes, 3)]
+  if name == "scaffold":
+    return [2 * comm.allreduce_bytes(4 * n, W)]  # θ and Δc
+  return [comm.allreduce_bytes(4 * n, W)]
+
+
+@pytest.mark.parametrize("name", ["local_sgd", "diloco", "streaming", "sparseloco",
+                                  "dreamddp", "scaffold"])
+def test_bytes_counted_equal_inspect_and_formula(task, runs, name):
+  params, _, batches, _ = task
+  trainer, state, sent = runs(name)
+  period = _sync_bytes(name, params)
+  steps = SCHEDULES[name][1]
+  assert sorted(s for s in sent if s) == sorted(period * (len([s for s in sent if s])
+                                                          // len(period)))
   report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
-  formula = comm.allreduce_bytes(4 * n, W)
-  assert max(sent) == report.wire_bytes(conditional=True) == formula
-  assert report.wire_bytes(conditional=False) == 0
-  assert {(c.op, c.axes) for c in report} == {("all-reduce", ("data",))}
-  assert sum(sent) / len(sent) == formula / 3  # the per-step average is 1/H of DP's
+  assert report.wire_bytes(conditional=False) == 0  # nothing travels outside a sync
+  # Streaming's one branch serves every fragment (dynamic index): one sync's bytes; the
+  # other methods have a branch per distinct sync, so the compiled total is the period's.
+  expected = period[0] if name == "streaming" else sum(period)
+  assert report.wire_bytes(conditional=True) == expected
+  ops = {c.op for c in report}
+  assert ops == ({"all-gather"} if name == "sparseloco" else {"all-reduce"})
+  assert {c.axes for c in report} == {("data",)}
+  # Per step, on average: the period's bytes spread over its H steps.
+  h = {"local_sgd": 2, "diloco": 3, "streaming": 4, "sparseloco": 2, "dreamddp": 3,
+       "scaffold": 2}[name]
+  assert sum(sent) == pytest.approx(sum(period) * steps / h)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
@@ -381,7 +420,7 @@ def test_cast_codec_outer_gradient_travels_narrow(task, dtype):
   assert float(jnp.max(jnp.abs(state.opt_state.memory))) > 0
 
 
-def test_streaming_default_codec_and_sparseloco_bytes_in_compiled_program(task):
+def test_streaming_default_codec_bytes_in_compiled_program(task):
   params, loss, batches, _ = task
   n = sum(x.size for x in jax.tree.leaves(params))
   tx = local.streaming_diloco(optax.sgd(LR), NESTEROV, 4, 2, 1, 0.5)  # codec "auto"
