@@ -72,9 +72,10 @@ def _outer(cfg):
                    nesterov=bool(momentum))
 
 
-def _common(cfg, syncs_per_period: int = 1):
+def _common(cfg, syncs_per_period: int = 1, workers: str = "num_workers"):
+  """(H, participation mask covering every sync of the run)."""
   h = cfg.extra.get("sync_every", 10)
-  mask = participation_mask(cfg.extra.get("participation"), cfg.extra.get("num_workers", 1),
+  mask = participation_mask(cfg.extra.get("participation"), cfg.extra.get(workers, 1),
                             syncs_per_period * (cfg.steps // h + 1), cfg.seed)
   return h, mask
 
@@ -116,8 +117,7 @@ def _sparseloco(cfg, inner):
 @builders.algorithm("dreamddp")
 def _dreamddp(cfg, inner):
   h = cfg.extra.get("sync_every", 10)
-  mask = participation_mask(cfg.extra.get("participation"), cfg.extra.get("num_workers", 1),
-                            cfg.steps, cfg.seed)
+  h, mask = _common(cfg, syncs_per_period=h)  # up to one group sync per step
   return local.dreamddp(inner, h, cfg.axis_name, participation=mask)
 
 
@@ -133,9 +133,7 @@ def _hierarchical(cfg, inner):
   if slow is None or fast is None:
     raise ValueError("hierarchical needs a mesh with a slow and a fast axis, e.g. "
                      "--mesh=slow:2,fast:4.")
-  h = cfg.extra.get("sync_every", 10)
-  mask = participation_mask(cfg.extra.get("participation"), cfg.extra.get("num_slow", 1),
-                            cfg.steps // h + 1, cfg.seed)
+  h, mask = _common(cfg, workers="num_slow")
   return local.hierarchical(inner, h, fast, slow, worker_steps=cfg.extra.get("worker_steps"),
                             weighting=cfg.extra.get("weighting", "uniform"),
                             participation=mask)

@@ -5,6 +5,9 @@ optimiser, and on a sync step returns the updates that move each worker to the s
 parameters. Worker parameters therefore differ between syncs, and the Trainer keeps them per
 worker. Bytes are counted inside the branch that syncs. Every schedule accepts a
 participation mask (which workers are live at each sync).
+
+Float tolerance: the Trainer applies updates as p + u, so after a sync a worker holds the
+synchronised value θ up to one rounding of p + (θ − p), an ulp of the larger of |p|, |θ|.
 """
 
 from jaxcomm.local._diloco import DilocoState
