@@ -103,14 +103,13 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   if memory is not None and codec is None:
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
   return build(inner, outer, sync_every, axis_name, codec=codec, memory=memory is not None,
-               decay=1.0, participation=_core.resolve_participation(participation),
-               seed=seed, name="diloco")
+               decay=1.0, live_fn=_core.resolve_participation(participation), seed=seed,
+               name="diloco")
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          participation, seed: int, name: str) -> optax.GradientTransformation:
+          live_fn, seed: int, name: str) -> optax.GradientTransformation:
   """The DiLoCo transform from checked arguments (shared with `sparseloco`)."""
-  live_fn = participation
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):

@@ -138,5 +138,5 @@ def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: fl
     raise ValueError(f"outer_lr must be > 0, got {outer_lr!r}.")
   return _diloco.build(inner, optax.sgd(outer_lr), sync_every, axis_name,
                        codec=topk_chunks(density, bits, chunk), memory=True, decay=decay,
-                       participation=_core.resolve_participation(participation), seed=0,
+                       live_fn=_core.resolve_participation(participation), seed=0,
                        name="sparseloco")
