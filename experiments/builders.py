@@ -106,4 +106,6 @@ def make_task(cfg: Config):
   return model, models.classifier_loss(model), params, batch_fn, True
 
 
-from experiments import algos_local  # pylint: disable=wrong-import-position,unused-import
+from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_local  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import

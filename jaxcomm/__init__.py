@@ -8,7 +8,9 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import local
 from jaxcomm import models
+from jaxcomm import sim
 from jaxcomm import sync
 from jaxcomm import train
 
@@ -18,7 +20,9 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "local",
     "models",
+    "sim",
     "sync",
     "train",
 )

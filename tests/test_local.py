@@ -14,8 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, data, local, models, sync, train
+# The property-test helpers of the foundation's validation tests.
+from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, mesh_for,
+                             valid_or)
 
 W = 8
 B = 64  # global batch: 8 examples per worker
@@ -573,3 +579,141 @@ def test_bad_input_fails_at_build_time(task):
   tx = local.diloco(inner, inner, 2, participation=np.ones((2, 6), bool))
   with pytest.raises(ValueError, match="participation has 6 workers"):
     train.Trainer(loss, tx, train.make_mesh({"data": W})).init(params)
+
+
+# ------------------------------------------------------------------ property: build or ValueError
+FEW = settings(max_examples=10, deadline=None, derandomize=True,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+H = valid_or(st.integers(1, 3))
+# "ones": an all-live mask as wide as the axis (filled in by the test, which knows the mesh).
+MASKS = valid_or(st.sampled_from([None, "ones"]))
+
+
+def _mask(participation, axis_name):
+  if participation != "ones":
+    return participation
+  return np.ones((2, 1 if axis_name is None else W), bool)
+
+
+def runs_one_update(tx, axis_name, deferred=("participation", "fragments")):
+  """One update (a sync when H = 1) inside shard_map; per-worker updates leave per worker.
+
+  A few checks need the mesh or the parameters (a mask's width, fragments against the
+  leaves): they may raise ValueError naming their argument at init or at the first trace.
+  """
+  params = {"w": jnp.arange(3.0), "b": jnp.ones(())}
+  axes = () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else
+                                       (axis_name,))
+
+  def update(p):
+    out = tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+    return jax.tree.map(lambda x: comm.varying(x, axes)[None], out)
+
+  try:
+    if not axes:
+      out = update(params)
+    else:
+      out = jax.jit(jax.shard_map(update, mesh=mesh_for(axis_name), in_specs=P(),
+                                  out_specs=P(axes)))(params)
+  except ValueError as e:
+    assert any(word in str(e) for word in deferred), e
+    return
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, axis_name=AXIS_NAMES, mask=MASKS)
+@example(inner=optax.sgd(0.1), h=1, axis_name=("a", "b"), mask="ones")
+def test_local_sgd_dreamddp_scaffold_builds_or_raise_value_error(inner, h, axis_name, mask):
+  for factory in (local.local_sgd, local.dreamddp, local.scaffold):
+    builds_or_value_error(
+        lambda: factory(inner, h, axis_name, participation=_mask(mask, axis_name)),
+        lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, outer=TRANSFORMS, h=H, axis_name=AXIS_NAMES,
+       codec=valid_or(st.sampled_from([None, codecs.identity(), codecs.cast("bfloat16")])),
+       memory=valid_or(st.sampled_from([None, "ef"])), mask=MASKS)
+@example(inner=optax.adam(0.1), outer=optax.sgd(0.7), h=1, axis_name="data",
+         codec=codecs.cast("bfloat16"), memory="ef", mask="ones")
+def test_diloco_builds_or_raises_value_error(inner, outer, h, axis_name, codec, memory, mask):
+  builds_or_value_error(
+      lambda: local.diloco(inner, outer, h, axis_name, codec=codec, memory=memory,
+                           participation=_mask(mask, axis_name)),
+      lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, fragments=valid_or(st.integers(1, 2)),
+       overlap=valid_or(st.integers(0, 2)), alpha=valid_or(st.floats(0, 1)),
+       axis_name=AXIS_NAMES, codec=valid_or(st.sampled_from(["auto", None])))
+@example(inner=optax.sgd(0.1), h=2, fragments=2, overlap=1, alpha=0.5, axis_name="data",
+         codec="auto")
+def test_streaming_diloco_builds_or_raises_value_error(inner, h, fragments, overlap, alpha,
+                                                      axis_name, codec):
+  builds_or_value_error(
+      lambda: local.streaming_diloco(inner, optax.sgd(0.7), h, fragments, overlap, alpha,
+                                     axis_name, codec=codec),
+      lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, density=valid_or(st.floats(0.01, 1)),
+       bits=valid_or(st.sampled_from([1, 2, 4, 8, None])), axis_name=AXIS_NAMES,
+       chunk=valid_or(st.integers(1, 8)), decay=valid_or(st.floats(0, 1)),
+       outer_lr=valid_or(st.floats(0.1, 2)))
+@example(inner=optax.sgd(0.1), h=1, density=0.5, bits=2, axis_name="data", chunk=2,
+         decay=0.9, outer_lr=1.0)
+def test_sparseloco_builds_or_raises_value_error(inner, h, density, bits, axis_name, chunk,
+                                                 decay, outer_lr):
+  builds_or_value_error(
+      lambda: local.sparseloco(inner, h, density, bits, axis_name, chunk=chunk, decay=decay,
+                               outer_lr=outer_lr),
+      lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, worker_steps=valid_or(st.sampled_from([None, (1, 1)]),
+                                                    st.one_of(JUNK, st.just((0, 9)))),
+       weighting=valid_or(st.sampled_from(["uniform", "steps"])))
+@example(inner=optax.sgd(0.1), h=1, worker_steps=(1, 1), weighting="steps")
+def test_hierarchical_builds_or_raises_value_error(inner, h, worker_steps, weighting):
+  builds_or_value_error(
+      lambda: local.hierarchical(inner, h, "fast", "slow", worker_steps=worker_steps,
+                                 weighting=weighting),
+      lambda tx: runs_one_update(tx, ("slow", "fast"), deferred=("worker_steps",)))
+
+
+@FEW
+@given(num_workers=valid_or(st.integers(1, 8)), alpha=valid_or(st.floats(0.05, 100)))
+@example(num_workers=8, alpha=0.1)
+def test_label_skew_builds_or_raises_value_error(num_workers, alpha):
+  builds_or_value_error(lambda: data.label_skew(data.digits(), num_workers, alpha),
+                        lambda ds: ds.batch(0, 8 * num_workers))
+
+
+def test_experiment_builders_register_the_methods():
+  from experiments import algos_local, builders  # pylint: disable=import-outside-toplevel
+  extra = {"sync_every": 4, "num_workers": W, "participation": "drop:2,5@1",
+           "codec": "bf16", "memory": True, "fragments": 2, "overlap": 1, "alpha": 0.5,
+           "slow_axis": "slow", "fast_axis": "fast", "num_slow": 2, "worker_steps": [4, 2],
+           "weighting": "steps"}
+  for algo in ("local_sgd", "diloco", "streaming_diloco", "sparseloco", "dreamddp",
+               "scaffold", "hierarchical"):
+    extra_algo = {**extra, "num_workers": 2} if algo == "hierarchical" else extra
+    if algo == "hierarchical":
+      extra_algo = {**extra_algo, "participation": "drop:1@1"}
+    tx = builders.make_optimizer(builders.Config(algo=algo, steps=20, extra=extra_algo))
+    assert callable(tx.init) and callable(tx.update)
+  mask = algos_local.participation_mask("drop:2,5@1", W, 3)
+  assert mask.sum(1).tolist() == [W, W - 2, W] and not mask[1, [2, 5]].any()
+  rand = algos_local.participation_mask("random:0.5", W, 50, seed=1)
+  assert rand.any(1).all() and 0.3 < rand.mean() < 0.7
+  for bad in ("drop:9@0", "drop:x", "random:1.5", "sometimes"):
+    with pytest.raises(ValueError, match="participation"):
+      algos_local.participation_mask(bad, W, 3)
+  with pytest.raises(ValueError, match="codec"):
+    builders.make_optimizer(builders.Config(algo="diloco", extra={"codec": "zip"}))
+  with pytest.raises(ValueError, match="hierarchical"):
+    builders.make_optimizer(builders.Config(algo="hierarchical", extra={}))

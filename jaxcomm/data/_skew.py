@@ -13,6 +13,8 @@ import dataclasses
 
 import numpy as np
 
+from jaxcomm import _validate as v
+from jaxcomm.data import _validate
 from jaxcomm.data._datasets import ArrayDataset, _process_share, _rng
 
 
@@ -26,10 +28,9 @@ def dirichlet_split(labels: np.ndarray, num_workers: int, alpha: float, *, seed:
   >>> sorted(np.concatenate(shards).tolist()) == list(range(30))
   True
   """
-  if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
-    raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}.")
-  if not alpha > 0:
-    raise ValueError(f"alpha must be > 0, got {alpha!r}.")
+  num_workers = v.integer("num_workers", num_workers, low=1, high=2**20)
+  alpha = v.number("alpha", alpha, low=0.0, low_open=True)
+  seed = v.integer("seed", seed, low=0)
   labels = np.asarray(labels)
   if len(labels) < num_workers:
     raise ValueError(f"{len(labels)} examples cannot fill {num_workers} non-empty shards.")
@@ -67,6 +68,7 @@ class LabelSkewDataset:
   def batch(self, step: int, batch_size: int, *, seed: int = 0, process_index: int = 0,
             process_count: int = 1) -> dict:
     """Global batch `step`: worker w's B/W rows are sampled from its own shard."""
+    _validate.batch_args(step, batch_size, seed, process_index, process_count)
     if batch_size % self.num_workers:
       raise ValueError(f"batch_size ({batch_size}) must be divisible by the number of "
                        f"workers ({self.num_workers}).")

@@ -21,23 +21,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 # A participation mask: a bool[num_syncs, W] array, or `fn(sync_index: i32[]) -> bool[W]`.
 Participation = Any
 
 
-def check_sync_every(sync_every: int) -> int:
-  if not isinstance(sync_every, (int, np.integer)) or isinstance(sync_every, bool) \
-     or sync_every < 1:
-    raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}.")
-  return int(sync_every)
-
-
-def check_unit(name: str, value: float) -> float:
-  if not 0.0 <= float(value) <= 1.0:
-    raise ValueError(f"{name} must be in [0, 1], got {value!r}.")
-  return float(value)
+def schedule_args(inner: Any, sync_every: Any, axis_name: Any, participation: Any,
+                  axis_arg: str = "axis_name") -> tuple:
+  """The checked arguments every schedule shares: (inner, H, axis_name, live_fn)."""
+  return (v.transform("inner", inner), v.integer("sync_every", sync_every, low=1, high=2**30),
+          v.axis_name(axis_arg, axis_name), resolve_participation(participation))
 
 
 def axes_of(axis_name: comm.AxisName) -> tuple:
@@ -142,11 +137,11 @@ def live_weights(participation: Callable | None, k: jax.Array,
     row = jnp.ones((w,), jnp.float32)
   else:
     check_width("participation", getattr(participation, "num_workers", None), axis_name)
-    row = jnp.asarray(participation(k))
-    if row.shape != (w,):
+    row = participation(k)
+    if getattr(row, "shape", None) != (w,):
       raise ValueError(f"participation(sync_index) must return bool[{w}] (one entry per "
-                       f"worker of axis_name {axis_name!r}), got shape {row.shape}.")
-    row = row.astype(jnp.float32)
+                       f"worker of axis_name {axis_name!r}), got {row!r}.")
+    row = jnp.asarray(row).astype(jnp.float32)
   return row[worker_index(axis_name)], row, jnp.sum(row)
 
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 from jaxcomm.local import _core
 from jaxcomm.local import _transport
@@ -96,15 +97,16 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   >>> optax.apply_updates(params, updates)["w"], state.outer_params["w"]
   (Array([0.9, 0.9], dtype=float32), Array([0.9, 0.9], dtype=float32))
   """
-  sync_every = _core.check_sync_every(sync_every)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
+  outer = v.transform("outer", outer)
   codec = _transport.check_codec(codec)
-  if memory not in MEMORIES:
-    raise ValueError(f"memory must be one of {MEMORIES}, got {memory!r}.")
+  memory = v.one_of("memory", memory, MEMORIES)
   if memory is not None and codec is None:
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
+  seed = v.integer("seed", seed)
   return build(inner, outer, sync_every, axis_name, codec=codec, memory=memory is not None,
-               decay=1.0, live_fn=_core.resolve_participation(participation), seed=seed,
-               name="diloco")
+               decay=1.0, live_fn=live_fn, seed=seed, name="diloco")
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,

@@ -68,8 +68,8 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
   >>> int(state.count)
   1
   """
-  sync_every = _core.check_sync_every(sync_every)
-  live_fn = _core.resolve_participation(participation)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
 
   def init_fn(params):
     return DreamddpState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),

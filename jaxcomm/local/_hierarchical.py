@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm.local import _core
 
@@ -59,17 +60,17 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
   >>> updates["w"]
   Array([-1., -1.], dtype=float32)
   """
-  sync_every = _core.check_sync_every(sync_every)
-  if weighting not in WEIGHTINGS:
-    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+  inner, sync_every, slow_axis, live_fn = _core.schedule_args(inner, sync_every, slow_axis,
+                                                              participation, "slow_axis")
+  fast_axis = v.axis_name("fast_axis", fast_axis)
+  weighting = v.one_of("weighting", weighting, WEIGHTINGS)
   steps = None
   if worker_steps is not None:
-    steps = np.asarray(worker_steps)
-    if steps.ndim != 1 or not steps.size or not np.issubdtype(steps.dtype, np.integer) \
-       or steps.min() < 1 or steps.max() > sync_every:
-      raise ValueError(f"worker_steps must be a list of integers in [1, sync_every="
-                       f"{sync_every}], one per slow-axis worker; got {worker_steps!r}.")
-  live_fn = _core.resolve_participation(participation)
+    if not isinstance(worker_steps, (list, tuple, np.ndarray)) or not len(worker_steps):
+      raise ValueError(f"worker_steps must be a non-empty list of integers, one per "
+                       f"slow-axis worker; got {worker_steps!r}.")
+    steps = np.asarray([v.integer("worker_steps", s, low=1, high=sync_every)
+                        for s in worker_steps])
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):

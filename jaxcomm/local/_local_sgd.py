@@ -51,8 +51,8 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
   >>> optax.apply_updates(params, updates)["w"], int(state.count)
   (Array([0.5, 0.5], dtype=float32), 1)
   """
-  sync_every = _core.check_sync_every(sync_every)
-  live_fn = _core.resolve_participation(participation)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):

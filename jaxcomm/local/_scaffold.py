@@ -61,8 +61,8 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
   >>> state.control["w"], params["w"]
   (Array([1., 1.], dtype=float32), Array([-0.2, -0.2], dtype=float32))
   """
-  sync_every = _core.check_sync_every(sync_every)
-  live_fn = _core.resolve_participation(participation)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):

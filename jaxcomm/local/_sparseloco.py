@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 from jaxcomm.local import _core
 from jaxcomm.local import _diloco
@@ -42,6 +43,9 @@ def topk_chunks(density: float, bits: int | None = 2, chunk: int = 4096) -> code
   as float32. Supports differ between workers, so the codec is not linear: it travels by
   gather. Deterministic (the error memory absorbs the rounding bias).
   """
+  density = v.number("density", density, low=0.0, high=1.0, low_open=True)
+  bits = v.one_of("bits", bits, BITS)
+  chunk = v.integer("chunk", chunk, low=1, high=2**32)
   name = f"topk_chunks({density}, bits={bits}, chunk={chunk})"
 
   def shape(n):
@@ -126,17 +130,10 @@ def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: fl
   >>> optax.apply_updates(params, updates)["w"]
   Array([0.6, 1. , 0.7, 1. ], dtype=float32)
   """
-  sync_every = _core.check_sync_every(sync_every)
-  if not 0.0 < density <= 1.0:
-    raise ValueError(f"density must be in (0, 1], got {density!r}.")
-  if bits not in BITS:
-    raise ValueError(f"bits must be one of {BITS}, got {bits!r}.")
-  if not isinstance(chunk, int) or chunk < 1:
-    raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}.")
-  decay = _core.check_unit("decay", decay)
-  if not outer_lr > 0:
-    raise ValueError(f"outer_lr must be > 0, got {outer_lr!r}.")
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
+  decay = v.number("decay", decay, low=0.0, high=1.0)
+  outer_lr = v.number("outer_lr", outer_lr, low=0.0, low_open=True)
   return _diloco.build(inner, optax.sgd(outer_lr), sync_every, axis_name,
                        codec=topk_chunks(density, bits, chunk), memory=True, decay=decay,
-                       live_fn=_core.resolve_participation(participation), seed=0,
-                       name="sparseloco")
+                       live_fn=live_fn, seed=0, name="sparseloco")

@@ -6,9 +6,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 from jaxcomm.local import _core
 from jaxcomm.local import _diloco
@@ -89,20 +89,19 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   >>> state.outer_params.shape
   (2, 2)
   """
-  sync_every = _core.check_sync_every(sync_every)
-  if not isinstance(fragments, (int, np.integer)) or not 1 <= fragments <= sync_every:
-    raise ValueError(f"fragments must be an integer in [1, sync_every={sync_every}] "
-                     f"(one fragment syncs per step at most), got {fragments!r}.")
-  if not isinstance(overlap, (int, np.integer)) or not 0 <= overlap < sync_every:
-    raise ValueError(f"overlap must be an integer in [0, sync_every={sync_every}), "
-                     f"got {overlap!r}.")
-  alpha = _core.check_unit("alpha", alpha)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
+  outer = v.transform("outer", outer)
+  # At most one fragment syncs per step (sync_every = H is the upper bound).
+  fragments = v.integer("fragments", fragments, low=1, high=sync_every)
+  overlap = v.integer("overlap", overlap, low=0, high=sync_every - 1)
+  alpha = v.number("alpha", alpha, low=0.0, high=1.0)
   if isinstance(codec, str):
     if codec != "auto":
       raise ValueError(f"codec must be 'auto', a jaxcomm.codecs.Codec or None, got {codec!r}.")
     codec = default_codec()
   codec = _transport.check_codec(codec)
-  live_fn = _core.resolve_participation(participation)
+  seed = v.integer("seed", seed)
   phases = _core.Phases(sync_every, [p * sync_every // fragments for p in range(fragments)])
 
   def init_fn(params):

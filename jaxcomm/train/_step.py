@@ -22,12 +22,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm
+from jaxcomm import sync
+from jaxcomm.train import _validate
 
 
 class TrainState(NamedTuple):
@@ -47,25 +48,10 @@ def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = No
   >>> dict(make_mesh({"data": 4, "tensor": 2}).shape)
   {'data': 4, 'tensor': 2}
   """
-  if isinstance(shape, dict):
-    axis_names, shape = tuple(shape), tuple(shape.values())
-  shape, axis_names = tuple(shape), tuple(axis_names or ())
-  if len(shape) != len(axis_names):
-    raise ValueError(f"shape {shape} and axis_names {axis_names} must have the same length.")
-  if any(int(s) < 1 for s in shape):
-    raise ValueError(f"mesh axis sizes must be >= 1, got {dict(zip(axis_names, shape))}.")
   n = len(devices) if devices is not None else jax.device_count()
-  if math.prod(shape) != n:
-    raise ValueError(f"mesh axis sizes {dict(zip(axis_names, shape))} multiply to "
-                     f"{math.prod(shape)}, but there are {n} devices.")
+  shape, axis_names = _validate.mesh_shape(shape, axis_names, n)
   return jax.make_mesh(shape, axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
                        devices=devices)
-
-
-def _axes(axis_name) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +94,8 @@ class Trainer:
   def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
                param_specs: Any = None, has_aux: bool = False):
-    axes = _axes(axis_name)
-    if not axes:
-      raise ValueError("axis_name must name at least one mesh axis; for one device use a "
-                       "mesh of size 1 or call the transform directly.")
-    unknown = [a for a in axes if a not in mesh.axis_names]
-    if unknown:
-      raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
-                       f"{tuple(mesh.axis_names)}.")
+    axes = _validate.trainer_axes(axis_name, mesh)
+    _validate.trainer_args(loss_fn, optimizer)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
     self.axes = axes
     self.axis_name = axes[0] if len(axes) == 1 else axes
@@ -124,6 +104,7 @@ class Trainer:
     self.has_aux = has_aux
     self._layout = None
     self._step_fn = None
+    self._sync_each_step = all(d.platform == "cpu" for d in mesh.devices.flat)
     self._init_fn = None
 
   # ---------------------------------------------------------------- specs and layout
@@ -146,6 +127,27 @@ class Trainer:
   def _stack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[None] if pw else x, per_worker, tree)
 
+  def _opt_abstract(self, params_abs, pspecs):
+    """Per-device shapes and dtypes of the optimiser state.
+
+    Most transforms initialise without a mesh. A sharded state (ACCO's ZeRO-1 shard) reads
+    the axis size in `init`, which fails outside shard_map with an unbound axis name: such
+    an `init` is traced under shard_map instead, giving the per-device shapes.
+    """
+    try:
+      return jax.eval_shape(self.optimizer.init, params_abs)
+    except NameError:  # "unbound axis name": init needs the mesh.
+      box = {}
+
+      def probe(p):
+        opt = self.optimizer.init(p)
+        box["abs"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
+        return jax.tree.map(lambda x: comm.varying(x, self.axes)[None], opt)
+
+      jax.eval_shape(jax.shard_map(probe, mesh=self.mesh, in_specs=(pspecs,),
+                                   out_specs=P(self.axes)), params_abs)
+      return box["abs"]
+
   def _derive_layout(self, params) -> StateLayout:
     """Fixed point of 'which leaves vary over the data axes' under init and update."""
     params_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
@@ -162,7 +164,7 @@ class Trainer:
       return jax.tree.map(lambda x: x[None], opt)
 
     out_all = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
-    opt_abs = jax.eval_shape(self.optimizer.init, params_abs)
+    opt_abs = self._opt_abstract(params_abs, pspecs)
     jax.eval_shape(jax.shard_map(probe_init, mesh=self.mesh, in_specs=(pspecs,),
                                  out_specs=out_all(opt_abs)), params_abs)
     layout = StateLayout(params=jax.tree.map(lambda _: False, params_abs),
@@ -217,7 +219,9 @@ class Trainer:
     """The initial train state; `params` are the (replicated) initial parameters."""
     self._layout = self._derive_layout(params)
     pspecs = self._param_spec(self.param_specs, params)
-    opt_abs = jax.eval_shape(self.optimizer.init, params)
+    opt_abs = self._opt_abstract(
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), params),
+        pspecs)
     opt_out = self._specs(self.layout.opt_state, self._base_opt_specs(opt_abs))
     param_out = self._specs(self.layout.params, pspecs)
 
@@ -240,11 +244,7 @@ class Trainer:
     return jax.tree.map(lambda _: P(self.axes), batch)
 
   def _check_batch(self, batch):
-    for x in jax.tree.leaves(batch):
-      n = np.shape(x)[0] if np.ndim(x) else None
-      if n is None or n % self.num_workers:
-        raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
-                         f"size {self.num_workers} (axis_name={self.axis_name!r}).")
+    _validate.batch(batch, self.num_workers, self.axis_name)
 
   def _build_step(self, state, batch):
     specs = self.state_specs(state)
@@ -262,6 +262,9 @@ class Trainer:
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
       grad_norm = optax.tree.norm(grads)
       measurements = {"loss": loss, "grad_norm": grad_norm, **aux}
+      skipped = sync.skipped_steps(new_opt)
+      if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
+        measurements["skipped_steps"] = skipped
       # Per-worker measurements travel out as [W] arrays: no collective is spent on them.
       measurements = jax.tree.map(lambda x: comm.varying(x, self.axes)[None], measurements)
       new_state = TrainState(step=state.step + 1,
@@ -288,10 +291,17 @@ class Trainer:
     """One training step on a global batch; returns the new state and measurements.
 
     Measurements: `loss` and `grad_norm` (means over workers; per-worker values under
-    `per_worker`), and `wire_bytes` sent by each device in this step.
+    `per_worker`), `wire_bytes` sent by each device in this step, and `skipped_steps` (the
+    steps skipped so far) when the transform contains `sync.skip_nonfinite`.
     """
     self._check_batch(batch)
     state, per_worker, sent = self.step_fn(state, batch)(state, batch)
+    if self._sync_each_step:
+      # XLA:CPU can deadlock in an all-reduce rendezvous when executions of a collective
+      # program overlap across emulated devices: a device runs step t + 1 into a collective
+      # while others still wait for a thread for step t (seen with jaxlib 0.10.2 whenever
+      # the collective comes first in the program, e.g. `local.delayed`). One step at a time.
+      jax.block_until_ready(state)
     means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
     return state, {**means, "wire_bytes": sent, "per_worker": per_worker}
 
