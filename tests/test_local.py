@@ -372,6 +372,26 @@ def test_hierarchical_wp_sgd_matches_reference(task, runs):
   assert report.wire_bytes() == fast + slow
 
 
+def test_checkpoint_mid_period_resumes_exactly(task, tmp_path):
+  """Per-worker parameters, error memory, outer state and counter survive an Orbax round trip."""
+  params, loss, batches, _ = task
+  tx = local.diloco(optax.adam(1e-2), NESTEROV, 3, codec=codecs.cast("bfloat16"), memory="ef")
+  trainer = train.Trainer(loss, tx, train.make_mesh({"data": W}))
+  state = trainer.init(params)
+  for t in range(4):  # a sync at 3, then mid-period
+    state, _ = trainer.step(state, batches[t])
+  ckpt = train.Checkpointer(str(tmp_path), every=1, async_save=False)
+  ckpt.save(state)
+  restored, _ = ckpt.restore(trainer, trainer.init(params))
+  ckpt.close()
+  chex.assert_trees_all_equal(restored, state)
+  a, b = state, restored
+  for t in range(4, 6):  # through the next sync
+    a, _ = trainer.step(a, batches[t])
+    b, _ = trainer.step(b, batches[t])
+  chex.assert_trees_all_equal(a, b)
+
+
 # ------------------------------------------------------------------ bytes, three ways
 def _sync_bytes(name, params):
   """(bytes of each sync over one period, ALGORITHMS.md formulas) of a SCHEDULES run."""

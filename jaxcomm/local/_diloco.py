@@ -22,7 +22,7 @@ class DilocoState(NamedTuple):
   inner_state: Any       # the inner optimiser's state (per-worker)
   outer_params: Any      # like params: the outer (global) parameters θ_out (replicated)
   outer_state: Any       # the outer optimiser's state (replicated)
-  memory: jax.Array      # f32[n] error memory of the encoded outer gradient (per-worker); f32[0] without
+  memory: Any            # f32[n] error memory of the encoded outer gradient (per-worker); None without
   key: jax.Array         # u32[2]: PRNG key shared by all workers, for stochastic codecs
   wire_bytes: jax.Array  # u32[]: cumulative bytes sent (mod 2**32)
 
@@ -35,7 +35,7 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
 
   Each worker sends its own δ_w = θ_out − θ_w (small numbers, which is what a codec should
   see). Returns (Δ like params, new memory, wire bytes). A sync without a live worker gives
-  Δ = 0. With a memory (f32[n], not f32[0]) the worker sends C(δ_w + β e_w) and keeps
+  Δ = 0. With a memory (f32[n], not None) the worker sends C(δ_w + β e_w) and keeps
   e_w ← δ_w + β e_w − D(C(δ_w + β e_w)), β = `decay`; a dropped worker keeps its memory.
   """
   delta = jax.tree.map(jnp.subtract, outer_params, local)
@@ -45,10 +45,10 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
                              axis_name)
     return jax.tree.map(lambda s: s / denom.astype(s.dtype), total), memory, nbytes
   vec, unflatten = codecs.flatten(delta)
-  if memory.shape[0]:
+  if memory is not None:
     vec = vec + decay * memory
   total, own, nbytes = _transport.codec_sum(codec, vec, key, mine, row, axis_name)
-  if memory.shape[0]:
+  if memory is not None:
     memory = jnp.where(mine > 0, vec - own, memory)
   return unflatten(total / denom), memory, nbytes
 
@@ -115,11 +115,12 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):
-    n = sum(x.size for x in jax.tree.leaves(params)) if memory else 0
+    n = sum(x.size for x in jax.tree.leaves(params))
     return DilocoState(
         count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
         outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
-        memory=jnp.zeros((n,), jnp.float32), key=jax.random.PRNGKey(seed),
+        memory=jnp.zeros((n,), jnp.float32) if memory else None,
+        key=jax.random.PRNGKey(seed),
         wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None):

@@ -122,9 +122,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     frag_local = _fragments(codecs.flatten(local)[0], fragments)[p]
     theta = outer_params[p]
     key, sub = jax.random.split(key)
-    grad, _, nbytes = _diloco.outer_gradient(theta, frag_local, mine, row, n_live,
-                                             jnp.zeros((0,), jnp.float32), sub, codec,
-                                             axis_name)
+    grad, _, nbytes = _diloco.outer_gradient(theta, frag_local, mine, row, n_live, None, sub,
+                                             codec, axis_name)
     frag_state = jax.tree.map(lambda x: x[p], outer_state)
     step, frag_state = outer.update(grad, frag_state, theta)
     outer_params = outer_params.at[p].set(optax.apply_updates(theta, step))
