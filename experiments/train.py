@@ -64,6 +64,33 @@ _COMPENSATION = flags.DEFINE_enum("compensation", "none", ["none", "dc"],
 _DC_LAMBDA = flags.DEFINE_float("dc_lambda", 0.04, "stale: DC-ASGD lambda.")
 _MICRO_BATCHES = flags.DEFINE_string("micro_batches", "1", "acco: micro-batches per worker "
                                      "and round, N or one count per worker (n0,n1,...).")
+# --algo=compressed (experiments/algos_compression.py); they go into cfg.extra.
+_CODEC = flags.DEFINE_string("codec", "top_k", "compressed: codec (see algos_compression.CODECS).")
+_MEMORY = flags.DEFINE_enum("memory", "ef", ["none", "ef", "ef21", "loco"], "compressed: memory.")
+_COLLECTIVE = flags.DEFINE_enum("collective", "auto", ["auto", "psum", "gather", "two_phase"],
+                                "compressed: how payloads are summed.")
+_FRACTION = flags.DEFINE_float("fraction", 0.01, "compressed: fraction kept by sparsifiers.")
+_BITS = flags.DEFINE_integer("bits", 4, "compressed: code width of quantisers.")
+_CHUNK = flags.DEFINE_integer("chunk", None, "compressed: chunk / block size of the codec.")
+
+
+# Method-specific flags, passed to the builders in `cfg.extra` (one name a line).
+EXTRA_FLAGS = (
+    "bits",
+    "chunk",
+    "codec",
+    "collective",
+    "compensation",
+    "consensus_step",
+    "dc_lambda",
+    "delay",
+    "fraction",
+    "gossip_codec",
+    "memory",
+    "micro_batches",
+    "topology",
+)
+FLAGS = flags.FLAGS
 
 
 def config_from_flags():
@@ -75,10 +102,7 @@ def config_from_flags():
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
       d_ff=4 * _D_MODEL.value,
-      extra={"topology": _TOPOLOGY.value, "gossip_codec": _GOSSIP_CODEC.value,
-             "consensus_step": _CONSENSUS_STEP.value, "delay": _DELAY.value,
-             "compensation": _COMPENSATION.value, "dc_lambda": _DC_LAMBDA.value,
-             "micro_batches": _MICRO_BATCHES.value})
+      extra={name: getattr(FLAGS, name) for name in EXTRA_FLAGS})
 
 
 def main(argv):
