@@ -39,8 +39,8 @@ def code(text):
 
 
 QUICKSTART = [
-    md("# jaxcomm quickstart\n\nA mesh of 8 workers, an exact and a compressed (bf16 "
-       "wire format) data-parallel optimiser in `optax.chain`, a short training run, and "
+    md("# jaxcomm quickstart\n\nA mesh of 8 workers, an exact and a compressed (top-k "
+       "with error feedback) data-parallel optimiser in `optax.chain`, a short training run, and "
        "the bytes each one puts on the wire: counted in the optimiser state where they are "
        "sent, and read back from the compiled program with `comm.inspect`."),
     code(SETUP),
@@ -48,20 +48,22 @@ QUICKSTART = [
     code('''\
 import jax.numpy as jnp, numpy as np, optax
 import matplotlib.pyplot as plt
-from jaxcomm import comm, data, models, sync, train
+from jaxcomm import codecs, comm, data, models, sync, train
 
 mesh = train.make_mesh({"data": 8}, devices=DEVICES[:8])
 digits = data.digits()
 model = models.MLP(hidden=(64,), num_classes=10)
 params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
 loss_fn = models.classifier_loss(model)'''),
-    md("Two optimisers that differ only in how the gradient travels: `sync.mean` averages "
-       "the local gradients exactly in f32; with `dtype=jnp.bfloat16` the payload travels "
-       "as bf16 bit patterns (half the bytes)."),
+    md("Two optimisers that differ only in what travels: `sync.mean` averages the local "
+       "gradients exactly in f32; `sync.compressed(codecs.top_k(0.05), memory=\"ef\")` "
+       "sends each worker's 5% largest gradient entries (values and indices) and keeps what "
+       "it did not send in a per-worker error memory."),
     code('''\
 optimisers = {
     "exact f32": optax.chain(sync.mean("data"), optax.adam(3e-3)),
-    "bf16 wire": optax.chain(sync.mean("data", dtype=jnp.bfloat16), optax.adam(3e-3)),
+    "top-k 5% + EF": optax.chain(sync.compressed(codecs.top_k(0.05), memory="ef",
+                                                 axis_name="data"), optax.adam(3e-3)),
 }
 runs = {}
 for name, tx in optimisers.items():
@@ -74,7 +76,7 @@ for name, tx in optimisers.items():
     losses.append(float(m["loss"]))
     sent.append(int(m["wire_bytes"]))
   runs[name] = dict(trainer=trainer, state=state, batch=batch, losses=losses, sent=sent)
-  print(f"{name:10s} loss {losses[-1]:.3f}  wire bytes/step {sent[-1]:,}")'''),
+  print(f"{name:14s} loss {losses[-1]:.3f}  wire bytes/step {sent[-1]:,}")'''),
     code('''\
 fig, ax = plt.subplots(figsize=(5, 3))
 for name, r in runs.items():
@@ -147,20 +149,76 @@ target = jnp.arange(4.0)
 grad_fn = lambda p, key: (p - target) + 0.3 * jax.random.normal(key, p.shape)
 loss_fn_q = lambda p: 0.5 * jnp.sum((p - target) ** 2)
 compute = sim.lognormal([1.0] * 7 + [10.0], 0.3)
-methods = {"synchronous": sim.synchronous_sgd(), "asynchronous": sim.asynchronous_sgd(),
-           "Rennala (B=8)": sim.rennala_sgd(8)}
+# Each method gets the same number of gradients: 8 per synchronous or Rennala step, one per
+# asynchronous step.
+n = max(STEPS // 4, 2)
+methods = {"synchronous": (sim.synchronous_sgd(), n), "asynchronous": (sim.asynchronous_sgd(), 8 * n),
+           "Rennala (B=8)": (sim.rennala_sgd(8), n)}
 fig, ax = plt.subplots(figsize=(5, 3))
-for name, method in methods.items():
+for name, (method, steps) in methods.items():
   r = sim.simulate_workers(method, grad_fn, loss_fn_q, jnp.zeros(4), compute, mesh=mesh,
-                           steps=max(STEPS // 4, 5), lr=0.1)
+                           steps=steps, lr=0.1)
   ax.plot(r.time, r.loss, label=name)
   print(f"{name:14s} final loss {r.loss[-1]:.3f} at simulated t = {r.time[-1]:.1f} s")
 ax.set_xlabel("simulated time (s)"); ax.set_ylabel("loss"); ax.set_yscale("log"); ax.legend()
 plt.show()'''),
 ]
 
+COMPRESSION = [
+    md("# Gradient compression: codecs side by side\n\nThe same model and data, with the "
+       "gradient sent through different codecs by `sync.compressed`: the loss reached, the "
+       "bytes each worker sends per step (counted in the optimiser state), and what an error "
+       "memory (`memory=\"ef\"`) changes for biased codecs (sign, top-k)."),
+    code(SETUP),
+    code(PARAMS.format(steps=200)),
+    code('''\
+import jax.numpy as jnp, numpy as np, optax
+import matplotlib.pyplot as plt
+from jaxcomm import codecs, data, models, sync, train
+
+mesh = train.make_mesh({"data": 8}, devices=DEVICES[:8])
+digits = data.digits()
+model = models.MLP(hidden=(64,), num_classes=10)
+params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+loss_fn = models.classifier_loss(model)
+key = jax.random.key(1)   # stochastic codecs keep it in state and split it every step
+sync_stages = {
+    "exact f32": sync.mean("data"),
+    "bf16 cast": sync.compressed(codecs.cast(jnp.bfloat16), axis_name="data"),
+    "QSGD (7 levels)": sync.compressed(codecs.qsgd(7), axis_name="data", key=key),
+    "sign + EF": sync.compressed(codecs.sign(), memory="ef", axis_name="data"),
+    "top-k 2%": sync.compressed(codecs.top_k(0.02), axis_name="data"),
+    "top-k 2% + EF": sync.compressed(codecs.top_k(0.02), memory="ef", axis_name="data"),
+}'''),
+    code('''\
+runs = {}
+for name, stage in sync_stages.items():
+  trainer = train.Trainer(loss_fn, optax.chain(stage, optax.adam(3e-3)), mesh,
+                          axis_name="data", has_aux=True)
+  state = trainer.init(params)
+  losses, sent = [], []
+  for step in range(STEPS):
+    state, m = trainer.step(state, trainer.shard_batch(digits.batch(step, 256)))
+    losses.append(float(m["loss"])); sent.append(int(m["wire_bytes"]))
+  runs[name] = dict(losses=losses, bytes=float(np.mean(sent)))
+exact = runs["exact f32"]["bytes"]
+for name, r in runs.items():
+  print(f"{name:16s} loss {r['losses'][-1]:.3f}  bytes/step {r['bytes']:>9,.0f}  "
+        f"compression x{exact / r['bytes']:.1f}")'''),
+    code('''\
+fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.5))
+for name, r in runs.items():
+  a.plot(r["losses"], label=name)
+a.set_xlabel("step"); a.set_ylabel("training loss"); a.set_yscale("log"); a.legend(fontsize=8)
+b.barh(list(runs), [r["bytes"] for r in runs.values()])
+b.set_xlabel("wire bytes per worker per step"); b.set_xscale("log")
+plt.tight_layout(); plt.show()'''),
+]
+
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
+    "02_compression.ipynb": COMPRESSION,
     "05_gossip_heterogeneous.ipynb": GOSSIP,
 }
 
