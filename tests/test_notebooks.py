@@ -4,10 +4,9 @@ import os
 import pathlib
 import sys
 
+import nbclient
+import nbformat
 import pytest
-
-nbclient = pytest.importorskip("nbclient")
-nbformat = pytest.importorskip("nbformat")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "colab").glob("*.ipynb"))
