@@ -133,13 +133,13 @@ for name, tx in optimisers.items():
   print(f"{name:20s} loss {losses[-1]:.3f}  wire bytes/step {sent[-1]:,}")'''),
     code('''\
 fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3))
-for name, r in runs.items():
-  a.plot(r["losses"], label=name)
+for i, (name, r) in enumerate(runs.items()):
+  a.plot(r["losses"], label=name, color=f"C{i}")
   if r["consensus"]:
-    b.plot(r["consensus"], label=name)
+    b.plot(r["consensus"], label=name, color=f"C{i}")
 a.set_xlabel("step"); a.set_ylabel("training loss (mean over workers)"); a.legend()
 b.set_xlabel("step"); b.set_ylabel("consensus distance"); b.set_yscale("log"); b.legend()
-plt.show()'''),
+plt.tight_layout(); plt.show()'''),
     md("The bytes per step above include the consensus measurement (one extra all-reduce "
        "of the parameters). \n\n## Heterogeneous workers\n\nOn a noisy quadratic, seven "
        "workers take about 1 s per gradient and one takes about 10 s. Synchronous SGD waits "
