@@ -72,10 +72,20 @@ _COLLECTIVE = flags.DEFINE_enum("collective", "auto", ["auto", "psum", "gather",
 _FRACTION = flags.DEFINE_float("fraction", 0.01, "compressed: fraction kept by sparsifiers.")
 _BITS = flags.DEFINE_integer("bits", 4, "compressed: code width of quantisers.")
 _CHUNK = flags.DEFINE_integer("chunk", None, "compressed: chunk / block size of the codec.")
+# --algo=powersgd|lq_sgd|onebit_adam|demo (experiments/algos_lowrank.py); also --bits,
+# --collective, --chunk, --memory=none (no error feedback).
+_RANK = flags.DEFINE_integer("rank", 2, "powersgd/lq_sgd: rank.")
+_START_ITER = flags.DEFINE_integer("start_iter", 0, "powersgd/lq_sgd: exact steps first.")
+_ALPHA = flags.DEFINE_float("alpha", 10.0, "lq_sgd: log-quantisation curvature.")
+_FREEZE = flags.DEFINE_integer("freeze_step", 100, "onebit_adam: exact Adam steps first.")
+_BETA = flags.DEFINE_float("beta", 0.999, "demo: momentum decay.")
+_K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per chunk.")
 
 
 # Method-specific flags, passed to the builders in `cfg.extra` (one name a line).
 EXTRA_FLAGS = (
+    "alpha",
+    "beta",
     "bits",
     "chunk",
     "codec",
@@ -85,9 +95,13 @@ EXTRA_FLAGS = (
     "dc_lambda",
     "delay",
     "fraction",
+    "freeze_step",
     "gossip_codec",
+    "k",
     "memory",
     "micro_batches",
+    "rank",
+    "start_iter",
     "topology",
 )
 FLAGS = flags.FLAGS
