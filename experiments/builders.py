@@ -109,5 +109,6 @@ def make_task(cfg: Config):
 # Method modules register their algorithms on import (one line each).
 from experiments import algos_compression  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=all
+from experiments import algos_local  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_lowrank  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=all

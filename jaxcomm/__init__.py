@@ -10,6 +10,7 @@ from jaxcomm import comm
 from jaxcomm import data
 from jaxcomm import local
 from jaxcomm import models
+from jaxcomm import parallel
 from jaxcomm import sim
 from jaxcomm import sync
 from jaxcomm import train
@@ -22,6 +23,7 @@ __all__ = (
     "data",
     "local",
     "models",
+    "parallel",
     "sim",
     "sync",
     "train",

@@ -52,7 +52,7 @@ def test_contract(name):
 
 # ---------------------------------------------------------------------------- bytes
 def test_bytes_counted_equal_inspect_and_formula(mesh8):
-  params = contract._params(jnp.float32)  # pylint: disable=protected-access
+  params = contract.example_params(jnp.float32)
   n = _n(params)
   cases = [
       (sync.onebit_adam(0.01, freeze_step=0), sync.onebit_adam_bytes(n, W, True)),

@@ -249,10 +249,13 @@ def mean(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]
 
 
 def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
-               tiled: bool = False) -> tuple[Any, float]:
+               tiled: bool = False, invariant: bool = True) -> tuple[Any, float]:
   """Gathers every device's leaves along a new (or, if `tiled`, existing) axis `axis`.
 
   The result is identical on all devices (invariant). Wire bytes: (W-1) * local bytes.
+  With `invariant=False` the result is typed as varying: its transpose is then a
+  reduce-scatter ((W-1)/W of the gathered bytes) instead of an all-reduce of twice that,
+  which is what a gather feeding a per-device computation under `jax.grad` wants.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -266,9 +269,9 @@ def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
   if not axes:
     return (tree if tiled else jax.tree.map(lambda x: jnp.expand_dims(x, axis), tree)), 0.0
   w = axis_size(axes)
+  to = "invarying" if invariant else "varying"
   out = jax.tree.map(
-      lambda x: lax.all_gather(varying(x, axes), axes, axis=axis, tiled=tiled,
-                               to="invarying"), tree)
+      lambda x: lax.all_gather(varying(x, axes), axes, axis=axis, tiled=tiled, to=to), tree)
   return out, all_gather_bytes(tree_bytes(tree), w)
 
 

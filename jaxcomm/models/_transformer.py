@@ -70,11 +70,15 @@ class TransformerLM(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, tokens):
+  def __call__(self, tokens, positions=None):
+    """Logits f32[B, T, V] for tokens i32[B, T] at `positions` i32[B, T] (default 0..T-1).
+
+    Positions are given when the tokens are one shard of a longer sequence.
+    """
     _, t = tokens.shape
     x = nn.Embed(self.vocab_size, self.d_model, name="embed")(tokens)
     pos = self.param("pos", nn.initializers.normal(0.02), (self.max_len, self.d_model))
-    x = x + pos[:t]
+    x = x + (pos[:t] if positions is None else pos[positions])
     for i in range(self.num_layers):
       x = Block(self.d_model, self.num_heads, self.d_ff, self.attention_fn, name=f"block{i}")(x)
     x = nn.LayerNorm(name="ln_f")(x)

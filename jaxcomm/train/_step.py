@@ -76,8 +76,12 @@ class Trainer:
     mesh: the device mesh (see `make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
     param_specs: optional PartitionSpecs of the parameters over non-data axes (tensor
-      parallel layouts); replicated by default.
+      parallel layouts, pipeline stages); replicated by default. Optimiser-state leaves that
+      mirror the parameters (momenta) get the same specs.
     has_aux: whether `loss_fn` returns `(loss, aux)`; aux leaves are reported per worker.
+    batch_specs: optional PartitionSpecs of the batch leaves (e.g. `P("data", "sequence")`
+      for tokens split over a sequence axis); by default the leading dimension is split
+      over the data axes.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -93,7 +97,7 @@ class Trainer:
 
   def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
-               param_specs: Any = None, has_aux: bool = False):
+               param_specs: Any = None, has_aux: bool = False, batch_specs: Any = None):
     axes = _validate.trainer_axes(axis_name, mesh)
     _validate.trainer_args(loss_fn, optimizer)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
@@ -102,6 +106,7 @@ class Trainer:
     self.num_workers = math.prod(mesh.shape[a] for a in axes)
     self.param_specs = param_specs
     self.has_aux = has_aux
+    self.batch_specs = batch_specs
     self._layout = None
     self._step_fn = None
     self._sync_each_step = all(d.platform == "cpu" for d in mesh.devices.flat)
@@ -119,7 +124,12 @@ class Trainer:
                         per_worker, base_specs)
 
   def _base_opt_specs(self, opt_state):
-    return jax.tree.map(lambda _: P(), opt_state)
+    if self.param_specs is None:
+      return jax.tree.map(lambda _: P(), opt_state)
+    # Leaves shaped like the parameters (Adam's mu and nu, ...) are sharded like them.
+    return optax.tree_map_params(
+        self.optimizer, lambda _, spec: spec, opt_state, self.param_specs,
+        transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P))
 
   def _unstack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[0] if pw else x, per_worker, tree)
@@ -163,10 +173,13 @@ class Trainer:
       record("opt", opt)
       return jax.tree.map(lambda x: x[None], opt)
 
-    out_all = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
     opt_abs = self._opt_abstract(params_abs, pspecs)
+    opt_specs = self._base_opt_specs(opt_abs)
+    # Probes return every leaf with a leading worker axis, on top of its own sharding.
+    out_all = lambda specs: jax.tree.map(lambda s: P(self.axes, *s), specs,
+                                         is_leaf=lambda x: isinstance(x, P))
     jax.eval_shape(jax.shard_map(probe_init, mesh=self.mesh, in_specs=(pspecs,),
-                                 out_specs=out_all(opt_abs)), params_abs)
+                                 out_specs=out_all(opt_specs)), params_abs)
     layout = StateLayout(params=jax.tree.map(lambda _: False, params_abs),
                          opt_state=found["opt"])
     for _ in range(8):
@@ -183,9 +196,9 @@ class Trainer:
           lambda w, x: jax.ShapeDtypeStruct((self.num_workers, *x.shape), x.dtype) if w else x,
           pw, abs_tree)
       in_specs = (self._specs(layout.params, pspecs),
-                  self._specs(layout.opt_state, self._base_opt_specs(opt_abs)))
+                  self._specs(layout.opt_state, opt_specs))
       jax.eval_shape(jax.shard_map(probe_update, mesh=self.mesh, in_specs=in_specs,
-                                   out_specs=out_all((params_abs, opt_abs))),
+                                   out_specs=out_all((pspecs, opt_specs))),
                      stacked(params_abs, layout.params), stacked(opt_abs, layout.opt_state))
       new = StateLayout(
           params=jax.tree.map(lambda a, b: a or b, layout.params, found["params"]),
@@ -241,10 +254,35 @@ class Trainer:
     return TrainState(step=step, params=p, opt_state=opt)
 
   def batch_spec(self, batch) -> Any:
+    if isinstance(self.batch_specs, P):
+      return jax.tree.map(lambda _: self.batch_specs, batch)
+    if self.batch_specs is not None:
+      return self.batch_specs
     return jax.tree.map(lambda _: P(self.axes), batch)
 
   def _check_batch(self, batch):
-    _validate.batch(batch, self.num_workers, self.axis_name)
+    if self.batch_specs is None:
+      _validate.batch(batch, self.num_workers, self.axis_name)
+      return
+    specs = jax.tree.leaves(self.batch_spec(batch), is_leaf=lambda x: isinstance(x, P))
+    for x, spec in zip(jax.tree.leaves(batch), specs):
+      for dim, axes in enumerate(spec):
+        names = () if axes is None else tuple(axes) if isinstance(axes, tuple) else (axes,)
+        size = math.prod(self.mesh.shape[a] for a in names)
+        n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
+        if n is None or n % size:
+          kind = "data" if set(names) <= set(self.axes) else "mesh"
+          raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
+                           f"{kind} axis size {size} (axes {axes!r}).")
+
+  def _grad_norm(self, grads):
+    """Global norm of a worker's gradient; leaves split over model axes are summed over them."""
+    model_axes = set(self.mesh.axis_names) - set(self.axes)
+    groups = {}
+    for g in jax.tree.leaves(grads):
+      key = tuple(sorted(comm.varying_axes(g) & model_axes))
+      groups[key] = groups.get(key, 0.0) + jnp.sum(jnp.square(g.astype(jnp.float32)))
+    return jnp.sqrt(sum(comm.sum(sq, axes or None)[0] for axes, sq in groups.items()))
 
   def _build_step(self, state, batch):
     specs = self.state_specs(state)
@@ -260,7 +298,7 @@ class Trainer:
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
-      grad_norm = optax.tree.norm(grads)
+      grad_norm = self._grad_norm(grads)
       measurements = {"loss": loss, "grad_norm": grad_norm, **aux}
       skipped = sync.skipped_steps(new_opt)
       if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
@@ -307,7 +345,8 @@ class Trainer:
 
   def shard_batch(self, local_batch) -> Any:
     """Turns this process's share of the global batch (numpy) into sharded global arrays."""
-    sharding = jax.tree.map(lambda _: NamedSharding(self.mesh, P(self.axes)), local_batch)
+    sharding = jax.tree.map(lambda s: NamedSharding(self.mesh, s),
+                            self.batch_spec(local_batch), is_leaf=lambda x: isinstance(x, P))
     return jax.tree.map(jax.make_array_from_process_local_data, sharding, local_batch)
 
   def worker_view(self, tree_stacked, per_worker_tree, worker: int = 0):
