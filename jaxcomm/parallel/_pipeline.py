@@ -50,7 +50,12 @@ class PipelineSchedule(NamedTuple):
 
 
 def bubble_fraction_gpipe(num_stages: int, num_microbatches: int) -> float:
-  """(S-1)/(M+S-1), the GPipe bubble with equal-time stages (arXiv 1811.06965)."""
+  """(S-1)/(M+S-1), the GPipe bubble with equal-time stages (arXiv 1811.06965).
+
+  Example:
+    >>> bubble_fraction_gpipe(4, 12)  # 3 idle slots out of 15
+    0.2
+  """
   return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
