@@ -115,7 +115,14 @@ def cast(dtype: Any = jnp.bfloat16) -> Codec:
 
 
 def flatten(tree: Any) -> tuple[jax.Array, Callable[[jax.Array], Any]]:
-  """One float32 vector from a tree, and the function that puts a vector back."""
+  """One float32 vector from a tree, and the function that puts a vector back.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> vec, unflatten = flatten({"a": jnp.ones(2), "b": jnp.zeros((1, 2))})
+    >>> vec.shape, unflatten(vec)["b"].shape
+    ((4,), (1, 2))
+  """
   leaves, treedef = jax.tree.flatten(tree)
   sizes = [math.prod(x.shape) for x in leaves]
   flat = (jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])

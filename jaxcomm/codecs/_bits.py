@@ -27,7 +27,12 @@ def index_dtype(size: int) -> jnp.dtype:
 
 
 def packed_bytes(m: int, bits: int) -> int:
-  """Bytes of m codes of `bits` bits packed into a uint8 stream."""
+  """Bytes of m codes of `bits` bits packed into a uint8 stream.
+
+  Example:
+    >>> packed_bytes(10, 3)  # 30 bits round up to 4 bytes
+    4
+  """
   return (m * bits + 7) // 8
 
 
@@ -52,7 +57,13 @@ def pack_bits(codes: jax.Array, bits: int) -> jax.Array:
 
 
 def unpack_bits(packed: jax.Array, bits: int, m: int) -> jax.Array:
-  """Inverse of `pack_bits`: uint32[m] codes."""
+  """Inverse of `pack_bits`: uint32[m] codes.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> unpack_bits(pack_bits(jnp.array([5, 0, 7], jnp.uint32), 3), 3, 3).tolist()
+    [5, 0, 7]
+  """
   packed = packed.astype(jnp.uint32)
   mask = jnp.uint32((1 << bits) - 1)
   if 8 % bits == 0:

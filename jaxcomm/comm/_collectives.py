@@ -33,30 +33,65 @@ def _axes(axis_name: AxisName) -> tuple[str, ...]:
 
 
 def axis_size(axis_name: AxisName) -> int:
-  """Number of devices along `axis_name` (a product for a tuple; 1 for None)."""
+  """Number of devices along `axis_name` (a product for a tuple; 1 for None).
+
+  Example:
+    >>> axis_size(None)
+    1
+  """
   return math.prod(lax.axis_size(a) for a in _axes(axis_name))
 
 
 def tree_bytes(tree: Any, dtype: Any = None) -> int:
-  """Bytes of all array leaves of `tree` (arrays or ShapeDtypeStructs), as `dtype` if given."""
+  """Bytes of all array leaves of `tree` (arrays or ShapeDtypeStructs), as `dtype` if given.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> tree_bytes({"w": jnp.ones((2, 3)), "b": jnp.ones(3)}), tree_bytes(jnp.ones(4), jnp.bfloat16)
+    (36, 8)
+  """
   return builtins.sum(math.prod(x.shape) * jnp.dtype(dtype or x.dtype).itemsize
                       for x in jax.tree.leaves(tree))
 
 
 # Wire-byte formulas, one per collective kind (per device, ring algorithms).
 def allreduce_bytes(nbytes: float, w: int) -> float:
+  """Wire bytes per device (ALGORITHMS.md).
+
+  Example:
+    >>> allreduce_bytes(1000, 8)  # ring: 2 (W - 1) / W of the payload
+    1750.0
+  """
   return 2.0 * (w - 1) / w * nbytes
 
 
 def reduce_scatter_bytes(nbytes: float, w: int) -> float:
+  """Wire bytes per device (ALGORITHMS.md).
+
+  Example:
+    >>> reduce_scatter_bytes(1000, 8)
+    875.0
+  """
   return (w - 1) / w * nbytes
 
 
 def all_gather_bytes(nbytes_per_device: float, w: int) -> float:
+  """Wire bytes per device (ALGORITHMS.md).
+
+  Example:
+    >>> all_gather_bytes(100, 8)  # each device receives the 7 other shards
+    700.0
+  """
   return float((w - 1) * nbytes_per_device)
 
 
 def all_to_all_bytes(nbytes: float, w: int) -> float:
+  """Wire bytes per device (ALGORITHMS.md).
+
+  Example:
+    >>> all_to_all_bytes(1000, 8)
+    875.0
+  """
   return (w - 1) / w * nbytes
 
 
@@ -65,6 +100,14 @@ def varying(tree: Any, axis_name: AxisName) -> Any:
 
   Differentiating with respect to a varying copy of replicated parameters gives each device
   its *local* gradient; without it shard_map's transpose would psum the gradient implicitly.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: varying(x, "data"), mesh=mesh, in_specs=jax.P(),
+    ...                   out_specs=jax.P("data"))  # a varying value may leave per device
+    >>> f(jnp.ones(1)).shape
+    (8,)
   """
   axes = _axes(axis_name)
   if not axes:
@@ -78,7 +121,13 @@ def varying(tree: Any, axis_name: AxisName) -> Any:
 
 
 def varying_axes(x: Any) -> frozenset:
-  """The manual mesh axes over which a traced value may differ between devices."""
+  """The manual mesh axes over which a traced value may differ between devices.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> varying_axes(jnp.ones(2))  # outside shard_map nothing varies
+    frozenset()
+  """
   aval = jax.typeof(x)
   mat = getattr(aval, "manual_axis_type", None)
   if mat is not None:
@@ -95,6 +144,12 @@ def to_bits(x: jax.Array) -> jax.Array:
   Narrow floats travel as their bits: XLA:CPU widens a bf16 or fp8 collective operand to
   f32 (it moves the convert across the collective), which would double the real wire bytes.
   Integers are left alone.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> bits = to_bits(jnp.array([1.0], jnp.bfloat16))
+    >>> bits.dtype, from_bits(bits, jnp.bfloat16).tolist()
+    (dtype('uint16'), [1.0])
   """
   if not jnp.issubdtype(x.dtype, jnp.floating):
     return x
@@ -102,7 +157,13 @@ def to_bits(x: jax.Array) -> jax.Array:
 
 
 def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
-  """Inverse of `to_bits`."""
+  """Inverse of `to_bits`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from_bits(to_bits(jnp.array([0.5, -2.0])), jnp.float32).tolist()
+    [0.5, -2.0]
+  """
   dtype = jnp.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.floating):
     return bits
@@ -117,6 +178,14 @@ def two_phase_sum(vec: jax.Array, axis_name: AxisName, dtype: Any) -> tuple[jax.
   byte on the wire really is `dtype` (XLA:CPU would widen a bf16 all-reduce to f32). The
   vector is zero-padded to a multiple of W; the padding travels and is counted. This is
   `two_phase` (jaxcomm/comm/_compressed.py) with a cast codec.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: two_phase_sum(x, "data", jnp.bfloat16)[0], mesh=mesh,
+    ...                   in_specs=jax.P(), out_specs=jax.P())
+    >>> f(jnp.ones(16)).tolist() == [8.0] * 16
+    True
   """
   from jaxcomm.comm import _compressed  # pylint: disable=import-outside-toplevel  (builds on this module)
   if not _axes(axis_name):
@@ -148,6 +217,14 @@ def sum(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]:
 
   With a `dtype` other than the leaves' own, the leaves travel as one flat buffer in `dtype`
   through `two_phase_sum` (accumulated in float32); otherwise one `psum` per leaf.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: sum(x, "data")[0], mesh=mesh, in_specs=jax.P("data"),
+    ...                   out_specs=jax.P())
+    >>> f(jnp.arange(8.0)).tolist(), sum(jnp.ones(2), None)[1]
+    ([28.0], 0.0)
   """
   return _reduce(tree, axis_name, dtype)
 
@@ -156,6 +233,12 @@ def mean(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]
   """All-reduce mean over `axis_name`, optionally travelling as `dtype` (see `sum`).
 
   The division by W happens after the reduction, in the input's dtype.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> out, nbytes = mean({"w": jnp.ones(3)}, None)  # one device: identity, nothing sent
+    >>> out["w"].tolist(), nbytes
+    ([1.0, 1.0, 1.0], 0.0)
   """
   axes = _axes(axis_name)
   total, nbytes = _reduce(tree, axis_name, dtype)
@@ -173,6 +256,14 @@ def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
   With `invariant=False` the result is typed as varying: its transpose is then a
   reduce-scatter ((W-1)/W of the gathered bytes) instead of an all-reduce of twice that,
   which is what a gather feeding a per-device computation under `jax.grad` wants.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: all_gather(x, "data", tiled=True)[0], mesh=mesh,
+    ...                   in_specs=jax.P("data"), out_specs=jax.P())
+    >>> f(jnp.arange(8.0)).tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
   """
   axes = _axes(axis_name)
   if not axes:
@@ -186,7 +277,16 @@ def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
 
 def reduce_scatter(tree: Any, axis_name: AxisName, *, scatter_dimension: int = 0,
                    tiled: bool = True) -> tuple[Any, float]:
-  """Sums over `axis_name` and leaves device r with the r-th slice along `scatter_dimension`."""
+  """Sums over `axis_name` and leaves device r with the r-th slice along `scatter_dimension`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: reduce_scatter(x, "data")[0], mesh=mesh,
+    ...                   in_specs=jax.P(), out_specs=jax.P("data"))
+    >>> f(jnp.arange(8.0)).tolist()  # every device held the same vector: 8 x each slice
+    [0.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0]
+  """
   axes = _axes(axis_name)
   if not axes:
     return tree, 0.0
@@ -199,7 +299,14 @@ def reduce_scatter(tree: Any, axis_name: AxisName, *, scatter_dimension: int = 0
 
 def all_to_all(tree: Any, axis_name: AxisName, *, split_axis: int = 0,
                concat_axis: int = 0) -> tuple[Any, float]:
-  """Device r sends chunk j of its `split_axis` to device j, concatenated on `concat_axis`."""
+  """Device r sends chunk j of its `split_axis` to device j, concatenated on `concat_axis`.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> out, nbytes = all_to_all(jnp.arange(4.0), None)
+    >>> out.tolist(), nbytes
+    ([0.0, 1.0, 2.0, 3.0], 0.0)
+  """
   axes = _axes(axis_name)
   if not axes:
     return tree, 0.0
@@ -215,6 +322,15 @@ def ppermute(tree: Any, axis_name: AxisName,
   """Sends each device's leaves to one peer given by `perm` (source, target) pairs.
 
   Wire bytes are those of a device that sends: its local bytes.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> perm = [(i, (i + 1) % 8) for i in range(8)]
+    >>> f = jax.shard_map(lambda x: ppermute(x, "data", perm)[0], mesh=mesh,
+    ...                   in_specs=jax.P("data"), out_specs=jax.P("data"))
+    >>> f(jnp.arange(8.0)).tolist()
+    [7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
   """
   axes = _axes(axis_name)
   if not axes:
@@ -224,7 +340,16 @@ def ppermute(tree: Any, axis_name: AxisName,
 
 
 def shift(tree: Any, axis_name: AxisName, offset: int) -> tuple[Any, float]:
-  """ppermute along a ring: device i receives from device i - offset."""
+  """ppermute along a ring: device i receives from device i - offset.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: shift(x, "data", 1)[0], mesh=mesh,
+    ...                   in_specs=jax.P("data"), out_specs=jax.P("data"))
+    >>> f(jnp.arange(8.0)).tolist()  # device i receives from device i - 1
+    [7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+  """
   axes = _axes(axis_name)
   if not axes:
     return tree, 0.0

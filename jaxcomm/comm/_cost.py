@@ -245,7 +245,13 @@ def _count(value: Any, name: str) -> int:
 
 
 def algorithm_times(op: str, nbytes: float, group_size: int, link: Link) -> dict[str, float]:
-  """Seconds of one collective under each algorithm ("ring", "tree", "halving_doubling")."""
+  """Seconds of one collective under each algorithm ("ring", "tree", "halving_doubling").
+
+  Example:
+    >>> t = algorithm_times("all-reduce", 4000, 8, Link(1e9, 1e-5))
+    >>> sorted(t), round(t["ring"], 9)  # 14 latencies + 2 * 7/8 * 4 KB / 1 GB/s
+    (['halving_doubling', 'ring', 'tree'], 0.000147)
+  """
   _check_op(op)
   nbytes = _finite(nbytes, "nbytes", positive=False)
   p = _count(group_size, "group_size")

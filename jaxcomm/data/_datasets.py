@@ -90,7 +90,13 @@ class TextDataset:
 
 @functools.lru_cache(maxsize=None)
 def digits() -> ArrayDataset:
-  """scikit-learn's digits: x f32[1797, 64] in [0, 1], y i32[1797], 10 classes."""
+  """scikit-learn's digits: x f32[1797, 64] in [0, 1], y i32[1797], 10 classes.
+
+  Example:
+    >>> ds = digits()
+    >>> ds.x.shape, ds.batch(0, 4)["x"].shape
+    ((1797, 64), (4, 64))
+  """
   from sklearn.datasets import load_digits  # pylint: disable=import-outside-toplevel
   d = load_digits()
   return ArrayDataset("digits", (d.data / 16.0).astype(np.float32), d.target.astype(np.int32),
@@ -99,7 +105,12 @@ def digits() -> ArrayDataset:
 
 @functools.lru_cache(maxsize=None)
 def pydoc_text() -> TextDataset:
-  """Python's pydoc topics (the text behind `help('topics')`), as bytes."""
+  """Python's pydoc topics (the text behind `help('topics')`), as bytes.
+
+  Example:
+    >>> pydoc_text().batch(0, 2, seq_len=16)["tokens"].shape
+    (2, 17)
+  """
   from pydoc_data.topics import topics  # pylint: disable=import-outside-toplevel
   text = "\n\n".join(topics[k] for k in sorted(topics))
   return TextDataset("pydoc", np.frombuffer(text.encode("utf-8"), np.uint8))
@@ -107,7 +118,12 @@ def pydoc_text() -> TextDataset:
 
 @functools.lru_cache(maxsize=None)
 def stdlib_text(max_bytes: int = 8 << 20) -> TextDataset:
-  """The standard library's Python sources (sorted, deterministic), up to `max_bytes`."""
+  """The standard library's Python sources (sorted, deterministic), up to `max_bytes`.
+
+  Example:
+    >>> len(stdlib_text(max_bytes=1000).data) <= 1000
+    True
+  """
   root = sysconfig.get_paths()["stdlib"]
   chunks, total = [], 0
   for dirpath, dirnames, filenames in os.walk(root):
@@ -123,7 +139,16 @@ def stdlib_text(max_bytes: int = 8 << 20) -> TextDataset:
 
 
 def text_file(path: str) -> TextDataset:
-  """A user's text file, byte level."""
+  """A user's text file, byte level.
+
+  Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.txt")
+    >>> _ = open(path, "w").write("hello world " * 20)
+    >>> ds = text_file(path)
+    >>> ds.batch(0, 2, seq_len=8)["tokens"].shape
+    (2, 9)
+  """
   _validate.text_path(path)
   with open(path, "rb") as fh:
     data = np.frombuffer(fh.read(), np.uint8)

@@ -42,6 +42,13 @@ def topk_chunks(density: float, bits: int | None = 2, chunk: int = 4096) -> code
   levels, round to nearest), and s in float32 per chunk; with `bits=None` the values travel
   as float32. Supports differ between workers, so the codec is not linear: it travels by
   gather. Deterministic (the error memory absorbs the rounding bias).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> codec = topk_chunks(0.25, bits=2, chunk=8)
+    >>> x = jnp.array([0.1, -4.0, 0.2, 0.0, 3.0, 0.1, -0.1, 0.0])
+    >>> codec.decode(codec.encode(x, jax.random.key(0)), 8).tolist()  # 2 largest, 2-bit grid
+    [0.0, -4.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0]
   """
   density = v.number("density", density, low=0.0, high=1.0, low_open=True)
   bits = v.one_of("bits", bits, BITS)

@@ -30,7 +30,16 @@ class MLP(nn.Module):
 
 
 def classifier_loss(model: nn.Module):
-  """`loss(params, batch) -> (mean cross-entropy, {'accuracy': ...})` for `{'x', 'y'}` batches."""
+  """`loss(params, batch) -> (mean cross-entropy, {'accuracy': ...})` for `{'x', 'y'}` batches.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> model = MLP(hidden=(8,), num_classes=3)
+    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 4)))
+    >>> loss, aux = classifier_loss(model)(params, {"x": jnp.ones((5, 4)), "y": jnp.zeros(5, jnp.int32)})
+    >>> loss.shape, sorted(aux)
+    ((), ['accuracy'])
+  """
 
   def loss_fn(params, batch):
     logits = model.apply(params, batch["x"])
@@ -42,6 +51,14 @@ def classifier_loss(model: nn.Module):
 
 
 def accuracy(model: nn.Module, params, x, y) -> float:
-  """Classification accuracy of `params` on arrays `x`, `y` (one device)."""
+  """Classification accuracy of `params` on arrays `x`, `y` (one device).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> model = MLP(hidden=(8,), num_classes=3)
+    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 4)))
+    >>> 0.0 <= accuracy(model, params, jnp.ones((5, 4)), jnp.zeros(5, jnp.int32)) <= 1.0
+    True
+  """
   logits = jax.jit(model.apply)(params, x)
   return float(jnp.mean(jnp.argmax(logits, -1) == y))

@@ -11,7 +11,14 @@ import optax
 
 
 def causal_attention(q, k, v):
-  """Softmax attention with a causal mask. q, k, v: f32[B, T, H, Dh] -> f32[B, T, H, Dh]."""
+  """Softmax attention with a causal mask. q, k, v: f32[B, T, H, Dh] -> f32[B, T, H, Dh].
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> q = jnp.ones((1, 4, 2, 8))
+    >>> causal_attention(q, q, q).shape
+    (1, 4, 2, 8)
+  """
   t = q.shape[1]
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
   mask = jnp.tril(jnp.ones((t, t), bool))
@@ -79,7 +86,16 @@ class TransformerLM(nn.Module):
 
 
 def lm_loss(model: nn.Module):
-  """`loss(params, batch) -> mean next-token cross-entropy` for `{'tokens': i32[B, T+1]}`."""
+  """`loss(params, batch) -> mean next-token cross-entropy` for `{'tokens': i32[B, T+1]}`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> lm = TransformerLM(d_model=16, num_layers=1, num_heads=2, d_ff=32, max_len=8)
+    >>> params = lm.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    >>> loss = lm_loss(lm)(params, {"tokens": jnp.zeros((2, 9), jnp.int32)})
+    >>> loss.shape, bool(loss > 0)
+    ((), True)
+  """
 
   def loss_fn(params, batch):
     tokens = batch["tokens"]

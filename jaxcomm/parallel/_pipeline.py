@@ -50,7 +50,12 @@ class PipelineSchedule(NamedTuple):
 
 
 def bubble_fraction_gpipe(num_stages: int, num_microbatches: int) -> float:
-  """(S-1)/(M+S-1), the GPipe bubble with equal-time stages (arXiv 1811.06965)."""
+  """(S-1)/(M+S-1), the GPipe bubble with equal-time stages (arXiv 1811.06965).
+
+  Example:
+    >>> bubble_fraction_gpipe(4, 12)  # 3 idle slots out of 15
+    0.2
+  """
   return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -221,6 +226,10 @@ def pipeline_bytes(schedule: PipelineSchedule, activation_bytes: float,
   boundary activation forward (its gradient backward) on every device; then the loss
   (f32[]) and the gradients of the parameters shared by all stages are all-reduced over
   the pipeline axis.
+
+  Example:
+    >>> pipeline_bytes(schedule_gpipe(4, 8), activation_bytes=1024.0)
+    20486.0
   """
   s = schedule.num_stages
   permutes = sum((stop - start) * (int(f) + int(b)) for start, stop, f, b in

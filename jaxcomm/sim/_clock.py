@@ -160,6 +160,17 @@ def comm_seconds_per_step(step_bytes: Sequence[float], comm_cost: comm.CommCost)
 
   Returns:
     f64[T] seconds.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxcomm import comm
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> f = jax.shard_map(lambda x: comm.mean(x, "data")[0], mesh=mesh, in_specs=jax.P(),
+    ...                   out_specs=jax.P())
+    >>> costed = comm.cost(comm.inspect(f, jnp.ones(1000), mesh=mesh), {"data": comm.Link(1e9, 1e-5)})
+    >>> seconds = comm_seconds_per_step([7000.0, 7000.0], costed)
+    >>> bool(np.allclose(seconds, costed.seconds()))  # an every-step all-reduce: paid each step
+    True
   """
   step_bytes = np.asarray(step_bytes, dtype=np.float64)
   if step_bytes.ndim != 1 or not np.all(np.isfinite(step_bytes)) or np.any(step_bytes < 0):

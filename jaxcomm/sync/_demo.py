@@ -20,7 +20,12 @@ class DemoState(NamedTuple):
 
 
 def demo_bytes(n: int, w: int, chunk: int = 64, k: int = 32) -> float:
-  """Wire bytes per device of one step: all-gather of k (value, index) pairs per chunk."""
+  """Wire bytes per device of one step: all-gather of k (value, index) pairs per chunk.
+
+  Example:
+    >>> demo_bytes(1024, 8)  # 16 chunks x 32 (value, index) pairs, gathered from 7 peers
+    17920.0
+  """
   return comm.compressed_bytes(codecs.dct_top_k(chunk, k), n, w, "gather")
 
 

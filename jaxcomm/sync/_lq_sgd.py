@@ -17,7 +17,14 @@ def lq_sgd_bytes(params: Any, rank: int, w: int, bits: int = 8, alpha: float = 1
                  block: int | None = 256, collective: str = "two_phase",
                  min_compression_rate: float = 2, batch_same_shape: bool = True) -> float:
   """Wire bytes per device of one LQ-SGD step: the log codes of all P's and of all Q's by
-  `collective`, and an f32 all-reduce of the tensors reduced exactly."""
+  `collective`, and an f32 all-reduce of the tensors reduced exactly.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> params = {"w": jnp.zeros((64, 64))}
+    >>> lq_sgd_bytes(params, rank=2, w=8), lq_sgd_bytes(params, rank=2, w=1)
+    (560.0, 0.0)
+  """
   if w <= 1:
     return 0.0
   leaves = jax.tree.leaves(params)

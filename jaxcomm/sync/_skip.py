@@ -95,7 +95,16 @@ def skip_nonfinite(inner: optax.GradientTransformation,
 
 
 def skipped_steps(state: Any) -> jax.Array | None:
-  """Total of every `skipped_steps` counter in an optimiser state; None when there is none."""
+  """Total of every `skipped_steps` counter in an optimiser state; None when there is none.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> tx = skip_nonfinite(optax.sgd(1.0), axis_name=None)
+    >>> state = tx.init({"w": jnp.ones(2)})
+    >>> _, state = tx.update({"w": jnp.array([jnp.inf, 0.0])}, state)
+    >>> int(skipped_steps(state)), skipped_steps(optax.sgd(1.0).init({"w": jnp.ones(2)}))
+    (1, None)
+  """
   total = None
   for path, leaf in jax.tree_util.tree_leaves_with_path(state):
     if any(getattr(k, "name", None) == SKIPPED_FIELD for k in path):

@@ -40,7 +40,13 @@ logger = logging.getLogger(__name__)
 
 
 def multi_process_environment() -> bool:
-  """Whether the environment describes a multi-process job that JAX can join by itself."""
+  """Whether the environment describes a multi-process job that JAX can join by itself.
+
+  Example:
+    >>> import os
+    >>> multi_process_environment() == bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or None
+    True
+  """
   env = os.environ
   if env.get("JAX_COORDINATOR_ADDRESS") or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
     return True

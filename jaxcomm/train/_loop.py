@@ -47,6 +47,18 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
   Returns:
     `(state, history)`: history is a list of metric dicts, one per logged step, with `step`,
     `loss`, `grad_norm`, `wire_bytes` (this step), `total_wire_bytes` and `time`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np, optax
+    >>> from jaxcomm import sync, train
+    >>> mesh = train.make_mesh({"data": 8})
+    >>> loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
+    >>> trainer = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh)
+    >>> batch = {"x": np.ones((8, 1), np.float32), "y": np.full((8, 1), 2.0, np.float32)}
+    >>> state, history = fit(trainer, trainer.init({"w": jnp.zeros(1)}), lambda step: batch, 3,
+    ...                      progress=False)
+    >>> int(state.step), len(history) > 0
+    (3, True)
   """
   _validate.fit_args(steps, log_every)
   total_bytes = 0
