@@ -106,6 +106,13 @@ def lm_loss_sequence(model: TransformerLM) -> Callable:
 
   `batch` holds this device's slice of `lm_sequence_batch`: `inputs`, `targets` and
   `positions`, each i32[B, T/W]. `model.attention_fn` is the sequence-parallel kernel.
+
+  >>> lm = TransformerLM(d_model=8, num_layers=1, num_heads=2, d_ff=16, max_len=4)
+  >>> params = lm.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  >>> batch = {"inputs": jnp.zeros((2, 4), jnp.int32), "targets": jnp.ones((2, 4), jnp.int32),
+  ...          "positions": jnp.tile(jnp.arange(4), (2, 1))}
+  >>> bool(lm_loss_sequence(lm)(params, batch) > 0)
+  True
   """
 
   def loss_fn(params, batch):
@@ -179,6 +186,19 @@ def lm_loss_pipeline(model: TransformerLM, schedule: parallel.PipelineSchedule,
   Call inside `jax.shard_map` with `axis_name` manual and the staged parameters sharded by
   `lm_stage_specs`. The local batch is split into `schedule.num_microbatches`
   micro-batches; the loss and its gradient equal the unpipelined LM's on the whole batch.
+
+  >>> from jax.sharding import PartitionSpec as P
+  >>> from jaxcomm import train
+  >>> mesh = train.make_mesh({"pipeline": 2, "data": 4})
+  >>> lm = TransformerLM(d_model=8, num_layers=2, num_heads=2, d_ff=16, max_len=4)
+  >>> params = lm.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  >>> staged = lm_stage_params(params, 2)
+  >>> loss_fn = lm_loss_pipeline(lm, parallel.schedule_gpipe(2, 2))
+  >>> f = jax.jit(jax.shard_map(loss_fn, mesh=mesh, in_specs=(lm_stage_specs(staged), P()),
+  ...                           out_specs=P(), axis_names={"pipeline"}))
+  >>> tokens = jnp.arange(10).reshape(2, 5) % 7
+  >>> bool(jnp.allclose(f(staged, {"tokens": tokens}), lm_loss(lm)(params, {"tokens": tokens})))
+  True
   """
   if model.num_layers % schedule.num_stages:
     raise ValueError(f"num_layers ({model.num_layers}) must be divisible by the number of "

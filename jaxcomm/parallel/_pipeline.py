@@ -263,6 +263,20 @@ def pipeline_run(first_fn: Callable, stage_fn: Callable, last_fn: Callable, para
     `(loss, grads, busy)`: the mean loss over micro-batches (invariant over the axis),
     d loss / d params (leaves not varying over the axis are summed over it), and i32[] the
     number of steps this stage worked (its measured bubble is 1 - busy / schedule.steps).
+
+  >>> from jax.sharding import PartitionSpec as P
+  >>> from jaxcomm import train
+  >>> mesh = train.make_mesh({"pipeline": 2, "data": 4})
+  >>> def body(w, mb):  # two stages, each multiplies by its own weight
+  ...   loss, _, busy = pipeline_run(
+  ...       lambda p, m: m["x"], lambda p, x: x * p["w"][0],
+  ...       lambda p, x, m: jnp.mean((x - m["y"]) ** 2), w, mb, schedule_gpipe(2, 2), "pipeline")
+  ...   return loss, busy[None]
+  >>> f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=({"w": P("pipeline")}, P()),
+  ...                           out_specs=(P(), P("pipeline")), axis_names={"pipeline"}))
+  >>> loss, busy = f({"w": jnp.array([2.0, 3.0])}, {"x": jnp.ones((2, 3)), "y": jnp.zeros((2, 3))})
+  >>> float(loss), busy.tolist()
+  (36.0, [4, 4])
   """
   s_count, m_count = schedule.num_stages, schedule.num_microbatches
   if comm.axis_size(axis_name) != s_count:
