@@ -189,6 +189,7 @@ def lm_loss_pipeline(model: TransformerLM, schedule: parallel.PipelineSchedule,
 
   >>> from jax.sharding import PartitionSpec as P
   >>> from jaxcomm import train
+  >>> from jaxcomm.models import lm_loss
   >>> mesh = train.make_mesh({"pipeline": 2, "data": 4})
   >>> lm = TransformerLM(d_model=8, num_layers=2, num_heads=2, d_ff=16, max_len=4)
   >>> params = lm.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
