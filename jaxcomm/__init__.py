@@ -9,6 +9,7 @@ from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
 from jaxcomm import models
+from jaxcomm import parallel
 from jaxcomm import sync
 from jaxcomm import train
 
@@ -19,6 +20,7 @@ __all__ = (
     "comm",
     "data",
     "models",
+    "parallel",
     "sync",
     "train",
 )

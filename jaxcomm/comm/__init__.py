@@ -25,6 +25,7 @@ from jaxcomm.comm._collectives import varying_axes
 from jaxcomm.comm._counter import add_bytes
 from jaxcomm.comm._counter import counted_bytes
 from jaxcomm.comm._counter import zero_bytes
+from jaxcomm.comm._encoded import reduce_scatter_encoded
 from jaxcomm.comm._inspect import Collective
 from jaxcomm.comm._inspect import CollectiveReport
 from jaxcomm.comm._inspect import compiled_text
@@ -51,6 +52,7 @@ __all__ = (
     "ppermute",
     "reduce_scatter",
     "reduce_scatter_bytes",
+    "reduce_scatter_encoded",
     "shift",
     "sum",
     "to_bits",

@@ -164,19 +164,23 @@ def mean(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]
   return jax.tree.map(lambda x: x / jnp.asarray(w, x.dtype), total), nbytes
 
 
-def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
-               tiled: bool = False) -> tuple[Any, float]:
+def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False,
+               invariant: bool = True) -> tuple[Any, float]:
   """Gathers every device's leaves along a new (or, if `tiled`, existing) axis `axis`.
 
-  The result is identical on all devices (invariant). Wire bytes: (W-1) * local bytes.
+  The result is identical on all devices. By default it is typed *invariant*; with
+  `invariant=False` it stays typed varying, which is what a sharded-parameter gather
+  wants: the transpose of a varying all-gather is a reduce-scatter of the cotangents
+  (the transpose of an invariant one is a slice after an all-reduce). Wire bytes:
+  (W-1) * local bytes.
   """
   axes = _axes(axis_name)
   if not axes:
     return (tree if tiled else jax.tree.map(lambda x: jnp.expand_dims(x, axis), tree)), 0.0
   w = axis_size(axes)
+  to = "invarying" if invariant else "varying"
   out = jax.tree.map(
-      lambda x: lax.all_gather(varying(x, axes), axes, axis=axis, tiled=tiled,
-                               to="invarying"), tree)
+      lambda x: lax.all_gather(varying(x, axes), axes, axis=axis, tiled=tiled, to=to), tree)
   return out, all_gather_bytes(tree_bytes(tree), w)
 
 

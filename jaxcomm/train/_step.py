@@ -89,8 +89,9 @@ class Trainer:
       optax.adamw(1e-3))`).
     mesh: the device mesh (see `make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
-    param_specs: optional PartitionSpecs of the parameters over non-data axes (tensor
-      parallel layouts); replicated by default.
+    param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards over
+      non-data axes, ZeRO-3 shards over a data axis); replicated by default. Optimiser-state
+      leaves shaped like a parameter (same tree path suffix and shard shape) get its spec.
     has_aux: whether `loss_fn` returns `(loss, aux)`; aux leaves are reported per worker.
 
   >>> import jax.numpy as jnp, optax
@@ -123,6 +124,7 @@ class Trainer:
     self.param_specs = param_specs
     self.has_aux = has_aux
     self._layout = None
+    self._opt_specs = None
     self._step_fn = None
     self._init_fn = None
 
@@ -134,10 +136,19 @@ class Trainer:
 
   def _specs(self, per_worker, base_specs):
     """PartitionSpec per leaf: per-worker leaves get the data axes as a leading dimension."""
-    return jax.tree.map(lambda pw, spec: P(self.axes, *spec) if pw else spec,
-                        per_worker, base_specs)
+    def one(pw, spec):
+      if not pw:
+        return spec
+      if len(self._worker_axes(spec)) != len(self.axes):
+        raise ValueError(f"a state leaf sharded as {spec} over a data axis also differs "
+                         f"between the workers of {self.axes}; such leaves are unsupported.")
+      return P(self.axes, *spec)
+    return jax.tree.map(one, per_worker, base_specs)
 
   def _base_opt_specs(self, opt_state):
+    """Specs of the optimiser state over non-data axes (derived from the params' in init)."""
+    if self._opt_specs is not None:
+      return self._opt_specs
     return jax.tree.map(lambda _: P(), opt_state)
 
   def _unstack(self, tree, per_worker):
@@ -146,25 +157,72 @@ class Trainer:
   def _stack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[None] if pw else x, per_worker, tree)
 
+  def _worker_axes(self, spec) -> set:
+    """Data axes over which a leaf with this base spec can be per-worker (not sharded)."""
+    return set(self.axes) - {a for entry in spec for a in _axes(entry)}
+
+  def _resize(self, shape, spec, grow: bool) -> tuple:
+    """Global shape from a local one (grow) or the reverse, for a leaf with this spec."""
+    sizes = [math.prod(self.mesh.shape[a] for a in _axes(e)) for e in spec]
+    sizes += [1] * (len(shape) - len(sizes))
+    return tuple(n * k if grow else n // k for n, k in zip(shape, sizes))
+
+  def _opt_specs_from_params(self, opt_local, params_abs, pspecs):
+    """Optimiser-state leaves shaped like a parameter (adam's mu, nu, ...) are sharded like it.
+
+    A leaf matches a parameter when the parameter's tree path is a suffix of the leaf's path
+    and their local shapes agree; every other leaf is replicated over non-data axes.
+    """
+    if self.param_specs is None:
+      return jax.tree.map(lambda _: P(), opt_local)
+    flat, _ = jax.tree_util.tree_flatten_with_path(params_abs)
+    entries = [(tuple(path), self._resize(x.shape, spec, grow=False), spec)
+               for (path, x), spec in zip(flat, jax.tree.leaves(
+                   pspecs, is_leaf=lambda s: isinstance(s, P)))]
+
+    def spec_for(path, x):
+      path = tuple(path)
+      for ppath, shape, spec in entries:
+        if len(ppath) <= len(path) and path[len(path) - len(ppath):] == ppath and \
+           tuple(x.shape) == shape:
+          return spec
+      return P()
+
+    return jax.tree_util.tree_map_with_path(spec_for, opt_local)
+
   def _derive_layout(self, params) -> StateLayout:
-    """Fixed point of 'which leaves vary over the data axes' under init and update."""
+    """Fixed point of 'which leaves vary over the data axes' under init and update.
+
+    `init` is traced under shard_map, so an optimiser state whose shapes depend on the axis
+    sizes (a 1/W shard, ZeRO) works; probes stack every leaf over all mesh axes so that
+    leaves varying over non-data axes (tensor-parallel shards) pass shard_map's check. A
+    leaf is per-worker when it varies over a data axis its spec does not shard it over.
+    """
     params_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
                               params)
     pspecs = self._param_spec(self.param_specs, params_abs)
     found = {}
+    every = P(tuple(self.mesh.axis_names))
 
-    def record(key, tree):
-      found[key] = jax.tree.map(lambda x: bool(set(self.axes) & comm.varying_axes(x)), tree)
+    def record(key, tree, specs):
+      found[key] = jax.tree.map(
+          lambda x, spec: bool(self._worker_axes(spec) & comm.varying_axes(x)), tree, specs)
 
     def probe_init(p):
       opt = self.optimizer.init(p)
-      record("opt", opt)
+      found["opt_local"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
+      found["opt_vary"] = jax.tree.map(comm.varying_axes, opt)
       return jax.tree.map(lambda x: x[None], opt)
 
-    out_all = lambda tree: jax.tree.map(lambda _: P(self.axes), tree)
-    opt_abs = jax.eval_shape(self.optimizer.init, params_abs)
     jax.eval_shape(jax.shard_map(probe_init, mesh=self.mesh, in_specs=(pspecs,),
-                                 out_specs=out_all(opt_abs)), params_abs)
+                                 out_specs=every), params_abs)
+    opt_specs = self._opt_specs_from_params(found["opt_local"], params_abs, pspecs)
+    opt_abs = jax.tree.map(
+        lambda x, spec: jax.ShapeDtypeStruct(self._resize(x.shape, spec, grow=True), x.dtype),
+        found["opt_local"], opt_specs)
+    found["opt"] = jax.tree.map(
+        lambda vary, spec: bool(self._worker_axes(spec) & vary), found.pop("opt_vary"),
+        opt_specs)
     layout = StateLayout(params=jax.tree.map(lambda _: False, params_abs),
                          opt_state=found["opt"])
     for _ in range(8):
@@ -173,23 +231,23 @@ class Trainer:
         grads = comm.varying(jax.tree.map(jnp.zeros_like, p), self.axes)
         updates, o = self.optimizer.update(grads, o, p)
         p = optax.apply_updates(p, updates)
-        record("params", p)
-        record("opt", o)
+        record("params", p, pspecs)
+        record("opt", o, opt_specs)
         return jax.tree.map(lambda x: x[None], (p, o))
 
       stacked = lambda abs_tree, pw: jax.tree.map(
           lambda w, x: jax.ShapeDtypeStruct((self.num_workers, *x.shape), x.dtype) if w else x,
           pw, abs_tree)
-      in_specs = (self._specs(layout.params, pspecs),
-                  self._specs(layout.opt_state, self._base_opt_specs(opt_abs)))
+      in_specs = (self._specs(layout.params, pspecs), self._specs(layout.opt_state, opt_specs))
       jax.eval_shape(jax.shard_map(probe_update, mesh=self.mesh, in_specs=in_specs,
-                                   out_specs=out_all((params_abs, opt_abs))),
+                                   out_specs=every),
                      stacked(params_abs, layout.params), stacked(opt_abs, layout.opt_state))
       new = StateLayout(
           params=jax.tree.map(lambda a, b: a or b, layout.params, found["params"]),
           opt_state=jax.tree.map(lambda a, b: a or b, layout.opt_state, found["opt"]))
       if jax.tree.leaves(new.params) == jax.tree.leaves(layout.params) and \
          jax.tree.leaves(new.opt_state) == jax.tree.leaves(layout.opt_state):
+        self._opt_specs = opt_specs
         return new
       layout = new
     raise RuntimeError("the per-worker layout of the train state did not settle.")
@@ -217,8 +275,7 @@ class Trainer:
     """The initial train state; `params` are the (replicated) initial parameters."""
     self._layout = self._derive_layout(params)
     pspecs = self._param_spec(self.param_specs, params)
-    opt_abs = jax.eval_shape(self.optimizer.init, params)
-    opt_out = self._specs(self.layout.opt_state, self._base_opt_specs(opt_abs))
+    opt_out = self._specs(self.layout.opt_state, self._opt_specs)
     param_out = self._specs(self.layout.params, pspecs)
 
     def init_local(p):
