@@ -12,7 +12,7 @@ so that `layout.param_specs(lm.param_axes(), params)` gives their PartitionSpecs
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -45,29 +45,37 @@ _zeros = nn.initializers.zeros
 _ones = nn.initializers.ones
 
 
+class _Param(NamedTuple):
+  """How one parameter is declared."""
+  shape: tuple     # whole shape
+  axes: tuple      # logical name of each dimension (the rules map them to mesh axes)
+  init: Callable   # initializer
+  # Whether any gradient of its layer reads its value. Under FSDP only these are gathered
+  # again in the backward pass (embedding tables, and a bias added last, are not read).
+  regather: bool = True
+
+
 def _block_table(d, h, dh, f):
-  """name -> leaf -> (shape, logical axes, initializer) for one block."""
-  norm = lambda: {"scale": ((d,), ("norm",), _ones), "bias": ((d,), ("norm",), _zeros)}
+  """name -> leaf -> _Param for one block."""
+  norm = lambda: {"scale": _Param((d,), ("norm",), _ones), "bias": _Param((d,), ("norm",), _zeros)}
   return {
       "ln_attn": norm(),
-      "qkv": {"kernel": ((d, 3, h, dh), ("embed", "qkv", "heads", "head_dim"),
-                         _kernel(in_axis=0, out_axis=(1, 2, 3))),
-              "bias": ((3, h, dh), ("qkv", "heads", "head_dim"), _zeros)},
-      "proj": {"kernel": ((h, dh, d), ("heads", "head_dim", "embed"),
-                          _kernel(in_axis=(0, 1), out_axis=2)),
-               "bias": ((d,), ("embed",), _zeros)},
+      "qkv": {"kernel": _Param((d, 3, h, dh), ("embed", "qkv", "heads", "head_dim"),
+                               _kernel(in_axis=0, out_axis=(1, 2, 3))),
+              "bias": _Param((3, h, dh), ("qkv", "heads", "head_dim"), _zeros)},
+      "proj": {"kernel": _Param((h, dh, d), ("heads", "head_dim", "embed"),
+                                _kernel(in_axis=(0, 1), out_axis=2)),
+               "bias": _Param((d,), ("embed",), _zeros)},
       "ln_mlp": norm(),
-      "fc_in": {"kernel": ((d, f), ("embed", "mlp"), _kernel()), "bias": ((f,), ("mlp",), _zeros)},
-      "fc_out": {"kernel": ((f, d), ("mlp", "embed"), _kernel()), "bias": ((d,), ("embed",), _zeros)},
+      "fc_in": {"kernel": _Param((d, f), ("embed", "mlp"), _kernel()),
+                "bias": _Param((f,), ("mlp",), _zeros)},
+      "fc_out": {"kernel": _Param((f, d), ("mlp", "embed"), _kernel()),
+                 "bias": _Param((d,), ("embed",), _zeros, regather=False)},
   }
 
 
-def _axes_of(table):
-  return jax.tree.map(lambda e: e[1], table, is_leaf=lambda e: isinstance(e, tuple))
-
-
-def _is_entry(e):
-  return isinstance(e, tuple) and len(e) == 3 and callable(e[2])
+def _field(table, name):
+  return jax.tree.map(lambda e: getattr(e, name), table, is_leaf=lambda e: isinstance(e, _Param))
 
 
 def _declare(module: nn.Module, table: dict, layout) -> dict:
@@ -77,24 +85,22 @@ def _declare(module: nn.Module, table: dict, layout) -> dict:
   for name, leaves in table.items():
     def init(key, leaves=leaves):
       keys = dict(zip(leaves, jax.random.split(key, len(leaves))))
-      return {leaf: fn(keys[leaf], layout.local_shape(shape, axes) if local else shape)
-              for leaf, (shape, axes, fn) in leaves.items()}
+      return {leaf: e.init(keys[leaf], layout.local_shape(e.shape, e.axes) if local else e.shape)
+              for leaf, e in leaves.items()}
     out[name] = module.param(name, init)
   return out
-
-
-def _specs(layout, table):
-  """PartitionSpecs of one group table's leaves under `layout`."""
-  shapes = jax.tree.map(lambda e: jax.ShapeDtypeStruct(e[0], jnp.float32), table,
-                        is_leaf=_is_entry)
-  return layout.param_specs(_axes_of(table), shapes, max_replicated=1.0)
 
 
 def _run(layout, table, fn, params, *inputs):
   """Runs a layer on parameter shards: gathered per call over the layout's gather axes."""
   if layout is None:
     return fn(params, *inputs)
-  return parallel.fsdp(fn, _specs(layout, table), layout.gather_axes or None)(params, *inputs)
+  shapes = jax.tree.map(lambda e: jax.ShapeDtypeStruct(e.shape, jnp.float32), table,
+                        is_leaf=lambda e: isinstance(e, _Param))
+  specs = layout.param_specs(_field(table, "axes"), shapes, max_replicated=1.0)
+  layer = parallel.fsdp(fn, specs, layout.gather_axes or None,
+                        regather=_field(table, "regather"))
+  return layer(params, *inputs)
 
 
 def block_forward(p: dict, x: jax.Array, *, attention_fn: Callable = causal_attention,
@@ -175,20 +181,29 @@ class TransformerLM(nn.Module):
   def _tables(self):
     d, v = self.d_model, self.vocab_size
     embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-    embed = {"embed": {"embedding": ((v, d), ("vocab", "embed"), embed_init)},
-             "pos": {"embedding": ((self.max_len, d), ("length", "embed"),
-                                   nn.initializers.normal(0.02))}}
-    head = {"ln_f": {"scale": ((d,), ("norm",), _ones), "bias": ((d,), ("norm",), _zeros)},
-            "head": {"kernel": ((d, v), ("embed", "vocab"), _kernel()),
-                     "bias": ((v,), ("vocab",), _zeros)}}
+    embed = {"embed": {"embedding": _Param((v, d), ("vocab", "embed"), embed_init, False)},
+             "pos": {"embedding": _Param((self.max_len, d), ("length", "embed"),
+                                         nn.initializers.normal(0.02), False)}}
+    head = {"ln_f": {"scale": _Param((d,), ("norm",), _ones),
+                     "bias": _Param((d,), ("norm",), _zeros)},
+            "head": {"kernel": _Param((d, v), ("embed", "vocab"), _kernel()),
+                     "bias": _Param((v,), ("vocab",), _zeros, regather=False)}}
     block = _block_table(d, self.num_heads, d // self.num_heads, self.d_ff)
     return embed, block, head
 
   def param_axes(self) -> dict:
     """Logical names of every parameter's dimensions: `{"params": {...}}` like `init`'s."""
     embed, block, head = self._tables()
-    blocks = {f"block{i}": _axes_of(block) for i in range(self.num_layers)}
-    return {"params": {**_axes_of(embed), **blocks, **_axes_of(head)}}
+    return self._param_tree(lambda table: _field(table, "axes"))
+
+  def param_regather(self) -> dict:
+    """Which parameters FSDP gathers again in the backward pass (see `zero(regather=)`)."""
+    return self._param_tree(lambda table: _field(table, "regather"))
+
+  def _param_tree(self, field):
+    embed, block, head = self._tables()
+    blocks = {f"block{i}": field(block) for i in range(self.num_layers)}
+    return {"params": {**field(embed), **blocks, **field(head)}}
 
   @nn.compact
   def __call__(self, tokens):

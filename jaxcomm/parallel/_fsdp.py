@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -42,8 +43,14 @@ def gather_dims(spec: P, axes: tuple) -> tuple:
   return tuple(out)
 
 
-def _gather(params, dims, as_bits: bool):
-  def one(x, pairs):
+def _gather(params, dims, as_bits: bool, keep=None):
+  """Gathers each shard along its sharded dims; leaves not in `keep` become zeros."""
+  def one(x, pairs, kept):
+    if not kept:  # Its value is not read: a placeholder of the gathered shape, no traffic.
+      shape = list(x.shape)
+      for dim, axes in pairs:
+        shape[dim] *= comm.axis_size(axes)
+      return comm.varying(jnp.zeros(shape, x.dtype), tuple(comm.varying_axes(x)))
     for dim, axes in pairs:
       if as_bits:
         y, _ = comm.all_gather(comm.to_bits(x), axes, axis=dim, tiled=True, invariant=False)
@@ -51,7 +58,8 @@ def _gather(params, dims, as_bits: bool):
       else:
         x, _ = comm.all_gather(x, axes, axis=dim, tiled=True, invariant=False)
     return x
-  return [one(x, pairs) for x, pairs in zip(params, dims)]
+  keep = [True] * len(params) if keep is None else keep
+  return [one(x, pairs, kept) for x, pairs, kept in zip(params, dims, keep)]
 
 
 def _scatter(cts, dims):
@@ -62,7 +70,22 @@ def _scatter(cts, dims):
   return [one(ct, pairs) for ct, pairs in zip(cts, dims)]
 
 
-def fsdp(fn: Callable, specs: Any, axis_name: comm.AxisName) -> Callable:
+def _tie(leaves, dims, anchor):
+  """Ties each gathered shard to a cotangent so the re-gather cannot be hoisted forward.
+
+  An optimisation barrier makes its operands vary over the union of their axes, so a shard
+  is tied only when the anchor varies over no axis the shard does not.
+  """
+  out = []
+  for x, pairs in zip(leaves, dims):
+    if pairs and comm.varying_axes(anchor) <= comm.varying_axes(x):
+      x, _ = lax.optimization_barrier((x, anchor))
+    out.append(x)
+  return out
+
+
+def fsdp(fn: Callable, specs: Any, axis_name: comm.AxisName,
+         regather: Any = None) -> Callable:
   """Wraps `fn(params, *inputs)` to take parameter shards, gathered per call (ZeRO-3).
 
   Args:
@@ -71,6 +94,9 @@ def fsdp(fn: Callable, specs: Any, axis_name: comm.AxisName) -> Callable:
       `axis_name` are gathered, other dimensions (e.g. over `tensor`) are left alone.
     axis_name: the mesh axis (or tuple of axes) parameters are stored sharded over; None
       (or no leaf sharded over it) returns `fn` unchanged.
+    regather: optional tree of bools like `params`: False for a parameter whose value no
+      gradient of the layer reads (an embedding table, a bias added last); it is not
+      gathered again in the backward pass. Default: every sharded parameter is.
 
   Returns:
     `layer(param_shards, *inputs)`. Its gradient with respect to a shard is the sum over
@@ -87,6 +113,7 @@ def fsdp(fn: Callable, specs: Any, axis_name: comm.AxisName) -> Callable:
   dims = [gather_dims(s, axes) for s in spec_leaves]
   if not axes or not any(dims):
     return fn
+  keep = [True] * len(dims) if regather is None else [bool(r) for r in jax.tree.leaves(regather)]
 
   def whole(shards):
     leaves, treedef = jax.tree.flatten(shards)
@@ -104,10 +131,9 @@ def fsdp(fn: Callable, specs: Any, axis_name: comm.AxisName) -> Callable:
 
   def layer_bwd(res, ct):
     shards, inputs = res
-    # The barrier ties the re-gather to the backward pass (schedulers may not hoist it).
-    shards, ct = lax.optimization_barrier((shards, ct))
     leaves, treedef = whole(shards)
-    params = jax.tree.unflatten(treedef, _gather(leaves, dims, True))
+    leaves = _tie(leaves, dims, jax.tree.leaves(ct)[0])
+    params = jax.tree.unflatten(treedef, _gather(leaves, dims, True, keep))
     _, vjp = jax.vjp(fn, params, *inputs)
     d_params, *d_inputs = vjp(ct)
     d_leaves = _scatter(jax.tree.leaves(d_params), dims)

@@ -89,8 +89,8 @@ def _num_elements(tree) -> int:
 
 def zero(inner: optax.GradientTransformation, stage: int = 1,
          axis_name: comm.AxisName = "data", codec: codecs.Codec | None = None,
-         memory: str | None = None, *, param_specs: Any = None, accumulate_steps: int = 1,
-         key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
+         memory: str | None = None, *, param_specs: Any = None, regather: Any = None,
+         accumulate_steps: int = 1, key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
   """ZeRO stage 1, 2 or 3 data parallelism around an inner optimiser.
 
   Args:
@@ -107,6 +107,9 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     param_specs: stage 3: the PartitionSpecs the parameters are stored with (a tree like
       the parameters, e.g. `Layout.param_specs`); leaves sharded over `axis_name` arrive
       already reduce-scattered by the model's backward pass.
+    regather: stage 3: the tree of bools the model's `fsdp` layers were given (which
+      parameters are gathered again in the backward pass; e.g.
+      `TransformerLM.param_regather()`); all by default. Used to count the bytes.
     accumulate_steps: micro-batches per optimiser step (stages 1/2); the updates are zero
       between optimiser steps.
     key: PRNG key for a stochastic codec; split at every update.
@@ -146,7 +149,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     if codec is not None or accumulate_steps != 1:
       raise ValueError("stage 3 reduce-scatters inside the model's backward pass: codec and "
                        "accumulate_steps are for stages 1 and 2.")
-    return _zero3(inner, axis_name, param_specs)
+    return _zero3(inner, axis_name, param_specs, regather)
   axes = _mesh_axes(axis_name)
   k = accumulate_steps
   raw_key = jnp.zeros((0,), jnp.uint32) if key is None else (
@@ -231,24 +234,27 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _zero3(inner, axis_name, param_specs):
+def _zero3(inner, axis_name, param_specs, regather):
   axes = _mesh_axes(axis_name)
   spec_leaves = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, P))
   dims = [gather_dims(s, axes) for s in spec_leaves]
+  regathered = ([True] * len(dims) if regather is None else
+                [bool(r) for r in jax.tree.leaves(regather)])
 
   def init_fn(params):
     return ZeroState(inner_state=inner.init(params), error=jnp.zeros((0,), jnp.float32),
                      accumulated=jnp.zeros((0,), jnp.float32), count=jnp.zeros((), jnp.int32),
                      key=jnp.zeros((0,), jnp.uint32), wire_bytes=comm.zero_bytes())
 
-  def finish_mean(g, pairs):
+  def finish_mean(g, pairs, again):
     """(mean over `axes` of one gradient leaf, bytes the model and this step sent for it)."""
     gathered = tuple(a for _, ax in pairs for a in ax)
     rest = tuple(a for a in axes if a not in gathered)
     nbytes, local = 0.0, comm.tree_bytes(g)
     for _, ax in pairs:  # Forward gather, backward re-gather and reduce-scatter, per dim.
       w = comm.axis_size(ax)
-      nbytes += 2 * comm.all_gather_bytes(local, w) + comm.reduce_scatter_bytes(local * w, w)
+      nbytes += ((1 + again) * comm.all_gather_bytes(local, w) +
+                 comm.reduce_scatter_bytes(local * w, w))
       local *= w
     if gathered:
       g = g / comm.axis_size(gathered)
@@ -263,8 +269,8 @@ def _zero3(inner, axis_name, param_specs):
                        "param_specs.")
     means, nbytes = [], 0.0
     if axes:
-      for g, pairs in zip(leaves, dims):
-        g, nb = finish_mean(g, pairs)
+      for g, pairs, again in zip(leaves, dims, regathered):
+        g, nb = finish_mean(g, pairs, again)
         means.append(g)
         nbytes += nb
     else:

@@ -125,6 +125,7 @@ class Trainer:
     self.has_aux = has_aux
     self._layout = None
     self._opt_specs = None
+    self._sq_groups = [()]
     self._step_fn = None
     self._init_fn = None
 
@@ -303,10 +304,20 @@ class Trainer:
         raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
                          f"size {self.num_workers} (axis_name={self.axis_name!r}).")
 
+  def _extra_axes(self) -> tuple:
+    return tuple(a for a in self.mesh.axis_names if a not in self.axes)
+
   def _build_step(self, state, batch):
     specs = self.state_specs(state)
     layout = self.layout
     loss_fn = self.loss_fn if self.has_aux else (lambda p, b: (self.loss_fn(p, b), {}))
+    # Measurements leave as one value per device, data axes first: nothing is reduced over
+    # the non-data axes (tensor, ...) inside the step, so no collective is spent on them.
+    out_axes = self.axes + self._extra_axes()
+    pspecs = self._param_spec(self.param_specs, state.params)
+    sq_keys = [tuple(a for a in self._extra_axes() if a in {b for e in spec for b in _axes(e)})
+               for spec in jax.tree.leaves(pspecs, is_leaf=lambda x: isinstance(x, P))]
+    self._sq_groups = sorted(set(sq_keys))
 
     def step_local(state: TrainState, batch_block):
       params = self._unstack(state.params, layout.params)
@@ -317,10 +328,13 @@ class Trainer:
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
-      grad_norm = optax.tree.norm(grads)
-      measurements = {"loss": loss, "grad_norm": grad_norm, **aux}
-      # Per-worker measurements travel out as [W] arrays: no collective is spent on them.
-      measurements = jax.tree.map(lambda x: comm.varying(x, self.axes)[None], measurements)
+      # Squared gradient norms per group of leaves sharded over the same non-data axes;
+      # `step` sums each group over its axes.
+      grad_sq = [jnp.zeros((), jnp.float32) for _ in self._sq_groups]
+      for g, key in zip(jax.tree.leaves(grads), sq_keys):
+        grad_sq[self._sq_groups.index(key)] += jnp.sum(jnp.square(g.astype(jnp.float32)))
+      measurements = {"loss": loss, "grad_sq": grad_sq, **aux}
+      measurements = jax.tree.map(lambda x: comm.varying(x, out_axes)[None], measurements)
       new_state = TrainState(step=state.step + 1,
                              params=self._stack(new_params, layout.params),
                              opt_state=self._stack(new_opt, layout.opt_state))
@@ -329,17 +343,35 @@ class Trainer:
     out_m = jax.eval_shape(
         jax.shard_map(lambda s, b: step_local(s, b)[1], mesh=self.mesh,
                       in_specs=(specs, self.batch_spec(batch)),
-                      out_specs=P(self.axes)), state, batch)
-    m_specs = jax.tree.map(lambda _: P(self.axes), out_m)
+                      out_specs=P(out_axes)), state, batch)
+    m_specs = jax.tree.map(lambda _: P(out_axes), out_m)
     return jax.jit(jax.shard_map(step_local, mesh=self.mesh,
                                  in_specs=(specs, self.batch_spec(batch)),
                                  out_specs=(specs, m_specs, P())))
 
   def step_fn(self, state, batch) -> Callable:
-    """The jitted step `(state, batch) -> (state, per-worker measurements, bytes sent)`."""
+    """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`."""
     if self._step_fn is None:
       self._step_fn = self._build_step(state, batch)
     return self._step_fn
+
+  def _per_worker(self, per_device) -> dict:
+    """Per-worker measurements from per-device ones: non-data axes taken at index 0 (values
+    are equal there), except gradient squares of sharded leaves, summed over their axes."""
+    extra = self._extra_axes()
+    shape = (self.num_workers, *(self.mesh.shape[a] for a in extra))
+
+    def reduce(x, sum_axes=()):
+      x = x.reshape(shape)
+      for i in reversed(range(len(extra))):
+        x = x.sum(axis=1 + i) if extra[i] in sum_axes else jnp.take(x, 0, axis=1 + i)
+      return x
+
+    per_device = dict(per_device)
+    grad_sq = per_device.pop("grad_sq")
+    norm = jnp.sqrt(sum(reduce(x, key) for x, key in zip(grad_sq, self._sq_groups)))
+    loss = reduce(per_device.pop("loss"))
+    return {"loss": loss, "grad_norm": norm, **jax.tree.map(reduce, per_device)}
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One training step on a global batch; returns the new state and measurements.
@@ -348,7 +380,8 @@ class Trainer:
     `per_worker`), and `wire_bytes` sent by each device in this step.
     """
     self._check_batch(batch)
-    state, per_worker, sent = self.step_fn(state, batch)(state, batch)
+    state, per_device, sent = self.step_fn(state, batch)(state, batch)
+    per_worker = self._per_worker(per_device)
     means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
     return state, {**means, "wire_bytes": sent, "per_worker": per_worker}
 
