@@ -32,6 +32,15 @@ _REDUCE_DTYPE = flags.DEFINE_string("reduce_dtype", None, "dp: dtype gradients t
 _D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
 _HEADS = flags.DEFINE_integer("num_heads", 4, "LM attention heads.")
+_MESH = flags.DEFINE_string("mesh", None, "Mesh axes for the LM, e.g. data=2,fsdp=2,tensor=2 "
+                            "(axes: data, fsdp, tensor; default data=<all devices>).")
+_SP = flags.DEFINE_bool("sequence_parallel", False, "LM: Megatron sequence parallelism.")
+_CM = flags.DEFINE_bool("collective_matmul", False,
+                        "LM with --sequence_parallel: overlap the all-gather with the matmul.")
+_ZERO_CODEC = flags.DEFINE_enum("zero_codec", "none", ["none", "bf16", "int8"],
+                                "zero1/zero2: codec of the gradient reduce-scatter.")
+_ZERO_MEMORY = flags.DEFINE_enum("zero_memory", None, ["ef"],
+                                 "zero1/zero2: error memory of the compressed reduce-scatter.")
 
 
 def config_from_flags():
@@ -51,13 +60,26 @@ def main(argv):
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   from experiments import builders  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm, train  # pylint: disable=import-outside-toplevel
+  from experiments import algos_parallel  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm, parallel, train  # pylint: disable=import-outside-toplevel
 
   cfg = config_from_flags()
-  tx = builders.make_optimizer(cfg)
-  _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-  mesh = train.make_mesh({"data": jax.device_count()})
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=has_aux)
+  cfg.extra.update(zero_codec=_ZERO_CODEC.value, zero_memory=_ZERO_MEMORY.value)
+  mesh = parallel.make_mesh(_MESH.value or {"data": jax.device_count()})
+  layout = parallel.Layout(mesh, sequence_parallel=_SP.value, collective_matmul=_CM.value)
+  if cfg.model == "lm":
+    cfg.extra["layout"] = layout
+  elif set(mesh.axis_names) - set(parallel.BATCH_AXES) or layout.gather_axes:
+    raise ValueError(f"--mesh={_MESH.value} lays out the LM only; use --model=lm.")
+  model, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+  specs = None
+  if cfg.model == "lm":
+    specs = layout.param_specs(model.param_axes(), params)
+    tx = algos_parallel.layout_optimizer(cfg, layout, specs, model.param_regather())
+  else:
+    tx = builders.make_optimizer(cfg)
+  trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
+                          has_aux=has_aux)
   state = trainer.init(params)
   state, history = train.fit(trainer, state, batch_fn, cfg.steps, workdir=_WORKDIR.value,
                              log_every=_LOG_EVERY.value)
@@ -74,8 +96,8 @@ def main(argv):
     os.makedirs(_WORKDIR.value, exist_ok=True)
     with open(os.path.join(_WORKDIR.value, "summary.json"), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=2)
-    print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, {trainer.num_workers} workers, "
-          f"{cfg.steps} steps")
+    print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, mesh {dict(mesh.shape)}, "
+          f"{trainer.num_workers} workers, {cfg.steps} steps")
     print(f"  final loss            {summary['final_loss']:.4f}")
     print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
     print(f"  compression ratio     {summary['compression_ratio']:.2f}x")

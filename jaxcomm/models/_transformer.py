@@ -207,7 +207,8 @@ class TransformerLM(nn.Module):
 
   @nn.compact
   def __call__(self, tokens):
-    layout = self.layout
+    # `init` runs outside shard_map: it builds the whole parameters with the plain model.
+    layout = None if self.is_initializing() else self.layout
     embed, _, head = self._tables()
     t = tokens.shape[1]
     x = _run(layout, embed, _embed_forward, _declare(self, embed, layout), tokens)
