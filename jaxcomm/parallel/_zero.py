@@ -225,7 +225,8 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
 
     def wait(op):
       pending, error, inner_state, counter = op
-      return jnp.zeros_like(g), pending, error, inner_state, counter
+      # Fresh zeros (not zeros_like the local gradient, which would vary per worker).
+      return jnp.zeros(g.shape, g.dtype), pending, error, inner_state, counter
 
     u_vec, pending, error, inner_state, counter = _cond(
         count % k == 0, step, wait, (pending, error, state.inner_state, counter))
