@@ -77,7 +77,7 @@ def logical_to_spec(logical: Sequence[str | None], rules: Rules,
   do not divide stays whole.
 
   >>> logical_to_spec(("embed", "mlp"), DEFAULT_RULES, {"fsdp": 2, "tensor": 4})
-  PartitionSpec('fsdp', 'tensor')
+  P('fsdp', 'tensor')
   """
   table = dict(rules)
   used, entries = set(), []
@@ -137,7 +137,7 @@ def param_specs(logical_axes: Any, rules: Rules, mesh: jax.sharding.Mesh, params
 
   >>> mesh = jax.make_mesh((8,), ("tensor",), axis_types=(jax.sharding.AxisType.Auto,))
   >>> param_specs({"w": ("embed", "mlp")}, DEFAULT_RULES, mesh)
-  {'w': PartitionSpec(None, 'tensor')}
+  {'w': P(None, 'tensor')}
   """
   shape = dict(mesh.shape)
   leaves, treedef = jax.tree.flatten(logical_axes, is_leaf=_is_axes)

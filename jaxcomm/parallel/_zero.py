@@ -122,7 +122,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     Rajbhandari et al., ZeRO: Memory Optimizations Toward Training Trillion Parameter
     Models, arXiv 1910.02054.
 
-  >>> tx = zero(optax.adam(0.1), stage=1, axis_name=None)
+  >>> tx = zero(optax.sgd(0.1), stage=1, axis_name=None)
   >>> params = {"w": jnp.ones(3)}
   >>> state = tx.init(params)
   >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
