@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m experiments.train --workdir=$(WORKDIR)
+	$(PY) -m experiments.compare --workdir=$(WORKDIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --durations=15 tests

@@ -107,4 +107,5 @@ def make_task(cfg: Config):
   return model, models.classifier_loss(model), params, batch_fn, True
 
 
-from experiments import algos_parallel  # pylint: disable=wrong-import-position,unused-import
+from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_parallel  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import

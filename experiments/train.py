@@ -4,10 +4,20 @@ r"""Trains a model with one communication method on a mesh of (emulated) devices
 
 Writes `metrics.jsonl` and `summary.json` into --workdir and prints a summary: final loss,
 wire bytes per step, and the compression ratio against exact data parallelism.
+
+Checkpoints go to --workdir/checkpoints every --checkpoint_every steps and at the end (the
+last --keep are kept); running the same command again resumes from the newest readable one,
+exactly (a different configuration in the same --workdir is refused).
+
+Multi-host: pass --coordinator=host:port --num_processes=N --process_id=i to every process
+(or run under SLURM / Open MPI / a Cloud TPU pod, where JAX reads them from the environment);
+--devices is then the number of emulated CPU devices of each process. On one machine,
+`python -m experiments.launch_local --processes=2 -- <these flags>` starts the processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -32,6 +42,22 @@ _REDUCE_DTYPE = flags.DEFINE_string("reduce_dtype", None, "dp: dtype gradients t
 _D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
 _LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
 _HEADS = flags.DEFINE_integer("num_heads", 4, "LM attention heads.")
+_SKIP_NONFINITE = flags.DEFINE_bool(
+    "skip_nonfinite", False, "Skip steps whose gradient is not finite on any worker.")
+_CHECKPOINT_EVERY = flags.DEFINE_integer(
+    "checkpoint_every", 100, "Save a checkpoint every N steps (0: no checkpoints).")
+_KEEP = flags.DEFINE_integer("keep", 3, "Checkpoints to keep.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator", None, "host:port of process 0 for a multi-process run.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout", 100, "Seconds after which a silent process is declared dead and the "
+    "others abort (multi-process runs).")
+_TOPOLOGY = flags.DEFINE_string("topology", "ring", "dpsgd/choco: gossip graph (ring, torus, "
+                                "exponential, complete, one_peer_exponential).")
+_GOSSIP_CODEC = flags.DEFINE_string("gossip_codec", "bfloat16", "choco: codec of the gossip.")
+_CONSENSUS_STEP = flags.DEFINE_float("consensus_step", 0.5, "choco: consensus step size.")
 _MESH = flags.DEFINE_string("mesh", None, "Mesh axes for the LM, e.g. data=2,fsdp=2,tensor=2 "
                             "(axes: data, fsdp, tensor; default data=<all devices>).")
 _SP = flags.DEFINE_bool("sequence_parallel", False, "LM: Megatron sequence parallelism.")
@@ -51,7 +77,9 @@ def config_from_flags():
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
-      d_ff=4 * _D_MODEL.value)
+      d_ff=4 * _D_MODEL.value,
+      extra={"topology": _TOPOLOGY.value, "gossip_codec": _GOSSIP_CODEC.value,
+             "consensus_step": _CONSENSUS_STEP.value})
 
 
 def main(argv):
@@ -59,12 +87,19 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from experiments import builders  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm, parallel, sync, train  # pylint: disable=import-outside-toplevel
+  # First, before any computation: joins the other processes of a multi-process run.
+  train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                          heartbeat_timeout_s=_HEARTBEAT.value)
   from experiments import algos_parallel  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm, parallel, train  # pylint: disable=import-outside-toplevel
+  from experiments import builders  # pylint: disable=import-outside-toplevel
 
   cfg = config_from_flags()
-  cfg.extra.update(zero_codec=_ZERO_CODEC.value, zero_memory=_ZERO_MEMORY.value)
+  cfg.extra.update(mesh=_MESH.value, sequence_parallel=_SP.value,
+                   collective_matmul=_CM.value, zero_codec=_ZERO_CODEC.value,
+                   zero_memory=_ZERO_MEMORY.value)
+  workdir = _WORKDIR.value
+  _check_same_run(workdir, cfg)
   mesh = parallel.make_mesh(_MESH.value or {"data": jax.device_count()})
   layout = parallel.Layout(mesh, sequence_parallel=_SP.value, collective_matmul=_CM.value)
   if cfg.model == "lm":
@@ -78,29 +113,70 @@ def main(argv):
     tx = algos_parallel.layout_optimizer(cfg, layout, specs, model.param_regather())
   else:
     tx = builders.make_optimizer(cfg)
+  if _SKIP_NONFINITE.value:
+    tx = sync.skip_nonfinite(tx, layout.batch_axes)
   trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
                           has_aux=has_aux)
   state = trainer.init(params)
-  state, history = train.fit(trainer, state, batch_fn, cfg.steps, workdir=_WORKDIR.value,
-                             log_every=_LOG_EVERY.value)
+  checkpointer = None
+  if _CHECKPOINT_EVERY.value:
+    checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                      every=_CHECKPOINT_EVERY.value, keep=_KEEP.value)
+  state, _ = train.fit(trainer, state, batch_fn, cfg.steps, workdir=workdir,
+                       log_every=_LOG_EVERY.value, checkpointer=checkpointer)
+  if checkpointer is not None:
+    checkpointer.close()
+  if jax.process_index() != 0:
+    return
+  # The whole run's record, across resumptions, is metrics.jsonl.
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    last = ([json.loads(line) for line in f if line.strip()] or [{}])[-1]
   dp_bytes = comm.allreduce_bytes(comm.tree_bytes(params), trainer.num_workers)
-  total = history[-1]["total_wire_bytes"] if history else 0
-  per_step = total / max(cfg.steps, 1)
+  steps_done = int(state.step)
+  per_step = last.get("total_wire_bytes", 0) / max(steps_done, 1)
   summary = {
-      "algo": cfg.algo, "model": cfg.model, "dataset": cfg.dataset, "steps": cfg.steps,
-      "workers": trainer.num_workers, "final_loss": history[-1]["loss"] if history else None,
+      "algo": cfg.algo, "model": cfg.model, "dataset": cfg.dataset, "steps": steps_done,
+      "workers": trainer.num_workers, "processes": jax.process_count(),
+      "final_loss": last.get("loss"), "skipped_steps": last.get("skipped_steps", 0),
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
       "compression_ratio": dp_bytes / per_step if per_step else float("inf"),
   }
-  if jax.process_index() == 0:
-    os.makedirs(_WORKDIR.value, exist_ok=True)
-    with open(os.path.join(_WORKDIR.value, "summary.json"), "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=2)
-    print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, mesh {dict(mesh.shape)}, "
-          f"{trainer.num_workers} workers, {cfg.steps} steps")
+  with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=2)
+  print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, mesh {dict(mesh.shape)}, "
+        f"{trainer.num_workers} workers in {jax.process_count()} process(es), "
+        f"{steps_done} steps")
+  if summary["final_loss"] is not None:
     print(f"  final loss            {summary['final_loss']:.4f}")
-    print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
-    print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
+  print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
+  print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
+
+
+def _check_same_run(workdir: str, cfg) -> None:
+  """Refuses to resume a --workdir written with other settings; records them otherwise.
+
+  Every field of the Config counts (method settings in `cfg.extra` included) except the
+  number of steps, which a resumed run may extend.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  settings = dataclasses.asdict(cfg)
+  settings.pop("steps")
+  settings["skip_nonfinite"] = _SKIP_NONFINITE.value
+  settings = json.loads(json.dumps(settings, default=str))  # as it reads back from disk
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    changed = {k: (saved.get(k), settings.get(k)) for k in set(saved) | set(settings)
+               if saved.get(k) != settings.get(k)}
+    if changed:
+      raise ValueError(f"--workdir {workdir} holds a run with other settings "
+                       f"{{setting: (saved, now)}}: {changed}; use another --workdir.")
+  elif jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(settings, f, indent=2)
+    os.replace(path + ".tmp", path)  # the other processes read it whole or not at all
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from jaxcomm import comm
 from jaxcomm import data
 from jaxcomm import models
 from jaxcomm import parallel
+from jaxcomm import sim
 from jaxcomm import sync
 from jaxcomm import train
 
@@ -21,6 +22,7 @@ __all__ = (
     "data",
     "models",
     "parallel",
+    "sim",
     "sync",
     "train",
 )

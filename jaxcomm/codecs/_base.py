@@ -23,6 +23,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from jaxcomm.codecs import _validate
+
 Payload = tuple
 
 
@@ -74,9 +76,7 @@ def cast(dtype: Any = jnp.bfloat16) -> Codec:
   >>> c.payload_bytes(10), c.linear
   (20, True)
   """
-  name = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
-  if name not in _CAST_DTYPES:
-    raise ValueError(f"cast dtype must be one of {sorted(_CAST_DTYPES)}, got {dtype!r}.")
+  name = _validate.cast_dtype(dtype, _CAST_DTYPES)
   dt = jnp.dtype(_CAST_DTYPES[name])
   eps = float(jnp.finfo(dt).eps)
   return Codec(f"cast({name})", encode=lambda x, key: (x.astype(dt),),

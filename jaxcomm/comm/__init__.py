@@ -1,4 +1,5 @@
-"""How it travels: collectives with wire bytes, byte counters, and reading compiled HLO.
+"""How it travels: collectives with wire bytes, byte counters, reading compiled HLO, and the
+latency-bandwidth cost of collectives on a network topology.
 
 This is the only jaxcomm module that calls `jax.lax` collectives.
 """
@@ -22,6 +23,19 @@ from jaxcomm.comm._collectives import tree_bytes
 from jaxcomm.comm._collectives import two_phase_sum
 from jaxcomm.comm._collectives import varying
 from jaxcomm.comm._collectives import varying_axes
+from jaxcomm.comm._cost import ALGORITHMS
+from jaxcomm.comm._cost import CollectiveCost
+from jaxcomm.comm._cost import CommCost
+from jaxcomm.comm._cost import Link
+from jaxcomm.comm._cost import OPS
+from jaxcomm.comm._cost import PRESETS
+from jaxcomm.comm._cost import Topology
+from jaxcomm.comm._cost import algorithm_times
+from jaxcomm.comm._cost import collective_time
+from jaxcomm.comm._cost import cost
+from jaxcomm.comm._cost import preset
+from jaxcomm.comm._cost import topology
+from jaxcomm.comm._cost import wire_bytes_time
 from jaxcomm.comm._counter import add_bytes
 from jaxcomm.comm._counter import counted_bytes
 from jaxcomm.comm._counter import zero_bytes
@@ -33,32 +47,45 @@ from jaxcomm.comm._inspect import inspect
 from jaxcomm.comm._inspect import parse_hlo
 
 __all__ = (
+    "ALGORITHMS",
     "AxisName",
     "Collective",
+    "CollectiveCost",
     "CollectiveReport",
+    "CommCost",
+    "Link",
+    "OPS",
+    "PRESETS",
+    "Topology",
     "add_bytes",
     "all_gather",
     "all_gather_bytes",
     "all_to_all",
+    "algorithm_times",
     "all_to_all_bytes",
     "allreduce_bytes",
     "axis_size",
+    "collective_time",
     "compiled_text",
+    "cost",
     "from_bits",
     "counted_bytes",
     "inspect",
     "mean",
     "parse_hlo",
     "ppermute",
+    "preset",
     "reduce_scatter",
     "reduce_scatter_bytes",
     "reduce_scatter_encoded",
     "shift",
     "sum",
     "to_bits",
+    "topology",
     "tree_bytes",
     "two_phase_sum",
     "varying",
     "varying_axes",
+    "wire_bytes_time",
     "zero_bytes",
 )

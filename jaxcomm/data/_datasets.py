@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxcomm.data import _validate
+
 DATASETS = ("digits", "pydoc", "stdlib", "text:<path>")
 
 
@@ -28,9 +30,6 @@ def _rng(seed: int, step: int) -> np.random.Generator:
 
 
 def _process_share(batch: dict, global_batch: int, process_index: int, process_count: int):
-  if global_batch % process_count:
-    raise ValueError(f"batch_size ({global_batch}) must be divisible by the number of "
-                     f"processes ({process_count}).")
   n = global_batch // process_count
   return {k: v[process_index * n:(process_index + 1) * n] for k, v in batch.items()}
 
@@ -45,8 +44,7 @@ class ArrayDataset:
 
   def split(self, test_fraction: float = 0.2, seed: int = 0):
     """Deterministic (train, test) split."""
-    if not 0 < test_fraction < 1:
-      raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
+    _validate.test_fraction(test_fraction)
     order = np.random.default_rng(seed).permutation(len(self.y))
     n_test = int(round(len(self.y) * test_fraction))
     pick = lambda idx, tag: ArrayDataset(f"{self.name}/{tag}", self.x[idx], self.y[idx],
@@ -56,6 +54,7 @@ class ArrayDataset:
   def batch(self, step: int, batch_size: int, *, seed: int = 0, process_index: int = 0,
             process_count: int = 1) -> dict:
     """Global batch number `step` (sampled with replacement), this process's share."""
+    _validate.batch_args(step, batch_size, seed, process_index, process_count)
     idx = _rng(seed, step).integers(0, len(self.y), size=batch_size)
     return _process_share({"x": self.x[idx], "y": self.y[idx]}, batch_size,
                           process_index, process_count)
@@ -74,8 +73,7 @@ class TextDataset:
   def split(self, test_fraction: float = 0.1, seed: int = 0):
     """(train, test): the last `test_fraction` of the bytes is held out."""
     del seed
-    if not 0 < test_fraction < 1:
-      raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
+    _validate.test_fraction(test_fraction)
     cut = int(len(self.data) * (1 - test_fraction))
     return (TextDataset(f"{self.name}/train", self.data[:cut]),
             TextDataset(f"{self.name}/test", self.data[cut:]))
@@ -83,8 +81,8 @@ class TextDataset:
   def batch(self, step: int, batch_size: int, *, seq_len: int = 64, seed: int = 0,
             process_index: int = 0, process_count: int = 1) -> dict:
     """Global batch `step`: `tokens` i32[B, seq_len + 1] from random offsets."""
-    if seq_len < 1 or seq_len + 1 > len(self.data):
-      raise ValueError(f"seq_len must be in [1, {len(self.data) - 1}], got {seq_len}.")
+    _validate.batch_args(step, batch_size, seed, process_index, process_count)
+    _validate.seq_len(seq_len, len(self.data))
     starts = _rng(seed, step).integers(0, len(self.data) - seq_len - 1, size=batch_size)
     tokens = self.data[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
     return _process_share({"tokens": tokens}, batch_size, process_index, process_count)
@@ -126,12 +124,10 @@ def stdlib_text(max_bytes: int = 8 << 20) -> TextDataset:
 
 def text_file(path: str) -> TextDataset:
   """A user's text file, byte level."""
-  if not os.path.isfile(path):
-    raise ValueError(f"text file {path!r} does not exist.")
+  _validate.text_path(path)
   with open(path, "rb") as fh:
     data = np.frombuffer(fh.read(), np.uint8)
-  if len(data) < 2:
-    raise ValueError(f"text file {path!r} is too short to train on.")
+  _validate.text_length(path, len(data))
   return TextDataset(os.path.basename(path), data)
 
 
@@ -141,12 +137,11 @@ def load(name: str) -> Any:
   >>> load("digits").x.shape
   (1797, 64)
   """
+  _validate.dataset_name(name, DATASETS)
   if name == "digits":
     return digits()
   if name == "pydoc":
     return pydoc_text()
   if name == "stdlib":
     return stdlib_text()
-  if isinstance(name, str) and name.startswith("text:"):
-    return text_file(name[len("text:"):])
-  raise ValueError(f"dataset {name!r} does not exist; allowed: {', '.join(DATASETS)}.")
+  return text_file(name[len("text:"):])

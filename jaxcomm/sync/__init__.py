@@ -1,9 +1,45 @@
 """Every-step gradient synchronisation as optax transforms."""
 
+from jaxcomm.sync._gossip import ChocoState
+from jaxcomm.sync._gossip import DpsgdState
+from jaxcomm.sync._gossip import choco
+from jaxcomm.sync._gossip import consensus_distance
+from jaxcomm.sync._gossip import dpsgd
+from jaxcomm.sync._gossip import gossip
+from jaxcomm.sync._gossip import stacked_consensus_distance
+from jaxcomm.sync._gradient_coding import FractionalRepetition
+from jaxcomm.sync._gradient_coding import GradientCodingState
+from jaxcomm.sync._gradient_coding import decode_gradient
+from jaxcomm.sync._gradient_coding import fractional_repetition
+from jaxcomm.sync._gradient_coding import gradient_coding
 from jaxcomm.sync._mean import MeanState
 from jaxcomm.sync._mean import mean
+from jaxcomm.sync._skip import SkipNonfiniteState
+from jaxcomm.sync._skip import skip_nonfinite
+from jaxcomm.sync._skip import skipped_steps
+from jaxcomm.sync._topology import GRAPHS
+from jaxcomm.sync._topology import GossipGraph
+from jaxcomm.sync._topology import gossip_graph
 
 __all__ = (
+    "ChocoState",
+    "DpsgdState",
+    "FractionalRepetition",
+    "GRAPHS",
+    "GossipGraph",
+    "GradientCodingState",
     "MeanState",
+    "SkipNonfiniteState",
+    "choco",
+    "consensus_distance",
+    "decode_gradient",
+    "dpsgd",
+    "fractional_repetition",
+    "gossip",
+    "gossip_graph",
+    "gradient_coding",
     "mean",
+    "skip_nonfinite",
+    "skipped_steps",
+    "stacked_consensus_distance",
 )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from jaxcomm import comm
+from jaxcomm.sync import _validate
 
 
 class MeanState(NamedTuple):
@@ -34,10 +34,8 @@ def mean(axis_name: comm.AxisName = "data", dtype: Any = None) -> optax.Gradient
   >>> updates["w"]
   Array([-0.1, -0.1, -0.1], dtype=float32)
   """
-  if dtype is not None:
-    dtype = jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-      raise ValueError(f"dtype must be a floating dtype (e.g. bfloat16, float32), got {dtype}.")
+  axis_name = _validate.axis_name(axis_name)
+  dtype = _validate.wire_dtype(dtype)
 
   def init_fn(params):
     del params

@@ -1,5 +1,8 @@
-"""Train state, the shard_map step builder, and the training loop."""
+"""Train state, the shard_map step builder, the training loop, checkpoints, multi-host start."""
 
+from jaxcomm.train._checkpoint import Checkpointer
+from jaxcomm.train._distributed import multi_process_environment
+from jaxcomm.train._distributed import start_distributed
 from jaxcomm.train._loop import fit
 from jaxcomm.train._step import StateLayout
 from jaxcomm.train._step import TrainState
@@ -7,9 +10,12 @@ from jaxcomm.train._step import Trainer
 from jaxcomm.train._step import make_mesh
 
 __all__ = (
+    "Checkpointer",
     "StateLayout",
     "TrainState",
     "Trainer",
     "fit",
     "make_mesh",
+    "multi_process_environment",
+    "start_distributed",
 )

@@ -1,8 +1,9 @@
-"""The training loop: steps, a progress line, and JSONL metrics in the workdir."""
+"""The training loop: steps, a progress line, JSONL metrics in the workdir, checkpoints."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -11,7 +12,11 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxcomm.train import _validate
+from jaxcomm.train._checkpoint import Checkpointer
 from jaxcomm.train._step import Trainer, TrainState
+
+logger = logging.getLogger(__name__)
 
 
 def _scalar(x) -> float:
@@ -20,7 +25,8 @@ def _scalar(x) -> float:
 
 def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], steps: int, *,
         workdir: str | None = None, log_every: int = 10, progress: bool = True,
-        eval_fn: Callable[[TrainState], dict] | None = None) -> tuple[TrainState, list]:
+        eval_fn: Callable[[TrainState], dict] | None = None,
+        checkpointer: Checkpointer | None = None) -> tuple[TrainState, list]:
   """Runs `steps` training steps from `state.step`.
 
   Args:
@@ -32,20 +38,25 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     log_every: record metrics every this many steps (and at the last step).
     progress: print a progress line on stderr.
     eval_fn: optional `state -> dict` of extra metrics computed at each log step.
+    checkpointer: optional `Checkpointer`. The run first resumes from its newest readable
+      checkpoint (if there is one, `state` only gives the structure and the metrics logged
+      after that checkpoint are dropped from `metrics.jsonl`), then saves every
+      `checkpointer.every` steps and at the end. On a multi-host run it also saves and
+      returns early when JAX's preemption notice arrives (the returned step is then < steps).
 
   Returns:
     `(state, history)`: history is a list of metric dicts, one per logged step, with `step`,
     `loss`, `grad_norm`, `wire_bytes` (this step), `total_wire_bytes` and `time`.
   """
-  if steps < 0:
-    raise ValueError(f"steps must be >= 0, got {steps}.")
-  if log_every < 1:
-    raise ValueError(f"log_every must be >= 1, got {log_every}.")
+  _validate.fit_args(steps, log_every)
+  total_bytes = 0
+  if checkpointer is not None:
+    state, total_bytes = _resume(checkpointer, trainer, state, workdir, progress)
   writer = None
   if workdir is not None and jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     writer = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-  history, total_bytes, start = [], 0, time.perf_counter()
+  history, start = [], time.perf_counter()
   first = int(np.asarray(state.step))
   try:
     for t in range(first, steps):
@@ -67,9 +78,46 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
           bar = "#" * int(30 * done)
           print(f"\r[{bar:<30}] step {t + 1}/{steps} loss {row['loss']:.4f} "
                 f"bytes/step {sent:,}", end="", file=sys.stderr, flush=True)
+      if checkpointer is not None:
+        checkpointer.save(state, info={"total_wire_bytes": total_bytes})
+        if checkpointer.reached_preemption(t + 1):
+          logger.warning("preempted: saved a checkpoint at step %d and stopped.", t + 1)
+          break
+    else:
+      if checkpointer is not None:
+        checkpointer.save(state, force=True, info={"total_wire_bytes": total_bytes})
   finally:
     if writer:
       writer.close()
+    if checkpointer is not None:
+      checkpointer.wait()
     if progress and jax.process_index() == 0 and steps > first:
       print(file=sys.stderr)
   return state, history
+
+
+def _resume(checkpointer: Checkpointer, trainer: Trainer, state: TrainState,
+            workdir: str | None, progress: bool) -> tuple[TrainState, int]:
+  """The newest checkpoint's state and byte total (or `state`, 0); trims later metrics."""
+  restored = checkpointer.restore(trainer, state)
+  if restored is None:
+    return state, 0
+  state, info = restored
+  step = int(np.asarray(state.step))
+  if workdir is not None and jax.process_index() == 0:
+    _drop_metrics_after(os.path.join(workdir, "metrics.jsonl"), step)
+  if progress and jax.process_index() == 0:
+    print(f"resumed from the checkpoint at step {step} in {checkpointer.directory}",
+          file=sys.stderr, flush=True)
+  return state, int(info.get("total_wire_bytes", 0))
+
+
+def _drop_metrics_after(path: str, step: int) -> None:
+  """Rows logged after the checkpoint are logged again by the resumed run: drop them."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.writelines(rows)
+  os.replace(path + ".tmp", path)

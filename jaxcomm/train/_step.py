@@ -22,12 +22,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm
+from jaxcomm import sync
+from jaxcomm.train import _validate
 
 
 class TrainState(NamedTuple):
@@ -47,17 +48,8 @@ def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = No
   >>> dict(make_mesh({"data": 4, "tensor": 2}).shape)
   {'data': 4, 'tensor': 2}
   """
-  if isinstance(shape, dict):
-    axis_names, shape = tuple(shape), tuple(shape.values())
-  shape, axis_names = tuple(shape), tuple(axis_names or ())
-  if len(shape) != len(axis_names):
-    raise ValueError(f"shape {shape} and axis_names {axis_names} must have the same length.")
-  if any(int(s) < 1 for s in shape):
-    raise ValueError(f"mesh axis sizes must be >= 1, got {dict(zip(axis_names, shape))}.")
   n = len(devices) if devices is not None else jax.device_count()
-  if math.prod(shape) != n:
-    raise ValueError(f"mesh axis sizes {dict(zip(axis_names, shape))} multiply to "
-                     f"{math.prod(shape)}, but there are {n} devices.")
+  shape, axis_names = _validate.mesh_shape(shape, axis_names, n)
   return jax.make_mesh(shape, axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
                        devices=devices)
 
@@ -109,14 +101,8 @@ class Trainer:
   def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
                param_specs: Any = None, has_aux: bool = False):
-    axes = _axes(axis_name)
-    if not axes:
-      raise ValueError("axis_name must name at least one mesh axis; for one device use a "
-                       "mesh of size 1 or call the transform directly.")
-    unknown = [a for a in axes if a not in mesh.axis_names]
-    if unknown:
-      raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
-                       f"{tuple(mesh.axis_names)}.")
+    axes = _validate.trainer_axes(axis_name, mesh)
+    _validate.trainer_args(loss_fn, optimizer)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
     self.axes = axes
     self.axis_name = axes[0] if len(axes) == 1 else axes
@@ -298,11 +284,7 @@ class Trainer:
     return jax.tree.map(lambda _: P(self.axes), batch)
 
   def _check_batch(self, batch):
-    for x in jax.tree.leaves(batch):
-      n = np.shape(x)[0] if np.ndim(x) else None
-      if n is None or n % self.num_workers:
-        raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
-                         f"size {self.num_workers} (axis_name={self.axis_name!r}).")
+    _validate.batch(batch, self.num_workers, self.axis_name)
 
   def _extra_axes(self) -> tuple:
     return tuple(a for a in self.mesh.axis_names if a not in self.axes)
@@ -328,12 +310,16 @@ class Trainer:
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
-      # Squared gradient norms per group of leaves sharded over the same non-data axes;
-      # `step` sums each group over its axes.
-      grad_sq = [jnp.zeros((), jnp.float32) for _ in self._sq_groups]
-      for g, key in zip(jax.tree.leaves(grads), sq_keys):
-        grad_sq[self._sq_groups.index(key)] += jnp.sum(jnp.square(g.astype(jnp.float32)))
-      measurements = {"loss": loss, "grad_sq": grad_sq, **aux}
+      if self._sq_groups == [()]:
+        measurements = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+      else:  # Squared norms per group of leaves sharded over the same non-data axes:
+        grad_sq = [jnp.zeros((), jnp.float32) for _ in self._sq_groups]  # summed in `step`
+        for g, key in zip(jax.tree.leaves(grads), sq_keys):
+          grad_sq[self._sq_groups.index(key)] += jnp.sum(jnp.square(g.astype(jnp.float32)))
+        measurements = {"loss": loss, "grad_sq": grad_sq, **aux}
+      skipped = sync.skipped_steps(new_opt)
+      if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
+        measurements["skipped_steps"] = skipped
       measurements = jax.tree.map(lambda x: comm.varying(x, out_axes)[None], measurements)
       new_state = TrainState(step=state.step + 1,
                              params=self._stack(new_params, layout.params),
@@ -368,16 +354,17 @@ class Trainer:
       return x
 
     per_device = dict(per_device)
-    grad_sq = per_device.pop("grad_sq")
-    norm = jnp.sqrt(sum(reduce(x, key) for x, key in zip(grad_sq, self._sq_groups)))
-    loss = reduce(per_device.pop("loss"))
-    return {"loss": loss, "grad_norm": norm, **jax.tree.map(reduce, per_device)}
+    if "grad_sq" in per_device:
+      per_device["grad_norm"] = jnp.sqrt(sum(
+          reduce(x, key) for x, key in zip(per_device.pop("grad_sq"), self._sq_groups)))
+    return jax.tree.map(reduce, per_device)
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One training step on a global batch; returns the new state and measurements.
 
     Measurements: `loss` and `grad_norm` (means over workers; per-worker values under
-    `per_worker`), and `wire_bytes` sent by each device in this step.
+    `per_worker`), `wire_bytes` sent by each device in this step, and `skipped_steps` (the
+    steps skipped so far) when the transform contains `sync.skip_nonfinite`.
     """
     self._check_batch(batch)
     state, per_device, sent = self.step_fn(state, batch)(state, batch)

@@ -1,0 +1,48 @@
+"""The checks behind the datasets' public functions (built on `jaxcomm._validate`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from jaxcomm import _validate as v
+
+
+def dataset_name(name: Any, known: Sequence[str]) -> str:
+  """A dataset `load` knows: one of `known` or 'text:<path>'."""
+  if isinstance(name, str) and (name in known or name.startswith("text:")):
+    return name
+  raise ValueError(f"dataset {name!r} does not exist; allowed: {', '.join(known)}.")
+
+
+def test_fraction(value: Any) -> float:
+  return v.number("test_fraction", value, low=0, high=1, low_open=True, high_open=True)
+
+
+def seq_len(value: Any, num_tokens: int) -> int:
+  """A sequence length that fits the corpus (a window of seq_len + 1 tokens)."""
+  return v.integer("seq_len", value, low=1, high=num_tokens - 1)
+
+
+def batch_args(step: Any, batch_size: Any, seed: Any, process_index: Any,
+               process_count: Any) -> None:
+  """A global batch (step, size, seed) and this process's share of it."""
+  v.integer("step", step, low=0)
+  v.integer("seed", seed, low=0)
+  batch_size = v.integer("batch_size", batch_size, low=1)
+  process_count = v.integer("process_count", process_count, low=1)
+  process_index = v.integer("process_index", process_index, low=0, high=process_count - 1)
+  if batch_size % process_count:
+    raise ValueError(f"batch_size ({batch_size}) must be divisible by the number of "
+                     f"processes ({process_count}).")
+
+
+def text_path(path: Any) -> str:
+  if not isinstance(path, str) or not os.path.isfile(path):
+    raise ValueError(f"text file {path!r} does not exist.")
+  return path
+
+
+def text_length(path: str, num_bytes: int) -> None:
+  if num_bytes < 2:
+    raise ValueError(f"text file {path!r} is too short to train on.")

@@ -1,0 +1,59 @@
+"""Simulated time: the wall clock of a run (measured or modelled compute plus exposed
+communication on a network topology, `jaxcomm.comm.cost`), time to a target loss from
+recorded runs, and heterogeneous workers, stragglers and pipeline staleness."""
+
+from jaxcomm.sim._async import METHODS
+from jaxcomm.sim._async import Method
+from jaxcomm.sim._async import SimResult
+from jaxcomm.sim._async import asynchronous_sgd
+from jaxcomm.sim._async import mindflayer_sgd
+from jaxcomm.sim._async import rennala_sgd
+from jaxcomm.sim._async import simulate_workers
+from jaxcomm.sim._async import synchronous_sgd
+from jaxcomm.sim._clock import OVERLAP_STEPS
+from jaxcomm.sim._clock import Timeline
+from jaxcomm.sim._clock import comm_seconds_per_step
+from jaxcomm.sim._clock import overlap_steps
+from jaxcomm.sim._clock import simulate
+from jaxcomm.sim._compute import measure_seconds
+from jaxcomm.sim._compute import seconds_from_flops
+from jaxcomm.sim._compute import step_flops
+from jaxcomm.sim._pipemare import PipeMareResult
+from jaxcomm.sim._pipemare import PipeMareState
+from jaxcomm.sim._pipemare import pipeline_delays
+from jaxcomm.sim._pipemare import pipemare_sgd
+from jaxcomm.sim._target import smooth
+from jaxcomm.sim._target import time_to_target
+from jaxcomm.sim._workers import ComputeModel
+from jaxcomm.sim._workers import fixed
+from jaxcomm.sim._workers import heavy_tailed
+from jaxcomm.sim._workers import lognormal
+
+__all__ = (
+    "ComputeModel",
+    "METHODS",
+    "Method",
+    "OVERLAP_STEPS",
+    "PipeMareResult",
+    "PipeMareState",
+    "SimResult",
+    "Timeline",
+    "asynchronous_sgd",
+    "comm_seconds_per_step",
+    "fixed",
+    "heavy_tailed",
+    "lognormal",
+    "measure_seconds",
+    "mindflayer_sgd",
+    "overlap_steps",
+    "pipeline_delays",
+    "pipemare_sgd",
+    "rennala_sgd",
+    "seconds_from_flops",
+    "simulate",
+    "simulate_workers",
+    "smooth",
+    "step_flops",
+    "synchronous_sgd",
+    "time_to_target",
+)

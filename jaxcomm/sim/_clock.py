@@ -1,0 +1,178 @@
+"""A run's simulated wall clock: compute per step plus the communication it cannot hide.
+
+The simulation is a two-resource timeline. Each worker computes its steps one after another
+(forward, backward and the optimiser step, `compute_seconds[t]`), and the network carries
+one communication at a time (`comm_seconds[t]`, what step t sends, e.g. from `comm.cost`).
+Step t's communication starts when its compute has ended and the network is free. A
+schedule that overlaps communication with computation is described by how many later steps
+may compute before they need it: with `overlap_steps = k`, the compute of step t + k + 1
+waits for the communication of step t.
+
+* k = 0: synchronous (exact data parallelism, compressed methods, DiLoCo's outer sync):
+  the next step starts when the all-reduce has finished. This ignores the partial overlap
+  of bucketed all-reduces with the backward pass (PyTorch DDP), so it is the conservative
+  bound for those.
+* k = 1: one-step delayed updates and ACCO: step t's gradients travel while step t + 1
+  computes.
+* k = tau: Streaming DiLoCo's overlapped outer sync, applied tau inner steps after it was
+  sent (arXiv 2501.18512).
+
+A step is done when its compute and its own communication are both done; the run is done
+when the last step is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxcomm import comm
+
+# How many later steps may compute while a method's communication is in flight, as each
+# method's design allows (module docstring). Methods not listed are synchronous (0).
+OVERLAP_STEPS = {
+    "delayed": 1,       # one-step delayed update (DPU): apply step t's mean at t + 1
+    "acco": 1,          # ACCO, arXiv 2406.02613: the next micro-batches accumulate meanwhile
+    "dreamddp": 1,      # DreamDDP, arXiv 2502.11058: each layer's sync overlaps the next step
+    "streaming_diloco": None,  # tau: the fragment is merged tau inner steps after it is sent
+}
+
+
+def overlap_steps(method: str, tau: int | None = None) -> int:
+  """How many later steps compute while `method`'s communication is in flight.
+
+  Args:
+    method: a method name (experiments/builders.py registry names); unlisted methods are
+      synchronous and get 0.
+    tau: Streaming DiLoCo's overlap (inner steps between sending a fragment and merging it);
+      required for "streaming_diloco", ignored otherwise.
+
+  >>> overlap_steps("dp"), overlap_steps("acco"), overlap_steps("streaming_diloco", tau=5)
+  (0, 1, 5)
+  """
+  if method not in OVERLAP_STEPS:
+    return 0
+  if OVERLAP_STEPS[method] is None:
+    if tau is None or isinstance(tau, bool) or int(tau) != tau or tau < 0:
+      raise ValueError(f"tau must be an integer >= 0 for method {method!r}, got {tau!r}.")
+    return int(tau)
+  return OVERLAP_STEPS[method]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+  """When each step's compute and communication end (seconds from the start)."""
+  compute_end: np.ndarray   # f64[T]
+  comm_end: np.ndarray      # f64[T]: equals compute_end for a step that sends nothing
+  compute_seconds: np.ndarray  # f64[T]
+  comm_seconds: np.ndarray     # f64[T]
+
+  @property
+  def done(self) -> np.ndarray:
+    """f64[T]: when step t's compute and its communication have both ended."""
+    return np.maximum(self.compute_end, self.comm_end)
+
+  @property
+  def total(self) -> float:
+    """Seconds until every step, and everything it sent, is done."""
+    return float(self.done.max()) if len(self.done) else 0.0
+
+  @property
+  def exposed_comm(self) -> float:
+    """Seconds of the run spent waiting for the network (total minus compute)."""
+    return self.total - float(self.compute_seconds.sum())
+
+
+def _per_step(values: Any, steps: int | None, name: str) -> np.ndarray:
+  arr = np.asarray(values, dtype=np.float64)
+  if arr.ndim == 0:
+    if steps is None:
+      raise ValueError(f"{name} is a scalar: give comm_seconds per step to set the length.")
+    arr = np.full(steps, float(arr))
+  if arr.ndim != 1:
+    raise ValueError(f"{name} must be a number or a 1-D sequence per step, got shape "
+                     f"{arr.shape}.")
+  if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+    raise ValueError(f"{name} must be finite and >= 0 seconds.")
+  return arr
+
+
+def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
+             overlap_steps: int = 0) -> Timeline:  # pylint: disable=redefined-outer-name
+  """Simulated timeline of a run (see the module docstring for the model).
+
+  Args:
+    compute_seconds: seconds of compute per step (a number, or one per step).
+    comm_seconds: seconds of communication each step starts (0 for a step that sends
+      nothing), e.g. from `comm_seconds_per_step`.
+    overlap_steps: later steps that may compute while a step's communication is in flight
+      (0 synchronous; see `overlap_steps()`).
+
+  Returns:
+    A `Timeline`.
+
+  >>> t = simulate(0.1, [0.3, 0.3, 0.3])  # synchronous: (0.1 + 0.3) per step
+  >>> t.done.round(6).tolist()
+  [0.4, 0.8, 1.2]
+  >>> round(simulate(0.1, [0.05] * 3, overlap_steps=1).total, 6)  # hidden but the last
+  0.35
+  """
+  comm_s = _per_step(comm_seconds, None, "comm_seconds")
+  compute_s = _per_step(compute_seconds, len(comm_s), "compute_seconds")
+  if len(compute_s) != len(comm_s):
+    raise ValueError(f"compute_seconds has {len(compute_s)} steps but comm_seconds has "
+                     f"{len(comm_s)}.")
+  k = overlap_steps
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+    raise ValueError(f"overlap_steps must be an integer >= 0, got {k!r}.")
+  steps = len(comm_s)
+  compute_end, comm_end = np.zeros(steps), np.zeros(steps)
+  free = 0.0      # when the network is next free
+  previous = 0.0  # when the previous step's compute ended
+  for t in range(steps):
+    needs = comm_end[t - k - 1] if t - k - 1 >= 0 else 0.0
+    compute_end[t] = max(previous, needs) + compute_s[t]
+    previous = compute_end[t]
+    if comm_s[t] > 0:
+      free = max(free, compute_end[t]) + comm_s[t]
+      comm_end[t] = free
+    else:
+      comm_end[t] = compute_end[t]
+  return Timeline(compute_end, comm_end, compute_s, comm_s)
+
+
+def comm_seconds_per_step(step_bytes: Sequence[float], comm_cost: comm.CommCost) -> np.ndarray:
+  """Each step's communication seconds from the bytes it counted and a compiled step's cost.
+
+  Collectives outside conditionals run every step and are charged in full. Collectives in
+  conditional branches (a sync every H steps, a fragment of Streaming DiLoCo) are charged
+  in proportion to the bytes the step sent beyond the every-step ones: a step that sends
+  nothing extra pays none of them, a sync step pays all. With several branches that send
+  different fragments, the bandwidth term stays exact and the latency term is shared out
+  in proportion to bytes.
+
+  Args:
+    step_bytes: per-device wire bytes counted in state at each step (the Trainer's
+      `wire_bytes` measurement).
+    comm_cost: `comm.cost(comm.inspect(step_fn, state, batch), topology)`.
+
+  Returns:
+    f64[T] seconds.
+  """
+  step_bytes = np.asarray(step_bytes, dtype=np.float64)
+  if step_bytes.ndim != 1 or not np.all(np.isfinite(step_bytes)) or np.any(step_bytes < 0):
+    raise ValueError("step_bytes must be a 1-D sequence of finite byte counts >= 0.")
+  if not isinstance(comm_cost, comm.CommCost):
+    raise ValueError(f"comm_cost must be a comm.CommCost (from comm.cost), got {comm_cost!r}.")
+  every = comm_cost.seconds(conditional=False)
+  every_bytes = comm_cost.wire_bytes(conditional=False)
+  branch, branch_bytes = comm_cost.seconds(conditional=True), comm_cost.wire_bytes(
+      conditional=True)
+  if branch_bytes == 0:
+    return np.full(len(step_bytes), every)
+  # Counters round each addition to whole bytes: ignore differences below one byte each.
+  extra = np.clip(step_bytes - every_bytes, 0.0, None)
+  extra = np.where(extra < len(comm_cost), 0.0, extra)
+  return every + branch * extra / branch_bytes

@@ -1,0 +1,75 @@
+r"""experiments/train.py with the fault tests' methods registered and a kill switch.
+
+  python tests/fault_runner.py --algo=toy_ef --steps=12 --workdir=... --kill_at=7
+  python tests/fault_runner.py --algos=dp,toy_ef --steps=12 --workdir=...
+
+Runs `experiments.train.main` unchanged (so the tests exercise the real program: flags,
+resume from --workdir, multi-host start-up, checkpoints) after registering the methods of
+`faults.py`. --algos runs several methods one after the other in one process (one
+start-up, one set of processes), each in --workdir/<algo>. With --kill_at=T, process --kill_process sends itself SIGKILL when it is
+about to take step T, once a checkpoint of an earlier step is complete on disk (a kill
+"after a checkpoint"; the save of a later one may still be in flight, which must not
+matter).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                os.path.dirname(os.path.abspath(__file__))]
+
+from absl import app  # pylint: disable=wrong-import-position
+from absl import flags  # pylint: disable=wrong-import-position
+
+import faults  # pylint: disable=wrong-import-position,unused-import
+from experiments import builders  # pylint: disable=wrong-import-position
+from experiments import train  # pylint: disable=wrong-import-position
+
+_KILL_AT = flags.DEFINE_integer("kill_at", -1, "SIGKILL this process before step N.")
+_KILL_PROCESS = flags.DEFINE_integer("kill_process", 0, "Which process --kill_at kills.")
+_ALGOS = flags.DEFINE_list("algos", None, "Run these methods in turn, each in workdir/<algo>.")
+
+
+def _complete_checkpoint(directory: str) -> bool:
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def _with_kill_switch(make_task):
+  def make_task_killing(cfg):
+    import jax  # pylint: disable=import-outside-toplevel
+    model, loss, params, batch_fn, has_aux = make_task(cfg)
+    checkpoints = os.path.join(flags.FLAGS.workdir, "checkpoints")
+
+    def batch_fn_killing(step):
+      if step == _KILL_AT.value and jax.process_index() == _KILL_PROCESS.value:
+        deadline = time.monotonic() + (60 if flags.FLAGS.checkpoint_every else 0)
+        while not _complete_checkpoint(checkpoints) and time.monotonic() < deadline:
+          time.sleep(0.05)
+        print(f"fault_runner: SIGKILL at step {step}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+      return batch_fn(step)
+
+    return model, loss, params, batch_fn_killing, has_aux
+
+  return make_task_killing
+
+
+def main(argv):
+  if not _ALGOS.value:
+    return train.main(argv)
+  base = flags.FLAGS.workdir
+  for i, algo in enumerate(_ALGOS.value):
+    flags.FLAGS.algo, flags.FLAGS.workdir = algo, os.path.join(base, algo)
+    if i:  # The device count is set once, before JAX starts its backend.
+      flags.FLAGS.devices = 0
+    train.main(argv)
+  return None
+
+
+if __name__ == "__main__":
+  builders.make_task = _with_kill_switch(builders.make_task)
+  app.run(main)
