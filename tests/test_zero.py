@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from experiments.algos_parallel import int8_codec
@@ -290,3 +292,55 @@ def test_zero_bad_input():
     parallel.zero(inner, 1, accumulate_steps=0)
   with pytest.raises(ValueError, match="codec"):
     parallel.zero(inner, 1, codec="bf16")
+
+
+# ------------------------------------------------ property: builds and works, or ValueError
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.floats(allow_nan=True),
+                 st.text(max_size=3), st.just(()), st.just(print))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(stage=st.one_of(st.sampled_from([1, 2, 3]), JUNK),
+       axis_name=st.one_of(st.sampled_from([None, "data"]), JUNK),
+       codec=st.one_of(st.sampled_from([None, codecs.cast("bfloat16")]), JUNK),
+       memory=st.one_of(st.sampled_from([None, "ef"]), JUNK),
+       accumulate_steps=st.one_of(st.integers(1, 2), JUNK))
+@example(stage=1, axis_name="data", codec=codecs.cast("bfloat16"), memory="ef",
+         accumulate_steps=2)
+@example(stage=3, axis_name="data", codec=None, memory=None, accumulate_steps=1)
+def test_zero_builds_and_runs_or_raises_value_error(mesh8, stage, axis_name, codec, memory,
+                                                    accumulate_steps):
+  params = {"w": jnp.arange(8.0), "b": jnp.ones(())}
+  specs = {"w": P("data"), "b": P()}
+  try:
+    tx = parallel.zero(optax.sgd(0.1), stage, axis_name, codec, memory, param_specs=specs,
+                       accumulate_steps=accumulate_steps)
+  except ValueError:
+    return
+
+  def update(p):
+    return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+
+  if axis_name is None:
+    out = update(params)
+  else:
+    in_specs = (specs,) if stage == 3 else (P(),)
+    out = jax.jit(jax.shard_map(update, mesh=mesh8, in_specs=in_specs,
+                                out_specs=in_specs[0]))(params)
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(shape=st.one_of(st.sampled_from(["data=8", "data=2,fsdp=2,tensor=2", {"tensor": 8}]),
+                       st.dictionaries(st.sampled_from(["data", "tensor", "x"]),
+                                       st.integers(0, 8), max_size=2), JUNK),
+       rules=st.one_of(st.sampled_from([None, {"embed": "tensor"}, (("mlp", ("data",)),)]),
+                       st.dictionaries(st.text(max_size=3), JUNK, max_size=2), JUNK),
+       sp=st.one_of(st.booleans(), JUNK))
+def test_layout_builds_or_raises_value_error(shape, rules, sp):
+  try:
+    layout = parallel.Layout(parallel.make_mesh(shape), rules=rules, sequence_parallel=sp)
+  except ValueError:
+    return
+  assert layout.spec(("batch",)) is not None

@@ -10,6 +10,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm.parallel import _rules
+from jaxcomm.parallel import _validate
 from jaxcomm.parallel._mesh import BATCH_AXES
 
 
@@ -42,6 +43,9 @@ class Layout:
   collective_matmul: bool = False
 
   def __post_init__(self):
+    _validate.mesh(self.mesh)
+    _validate.flag("sequence_parallel", self.sequence_parallel)
+    _validate.flag("collective_matmul", self.collective_matmul)
     object.__setattr__(self, "rules", _rules.make_rules(self.rules))
     if self.sequence_parallel and self.tensor_axis is None:
       raise ValueError("sequence_parallel needs a mesh with a 'tensor' axis of size > 1; "

@@ -24,6 +24,8 @@ def parse_mesh(text: str) -> dict:
   >>> parse_mesh("data=4,tensor=2")
   {'data': 4, 'tensor': 2}
   """
+  if not isinstance(text, str):
+    raise ValueError(f"mesh must be text like 'data=2,tensor=4', got {text!r}.")
   shape = {}
   for part in filter(None, (p.strip() for p in text.split(","))):
     name, eq, size = part.partition("=")
@@ -56,6 +58,9 @@ def make_mesh(shape: Mapping[str, int] | str, devices=None) -> jax.sharding.Mesh
   """
   if isinstance(shape, str):
     shape = parse_mesh(shape)
+  if not isinstance(shape, Mapping):
+    raise ValueError(f"shape must be a dict {{axis: size}} or text like 'data=2,tensor=4', "
+                     f"got {shape!r}.")
   unknown = [a for a in shape if a not in AXES]
   if unknown:
     raise ValueError(f"mesh axis names {unknown} are unknown; allowed: {', '.join(AXES)}.")

@@ -15,6 +15,8 @@ from typing import Any, Mapping, Sequence
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import _validate as v
+from jaxcomm.parallel import _validate
 from jaxcomm.parallel._mesh import AXES
 from jaxcomm.parallel._mesh import BATCH_AXES
 
@@ -58,14 +60,13 @@ def make_rules(rules: Mapping[str, Any] | Sequence | None = None, **overrides) -
   >>> dict(make_rules(embed="data"))["embed"]
   'data'
   """
-  table = dict(DEFAULT_RULES if rules is None else rules)
+  table = _validate.rules_table(DEFAULT_RULES if rules is None else rules)
   table.update(overrides)
+  out = []
   for name, value in table.items():
-    bad = [a for a in _mesh_axes(value) if a not in AXES]
-    if bad:
-      raise ValueError(f"rules map logical axis {name!r} to unknown mesh axis name(s) {bad}; "
-                       f"allowed: {', '.join(AXES)} or None.")
-  return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in table.items())
+    axes = _validate.mesh_axes(f"rules[{name!r}]", value, AXES)
+    out.append((name, None if not axes else axes[0] if len(axes) == 1 else axes))
+  return tuple(out)
 
 
 def logical_to_spec(logical: Sequence[str | None], rules: Rules,
@@ -139,7 +140,8 @@ def param_specs(logical_axes: Any, rules: Rules, mesh: jax.sharding.Mesh, params
   >>> param_specs({"w": ("embed", "mlp")}, DEFAULT_RULES, mesh)
   {'w': P(None, 'tensor')}
   """
-  shape = dict(mesh.shape)
+  shape = dict(_validate.mesh(mesh).shape)
+  max_replicated = v.number("max_replicated", max_replicated, low=0.0, high=1.0)
   leaves, treedef = jax.tree.flatten(logical_axes, is_leaf=_is_axes)
   arrays = [None] * len(leaves) if params is None else treedef.flatten_up_to(params)
   specs = []

@@ -34,10 +34,11 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs
 from jaxcomm import comm
+from jaxcomm.parallel import _validate
 from jaxcomm.parallel._fsdp import gather_dims
 from jaxcomm.parallel._rules import _mesh_axes
 
-MEMORIES = (None, "ef")
+MEMORIES = _validate.MEMORIES
 
 
 class ZeroState(NamedTuple):
@@ -129,19 +130,9 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
   >>> updates["w"]
   Array([-0.1, -0.1, -0.1], dtype=float32)
   """
-  if stage not in (1, 2, 3):
-    raise ValueError(f"stage must be 1, 2 or 3, got {stage!r}.")
-  if memory not in MEMORIES:
-    raise ValueError(f"memory must be one of {MEMORIES}, got {memory!r}.")
-  if codec is not None and not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec or None, got {codec!r}.")
-  if memory is not None and codec is None:
-    raise ValueError("memory needs a codec (without compression nothing is dropped).")
-  if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
-    raise ValueError(f"accumulate_steps must be an int >= 1, got {accumulate_steps!r}.")
+  stage, axis_name, memory, accumulate_steps = _validate.zero_args(
+      inner, stage, axis_name, codec, memory, accumulate_steps, key)
   stochastic = codec is not None and codec.stochastic
-  if stochastic and key is None:
-    raise ValueError(f"codec {codec.name!r} is stochastic: pass key=jax.random.key(...).")
   if stage == 3:
     if param_specs is None:
       raise ValueError("stage 3 needs param_specs: the PartitionSpecs the parameters are "
@@ -238,9 +229,13 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
 def _zero3(inner, axis_name, param_specs, regather):
   axes = _mesh_axes(axis_name)
   spec_leaves = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, P))
+  if not all(isinstance(s, P) for s in spec_leaves):
+    raise ValueError(f"param_specs must be a tree of PartitionSpecs, got {param_specs!r}.")
   dims = [gather_dims(s, axes) for s in spec_leaves]
-  regathered = ([True] * len(dims) if regather is None else
-                [bool(r) for r in jax.tree.leaves(regather)])
+  regathered = [True] * len(dims) if regather is None else jax.tree.leaves(regather)
+  if len(regathered) != len(dims) or not all(isinstance(r, bool) for r in regathered):
+    raise ValueError(f"regather must be a tree of bools like param_specs ({len(dims)} "
+                     f"leaves), got {regather!r}.")
 
   def init_fn(params):
     return ZeroState(inner_state=inner.init(params), error=jnp.zeros((0,), jnp.float32),
