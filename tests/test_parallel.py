@@ -224,9 +224,19 @@ def test_lm_under_every_mesh_equals_unsharded(lm_reference, name):
   state = trainer.init(params)
   (new, per_device, sent), report = run_and_inspect(trainer.step_fn(state, batch), state,
                                                     batch, mesh=mesh)
-  np.testing.assert_allclose(jnp.mean(per_device["loss"]), ref_loss, rtol=2e-6)
+  m = trainer.measurements(per_device, sent)
+  np.testing.assert_allclose(m["loss"], ref_loss, rtol=2e-6)
   grads = jax.tree.map(lambda a, b: a - b, params, new.params)
   chex.assert_trees_all_close(grads, ref_grads, atol=2e-6, rtol=1e-4)
+  if name == "data4_tensor2":  # Per worker (a slice of the batch): its loss and the norm
+    # of its local gradient, whose tensor-parallel shards are summed over `tensor`.
+    w = trainer.num_workers
+    chunks = jax.tree.map(lambda x: x.reshape(w, -1, *x.shape[1:]), batch)
+    losses, local = jax.vmap(jax.value_and_grad(models.lm_loss(models.TransformerLM(**LM))),
+                             in_axes=(None, 0))(params, chunks)
+    np.testing.assert_allclose(m["per_worker"]["loss"], losses, rtol=1e-5)
+    norms = jnp.sqrt(sum(jnp.sum(g.reshape(w, -1) ** 2, axis=1) for g in jax.tree.leaves(local)))
+    np.testing.assert_allclose(m["per_worker"]["grad_norm"], norms, rtol=1e-4)
   # Bytes: the optimiser's (counted in its state) are everything off the tensor axis;
   # the tensor axis carries the Megatron reductions per block.
   tensor = report.wire_bytes(axes=("tensor",))

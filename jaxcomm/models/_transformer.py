@@ -6,7 +6,17 @@ mesh on each device's parameter shards (as `Trainer` does): heads and MLP column
 `tensor` (Megatron), optionally sequence-parallel, and parameters stored sharded over the
 layout's gather axes (`fsdp`) gathered one layer at a time. `init` always returns the whole
 parameters, identical for every layout; `param_axes()` names each parameter's dimensions
-so that `layout.param_specs(lm.param_axes(), params)` gives their PartitionSpecs.
+so that `layout.param_specs(lm.param_axes(), params)` gives their PartitionSpecs:
+
+    layout = parallel.Layout(parallel.make_mesh("data=2,fsdp=2,tensor=2"))
+    lm = TransformerLM(layout=layout)
+    params = lm.init(key, tokens)
+    specs = layout.param_specs(lm.param_axes(), params)
+    tx = optax.chain(sync.mean("data"),  # ZeRO-3 over fsdp, plain DP over data
+                     parallel.zero(optax.adam(1e-3), 3, "fsdp", param_specs=specs,
+                                   regather=lm.param_regather()))
+    trainer = train.Trainer(lm_loss(lm), tx, layout.mesh, axis_name=layout.batch_axes,
+                            param_specs=specs)
 """
 
 from __future__ import annotations

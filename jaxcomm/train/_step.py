@@ -341,9 +341,13 @@ class Trainer:
       self._step_fn = self._build_step(state, batch)
     return self._step_fn
 
-  def _per_worker(self, per_device) -> dict:
-    """Per-worker measurements from per-device ones: non-data axes taken at index 0 (values
-    are equal there), except gradient squares of sharded leaves, summed over their axes."""
+  def measurements(self, per_device, sent=None) -> dict:
+    """`step`'s measurements from the per-device ones that `step_fn` returns.
+
+    Values are per worker (the data axes) under `per_worker`, means over workers at the top
+    level. Over non-data axes values are equal and taken once, except the squared gradient
+    norms of leaves sharded over such axes (tensor parallelism), which are summed there.
+    """
     extra = self._extra_axes()
     shape = (self.num_workers, *(self.mesh.shape[a] for a in extra))
 
@@ -354,10 +358,16 @@ class Trainer:
       return x
 
     per_device = dict(per_device)
-    if "grad_sq" in per_device:
-      per_device["grad_norm"] = jnp.sqrt(sum(
-          reduce(x, key) for x, key in zip(per_device.pop("grad_sq"), self._sq_groups)))
-    return jax.tree.map(reduce, per_device)
+    grad_sq = per_device.pop("grad_sq", None)
+    per_worker = jax.tree.map(reduce, per_device)
+    if grad_sq is not None:
+      per_worker["grad_norm"] = jnp.sqrt(sum(reduce(x, key)
+                                             for x, key in zip(grad_sq, self._sq_groups)))
+    means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
+    out = {**means, "per_worker": per_worker}
+    if sent is not None:
+      out["wire_bytes"] = sent
+    return out
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One training step on a global batch; returns the new state and measurements.
@@ -368,9 +378,7 @@ class Trainer:
     """
     self._check_batch(batch)
     state, per_device, sent = self.step_fn(state, batch)(state, batch)
-    per_worker = self._per_worker(per_device)
-    means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
-    return state, {**means, "wire_bytes": sent, "per_worker": per_worker}
+    return state, self.measurements(per_device, sent)
 
   def shard_batch(self, local_batch) -> Any:
     """Turns this process's share of the global batch (numpy) into sharded global arrays."""
