@@ -45,12 +45,12 @@ class ZeroState(NamedTuple):
   """State of `zero`. N: parameter elements padded to a multiple of W."""
   inner_state: Any        # stages 1/2: inner state of this device's f32[N/W] chunk (per
                           # worker); stage 3: inner state of the parameter shards
-  error: jax.Array        # f32[N] per worker: error memory of the encoded reduce-scatter
-                          # (f32[0] without memory)
-  accumulated: jax.Array  # stage 1: f32[N] local gradient sum; stage 2: f32[N/W] reduced
-                          # chunk sum; both per worker (f32[0] when accumulate_steps == 1)
+  # Unused buffers are `optax.EmptyState()` (no leaves: checkpoints hold no empty arrays).
+  error: Any              # f32[N] per worker: error memory of the encoded reduce-scatter
+  accumulated: Any        # stage 1: f32[N] local gradient sum; stage 2: f32[N/W] reduced
+                          # chunk sum; both per worker (when accumulate_steps > 1)
   count: jax.Array        # i32[]: micro-batches seen
-  key: jax.Array          # u32[2]: PRNG key of a stochastic codec (u32[0] otherwise)
+  key: Any                # u32[2]: PRNG key of a stochastic codec
   wire_bytes: jax.Array   # u32[]: cumulative bytes sent (mod 2**32)
 
 
@@ -143,7 +143,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     return _zero3(inner, axis_name, param_specs, regather)
   axes = _mesh_axes(axis_name)
   k = accumulate_steps
-  raw_key = jnp.zeros((0,), jnp.uint32) if key is None else (
+  raw_key = optax.EmptyState() if key is None else (
       jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
 
   def size():
@@ -158,11 +158,11 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     w = size()
     pvec, _ = _flat_padded(params, w)
     n, m = pvec.shape[0], pvec.shape[0] // w
-    acc = {1: n, 2: m}[stage] if k > 1 else 0
+    empty = optax.EmptyState()
     return ZeroState(
         inner_state=inner.init(my_chunk(pvec, m)),
-        error=jnp.zeros((n if memory else 0,), jnp.float32),
-        accumulated=jnp.zeros((acc,), jnp.float32),
+        error=jnp.zeros((n,), jnp.float32) if memory else empty,
+        accumulated=jnp.zeros(({1: n, 2: m}[stage],), jnp.float32) if k > 1 else empty,
         count=jnp.zeros((), jnp.int32), key=raw_key, wire_bytes=comm.zero_bytes())
 
   def scatter(vec, error, enc_key):
@@ -238,9 +238,9 @@ def _zero3(inner, axis_name, param_specs, regather):
                      f"leaves), got {regather!r}.")
 
   def init_fn(params):
-    return ZeroState(inner_state=inner.init(params), error=jnp.zeros((0,), jnp.float32),
-                     accumulated=jnp.zeros((0,), jnp.float32), count=jnp.zeros((), jnp.int32),
-                     key=jnp.zeros((0,), jnp.uint32), wire_bytes=comm.zero_bytes())
+    empty = optax.EmptyState()
+    return ZeroState(inner_state=inner.init(params), error=empty, accumulated=empty,
+                     count=jnp.zeros((), jnp.int32), key=empty, wire_bytes=comm.zero_bytes())
 
   def finish_mean(g, pairs, again):
     """(mean over `axes` of one gradient leaf, bytes the model and this step sent for it)."""
