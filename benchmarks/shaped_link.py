@@ -156,7 +156,8 @@ def orchestrate(args) -> int:
                os.path.abspath(__file__),
                "--worker", f"--process_id={pid}", f"--coordinator={ADDRESSES[0]}:{PORT}",
                f"--rate_mbit={args.rate_mbit}", f"--out={outdir}", f"--steps={args.steps}",
-               f"--sync_every={args.sync_every}", f"--local_batch={args.local_batch}"]
+               f"--sync_every={args.sync_every}", f"--local_batch={args.local_batch}",
+               f"--methods={args.methods}"]
         log = open(os.path.join(outdir, f"worker{pid}.log"), "w", encoding="utf-8")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                        cwd=ROOT), log))
@@ -378,10 +379,19 @@ def worker(args) -> None:
   # step compiles to) and as one flat buffer of the same bytes, measured and predicted.
   calibration = []
   flat = np.zeros(comm.tree_bytes(params) // 4, np.float32)
-  for label, tree in (("psum params tree", params), ("psum flat buffer", {"flat": flat})):
+  bits = np.zeros(flat.size, np.uint16)  # the bf16 mean's payload, as it travels
+  bare = (  # (what, argument, body, out_specs: the result varies only after all-to-all)
+      ("psum params tree", params, lambda t: comm.sum(t, "data")[0], P()),
+      ("psum flat buffer", flat, lambda t: comm.sum(t, "data")[0], P()),
+      ("all-to-all u16", bits, lambda t: comm.all_to_all(t.reshape(w, -1), "data")[0],
+       P("data")),
+      ("all-gather u16", bits[:bits.size // w],
+       lambda t: comm.all_gather(t, "data", tiled=True)[0], P()),
+  )
+  for label, tree, body, out_spec in bare:
     spec = jax.tree.map(lambda _: P(), tree)
-    fn = jax.jit(jax.shard_map(lambda t: comm.sum(comm.varying(t, "data"), "data")[0],
-                               mesh=mesh, in_specs=(spec,), out_specs=spec))
+    fn = jax.jit(jax.shard_map(lambda t, body=body: body(comm.varying(t, "data")),
+                               mesh=mesh, in_specs=(spec,), out_specs=out_spec))
     arg = jax.device_put(tree, jax.sharding.NamedSharding(mesh, P()))
     measured = sim.measure_seconds(fn, arg, repeats=5, warmup=1)
     report = comm.inspect(fn, arg, mesh=mesh)
@@ -391,8 +401,11 @@ def worker(args) -> None:
     print(f"[{jax.process_index()}] {label}: measured {measured:.4f} s, predicted "
           f"{calibration[-1]['predicted_s']:.4f}", flush=True)
 
+  wanted = None if args.methods == "all" else set(filter(None, args.methods.split(",")))
   rows = []
   for label, make_tx in methods:
+    if wanted is not None and label not in wanted:
+      continue
     trainer = train.Trainer(loss_fn, make_tx("data"), mesh)
     state = trainer.init(params)
     batches = [trainer.shard_batch(b) for b in local_batches]
@@ -467,6 +480,9 @@ def main() -> int:
   parser.add_argument("--steps", type=int, default=16, help="timed steps per method.")
   parser.add_argument("--sync_every", type=int, default=4, help="H of local SGD.")
   parser.add_argument("--local_batch", type=int, default=4, help="sequences per worker.")
+  parser.add_argument("--methods", default="all",
+                      help="comma-separated method labels to time, 'all', or '' (only the "
+                           "bare collectives).")
   parser.add_argument("--timeout", type=float, default=900, help="seconds for all workers.")
   parser.add_argument("--json", default=None, help="also write the results here.")
   parser.add_argument("--nice", type=int, default=0,

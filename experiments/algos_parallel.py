@@ -1,54 +1,36 @@
 """ZeRO as `--algo` choices, and the optimiser for a model laid out on a mesh (`--mesh`).
 
-  python -m experiments.train --algo=zero1 --zero_codec=int8 --zero_memory=ef
+  python -m experiments.train --algo=zero1 --zero_codec=uniform --bits=8 --zero_memory=ef
   python -m experiments.train --mesh=data=2,fsdp=2,tensor=2
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import jax
 import optax
 
+from experiments import algos_compression
 from experiments import builders
-from jaxcomm import codecs
 from jaxcomm import parallel
 
 
-def int8_codec() -> codecs.Codec:
-  """Symmetric int8 with one float32 scale per encoded vector (round to nearest).
-
-  Not linear (each worker has its own scale), so it needs a decode-then-sum collective.
-  A stand-in until `jaxcomm.codecs` has its int-N family; built only from the Codec contract.
-  """
-  def encode(x, key):
-    del key
-    scale = jnp.maximum(jnp.max(jnp.abs(x)), 1e-30) / 127.0
-    return (jnp.round(x / scale).astype(jnp.int8), scale.astype(jnp.float32)[None])
-
-  def decode(payload, n):
-    del n
-    q, scale = payload
-    return q.astype(jnp.float32) * scale[0]
-
-  return codecs.Codec("int8", encode=encode, decode=decode, payload_bytes=lambda n: n + 4,
-                      linear=False, error_bound=lambda x: jnp.max(jnp.abs(x)) / 254.0)
-
-
-CODECS = {"none": lambda: None, "bf16": lambda: codecs.cast("bfloat16"), "int8": int8_codec}
-
-
 def zero_codec(cfg: builders.Config):
+  """The codec of ZeRO's reduce-scatter: --zero_codec (a name of algos_compression.CODECS,
+  with --bits, --chunk, --fraction) or none."""
   name = cfg.extra.get("zero_codec") or "none"
-  if name not in CODECS:
-    raise ValueError(f"zero_codec {name!r} is unknown; allowed: {', '.join(CODECS)}.")
-  return CODECS[name]()
+  if name == "none":
+    return None
+  return algos_compression.make_codec(name, cfg.extra.get("fraction", 0.01),
+                                      cfg.extra.get("bits", 4), cfg.extra.get("chunk"))
 
 
 def _zero(stage):
   def build(cfg: builders.Config, inner: optax.GradientTransformation):
-    return parallel.zero(inner, stage=stage, axis_name=cfg.axis_name, codec=zero_codec(cfg),
-                         memory=cfg.extra.get("zero_memory"),
-                         accumulate_steps=int(cfg.extra.get("accumulate_steps", 1)))
+    codec = zero_codec(cfg)
+    memory = cfg.extra.get("zero_memory")
+    key = jax.random.key(cfg.seed) if codec is not None and codec.stochastic else None
+    return parallel.zero(inner, stage=stage, axis_name=cfg.axis_name, codec=codec,
+                         memory=None if memory in (None, "none") else memory, key=key)
   return build
 
 

@@ -108,4 +108,7 @@ def make_task(cfg: Config):
 
 
 from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+# Method modules register their algorithms on import (one line each).
+from experiments import algos_compression  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_parallel  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import

@@ -58,15 +58,56 @@ _TOPOLOGY = flags.DEFINE_string("topology", "ring", "dpsgd/choco: gossip graph (
                                 "exponential, complete, one_peer_exponential).")
 _GOSSIP_CODEC = flags.DEFINE_string("gossip_codec", "bfloat16", "choco: codec of the gossip.")
 _CONSENSUS_STEP = flags.DEFINE_float("consensus_step", 0.5, "choco: consensus step size.")
+_DELAY = flags.DEFINE_integer("delay", 1, "stale: staleness tau, in updates.")
+_COMPENSATION = flags.DEFINE_enum("compensation", "none", ["none", "dc"],
+                                  "stale: delay compensation (dc: DC-ASGD).")
+_DC_LAMBDA = flags.DEFINE_float("dc_lambda", 0.04, "stale: DC-ASGD lambda.")
+_MICRO_BATCHES = flags.DEFINE_string("micro_batches", "1", "acco: micro-batches per worker "
+                                     "and round, N or one count per worker (n0,n1,...).")
+# --algo=compressed (experiments/algos_compression.py); they go into cfg.extra.
+_CODEC = flags.DEFINE_string("codec", "top_k", "compressed: codec (see algos_compression.CODECS).")
+_MEMORY = flags.DEFINE_enum("memory", "ef", ["none", "ef", "ef21", "loco"], "compressed: memory.")
+_COLLECTIVE = flags.DEFINE_enum("collective", "auto", ["auto", "psum", "gather", "two_phase"],
+                                "compressed: how payloads are summed.")
+_FRACTION = flags.DEFINE_float("fraction", 0.01, "compressed: fraction kept by sparsifiers.")
+_BITS = flags.DEFINE_integer("bits", 4, "compressed: code width of quantisers.")
+_CHUNK = flags.DEFINE_integer("chunk", None, "compressed: chunk / block size of the codec.")
+
+
 _MESH = flags.DEFINE_string("mesh", None, "Mesh axes for the LM, e.g. data=2,fsdp=2,tensor=2 "
                             "(axes: data, fsdp, tensor; default data=<all devices>).")
 _SP = flags.DEFINE_bool("sequence_parallel", False, "LM: Megatron sequence parallelism.")
 _CM = flags.DEFINE_bool("collective_matmul", False,
                         "LM with --sequence_parallel: overlap the all-gather with the matmul.")
-_ZERO_CODEC = flags.DEFINE_enum("zero_codec", "none", ["none", "bf16", "int8"],
-                                "zero1/zero2: codec of the gradient reduce-scatter.")
-_ZERO_MEMORY = flags.DEFINE_enum("zero_memory", None, ["ef"],
+# --algo=zero1|zero2 (experiments/algos_parallel.py): the codec takes --bits/--chunk/--fraction.
+_ZERO_CODEC = flags.DEFINE_string("zero_codec", "none", "zero1/zero2: codec of the gradient "
+                                  "reduce-scatter (none, or a name of algos_compression.CODECS).")
+_ZERO_MEMORY = flags.DEFINE_enum("zero_memory", "none", ["none", "ef"],
                                  "zero1/zero2: error memory of the compressed reduce-scatter.")
+
+
+# Method-specific flags, passed to the builders in `cfg.extra` (one name a line).
+EXTRA_FLAGS = (
+    "bits",
+    "chunk",
+    "codec",
+    "collective",
+    "collective_matmul",
+    "compensation",
+    "consensus_step",
+    "dc_lambda",
+    "delay",
+    "fraction",
+    "gossip_codec",
+    "memory",
+    "mesh",
+    "micro_batches",
+    "sequence_parallel",
+    "topology",
+    "zero_codec",
+    "zero_memory",
+)
+FLAGS = flags.FLAGS
 
 
 def config_from_flags():
@@ -78,8 +119,7 @@ def config_from_flags():
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
       d_ff=4 * _D_MODEL.value,
-      extra={"topology": _TOPOLOGY.value, "gossip_codec": _GOSSIP_CODEC.value,
-             "consensus_step": _CONSENSUS_STEP.value})
+      extra={name: getattr(FLAGS, name) for name in EXTRA_FLAGS})
 
 
 def main(argv):
@@ -95,9 +135,6 @@ def main(argv):
   from experiments import builders  # pylint: disable=import-outside-toplevel
 
   cfg = config_from_flags()
-  cfg.extra.update(mesh=_MESH.value, sequence_parallel=_SP.value,
-                   collective_matmul=_CM.value, zero_codec=_ZERO_CODEC.value,
-                   zero_memory=_ZERO_MEMORY.value)
   workdir = _WORKDIR.value
   _check_same_run(workdir, cfg)
   mesh = parallel.make_mesh(_MESH.value or {"data": jax.device_count()})
@@ -115,6 +152,9 @@ def main(argv):
     tx = builders.make_optimizer(cfg)
   if _SKIP_NONFINITE.value:
     tx = sync.skip_nonfinite(tx, layout.batch_axes)
+  wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+  if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+    loss_fn = wrap_loss(cfg, loss_fn)
   trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
                           has_aux=has_aux)
   state = trainer.init(params)

@@ -8,6 +8,7 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import parallel
 from jaxcomm import sim
@@ -20,6 +21,7 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "local",
     "models",
     "parallel",
     "sim",

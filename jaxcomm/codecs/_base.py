@@ -12,6 +12,19 @@ collectives.
 summed with psum; all others must travel by gather or the two-phase all-reduce.
 `stochastic` codecs need a PRNG key (a key shared by all workers is what makes random-k
 linear); deterministic ones ignore it.
+
+Optional parts of the contract (all default to the plain behaviour above, so a codec built
+with the original six fields keeps working):
+
+* `shared_key`: encode and decode must see the same key on every worker (random-k with a
+  shared seed sends only values; the receiver regenerates the indices from the key). Such a
+  codec's `decode` takes the key as a third argument: `decode(payload, n, key)`. Call
+  `codec.decode_with(payload, n, key)` to decode any codec without caring which it is.
+* `unbiased` and `variance_bound(x)`: E_key[D(C(x))] = x, and an upper bound on
+  E_key ||D(C(x)) - x||^2 (stochastic quantisers; used by the statistics tests).
+* `collective`: the collective a non-linear codec prefers when the caller does not name one:
+  "gather" (sparse payloads whose supports differ between workers) or "two_phase"
+  (quantisers: the payload of a reduced chunk is as small as a worker's).
 """
 
 from __future__ import annotations
@@ -33,15 +46,25 @@ class Codec:
   """An encode/decode pair with its exact payload size. See the module docstring."""
   name: str
   encode: Callable[[jax.Array, Any], Payload]   # (f32[n], key) -> payload
-  decode: Callable[[Payload, int], jax.Array]   # (payload, n) -> f32[n]
+  decode: Callable[..., jax.Array]              # (payload, n[, key]) -> f32[n]
   payload_bytes: Callable[[int], int]           # n -> exact bytes of encode's output
   linear: bool = False
   stochastic: bool = False
   error_bound: Callable[[jax.Array], jax.Array] | None = None  # x -> max |x - D(C(x))|
+  shared_key: bool = False     # decode needs the encoder's key (the same on every worker)
+  unbiased: bool = False       # E_key D(C(x)) = x
+  variance_bound: Callable[[jax.Array], jax.Array] | None = None  # x -> >= E||D(C(x))-x||^2
+  collective: str = "gather"   # preferred collective when not linear: gather | two_phase
+
+  def decode_with(self, payload: Payload, n: int, key: Any = None) -> jax.Array:
+    """decode(payload, n), passing `key` only to codecs whose decode needs it."""
+    if self.shared_key:
+      return self.decode(payload, n, key)
+    return self.decode(payload, n)
 
   def roundtrip(self, x: jax.Array, key: Any = None) -> jax.Array:
     """decode(encode(x)): what the receiver reconstructs."""
-    return self.decode(self.encode(x, key), x.shape[0])
+    return self.decode_with(self.encode(x, key), x.shape[0], key)
 
   def ratio(self, n: int) -> float:
     """Compression ratio against float32 for a vector of n elements."""
@@ -70,7 +93,8 @@ def cast(dtype: Any = jnp.bfloat16) -> Codec:
   """Round to a narrower float (bf16, fp16, fp8 e4m3/e5m2); linear up to rounding.
 
   Summing cast payloads is exact in the wide accumulator, so the codec is linear; its
-  payload is the narrow float's bit pattern.
+  payload is the narrow float's bit pattern. fp8 without scales overflows past the format's
+  largest value (448 for e4m3fn); `jaxcomm.codecs.fp8` adds per-block scales.
 
   >>> c = cast("bfloat16")
   >>> c.payload_bytes(10), c.linear
@@ -78,11 +102,16 @@ def cast(dtype: Any = jnp.bfloat16) -> Codec:
   """
   name = _validate.cast_dtype(dtype, _CAST_DTYPES)
   dt = jnp.dtype(_CAST_DTYPES[name])
-  eps = float(jnp.finfo(dt).eps)
+  eps, fmax = float(jnp.finfo(dt).eps), float(jnp.finfo(dt).max)
+
+  def error_bound(x):
+    amax = jnp.max(jnp.abs(x))
+    return jnp.where(amax <= fmax, amax * eps, jnp.inf)
+
   return Codec(f"cast({name})", encode=lambda x, key: (x.astype(dt),),
                decode=lambda p, n: p[0].astype(jnp.float32),
                payload_bytes=lambda n: dt.itemsize * n, linear=True,
-               error_bound=lambda x: jnp.max(jnp.abs(x)) * eps)
+               error_bound=error_bound)
 
 
 def flatten(tree: Any) -> tuple[jax.Array, Callable[[jax.Array], Any]]:

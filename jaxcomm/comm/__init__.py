@@ -11,18 +11,27 @@ from jaxcomm.comm._collectives import all_to_all
 from jaxcomm.comm._collectives import all_to_all_bytes
 from jaxcomm.comm._collectives import allreduce_bytes
 from jaxcomm.comm._collectives import axis_size
+from jaxcomm.comm._collectives import from_bits
 from jaxcomm.comm._collectives import mean
 from jaxcomm.comm._collectives import ppermute
 from jaxcomm.comm._collectives import reduce_scatter
 from jaxcomm.comm._collectives import reduce_scatter_bytes
 from jaxcomm.comm._collectives import shift
 from jaxcomm.comm._collectives import sum  # pylint: disable=redefined-builtin
-from jaxcomm.comm._collectives import from_bits
 from jaxcomm.comm._collectives import to_bits
 from jaxcomm.comm._collectives import tree_bytes
 from jaxcomm.comm._collectives import two_phase_sum
 from jaxcomm.comm._collectives import varying
 from jaxcomm.comm._collectives import varying_axes
+from jaxcomm.comm._compressed import COLLECTIVES
+from jaxcomm.comm._compressed import CompressedSum
+from jaxcomm.comm._compressed import ScatteredSum
+from jaxcomm.comm._compressed import compressed_bytes
+from jaxcomm.comm._compressed import compressed_sum
+from jaxcomm.comm._compressed import gather_sum
+from jaxcomm.comm._compressed import linear_sum
+from jaxcomm.comm._compressed import reduce_scatter_encoded
+from jaxcomm.comm._compressed import two_phase
 from jaxcomm.comm._cost import ALGORITHMS
 from jaxcomm.comm._cost import CollectiveCost
 from jaxcomm.comm._cost import CommCost
@@ -39,7 +48,6 @@ from jaxcomm.comm._cost import wire_bytes_time
 from jaxcomm.comm._counter import add_bytes
 from jaxcomm.comm._counter import counted_bytes
 from jaxcomm.comm._counter import zero_bytes
-from jaxcomm.comm._encoded import reduce_scatter_encoded
 from jaxcomm.comm._inspect import Collective
 from jaxcomm.comm._inspect import CollectiveReport
 from jaxcomm.comm._inspect import compiled_text
@@ -49,28 +57,35 @@ from jaxcomm.comm._inspect import parse_hlo
 __all__ = (
     "ALGORITHMS",
     "AxisName",
+    "COLLECTIVES",
     "Collective",
     "CollectiveCost",
     "CollectiveReport",
     "CommCost",
+    "CompressedSum",
+    "ScatteredSum",
     "Link",
     "OPS",
     "PRESETS",
     "Topology",
     "add_bytes",
+    "algorithm_times",
     "all_gather",
     "all_gather_bytes",
     "all_to_all",
-    "algorithm_times",
     "all_to_all_bytes",
     "allreduce_bytes",
     "axis_size",
     "collective_time",
     "compiled_text",
+    "compressed_bytes",
+    "compressed_sum",
     "cost",
-    "from_bits",
     "counted_bytes",
+    "from_bits",
+    "gather_sum",
     "inspect",
+    "linear_sum",
     "mean",
     "parse_hlo",
     "ppermute",
@@ -83,6 +98,7 @@ __all__ = (
     "to_bits",
     "topology",
     "tree_bytes",
+    "two_phase",
     "two_phase_sum",
     "varying",
     "varying_axes",

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxcomm.codecs import Codec
 from jaxcomm.codecs import flatten as _flatten
 
 AxisName = str | tuple[str, ...] | None
@@ -114,18 +115,18 @@ def two_phase_sum(vec: jax.Array, axis_name: AxisName, dtype: Any) -> tuple[jax.
   All-to-all of W chunks in `dtype`, float32 reduction of chunk r on device r, all-gather of
   the reduced chunks in `dtype`: 2(W-1)/W * S * b bytes, like a ring all-reduce, but every
   byte on the wire really is `dtype` (XLA:CPU would widen a bf16 all-reduce to f32). The
-  vector is zero-padded to a multiple of W; the padding travels and is counted.
+  vector is zero-padded to a multiple of W; the padding travels and is counted. This is
+  `two_phase` (jaxcomm/comm/_compressed.py) with a cast codec.
   """
-  axes = _axes(axis_name)
-  if not axes:
+  from jaxcomm.comm import _compressed  # pylint: disable=import-outside-toplevel  (builds on this module)
+  if not _axes(axis_name):
     return vec, 0.0
-  w = axis_size(axes)
-  n = vec.shape[0]
-  chunks = jnp.pad(vec, (0, (-n) % w)).reshape(w, -1).astype(dtype)
-  received, sent1 = all_to_all(to_bits(chunks), axes, split_axis=0, concat_axis=0)
-  reduced = jnp.sum(from_bits(received, dtype).astype(jnp.float32), axis=0)
-  gathered, sent2 = all_gather(to_bits(reduced.astype(dtype)), axes, tiled=True)
-  return from_bits(gathered, dtype)[:n].astype(vec.dtype), sent1 + sent2
+  dt = jnp.dtype(dtype)
+  codec = Codec(f"cast({dt.name})", encode=lambda x, key: (x.astype(dt),),
+                decode=lambda p, n: p[0].astype(jnp.float32),
+                payload_bytes=lambda n: dt.itemsize * n, linear=True)
+  out, nbytes = _compressed.two_phase(vec.astype(jnp.float32), codec, axis_name)
+  return out.total.astype(vec.dtype), nbytes
 
 
 def _reduce(tree, axis_name, dtype):

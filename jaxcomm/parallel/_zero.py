@@ -171,10 +171,10 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       chunk, nbytes = comm.reduce_scatter(vec, axes or None)
       return chunk, error, nbytes
     vec = vec + error if memory else vec
-    if stochastic and axes:  # Independent rounding noise on every worker.
+    if stochastic and axes and not codec.shared_key:  # Independent noise on every worker.
       enc_key = jax.random.fold_in(enc_key, lax.axis_index(axes))
-    chunk, sent, nbytes = comm.reduce_scatter_encoded(vec, axes or None, codec, enc_key)
-    return chunk, (vec - sent if memory else error), nbytes
+    out, nbytes = comm.reduce_scatter_encoded(vec, codec, axes or None, key=enc_key)
+    return out.chunk, (vec - out.own if memory else error), nbytes
 
   def optimise(chunk_mean, inner_state, params):
     """Inner step on this device's chunk, then all-gather the updates: (vec, state, bytes)."""

@@ -1,5 +1,7 @@
 """Every-step gradient synchronisation as optax transforms."""
 
+from jaxcomm.sync._compressed import CompressedState
+from jaxcomm.sync._compressed import compressed
 from jaxcomm.sync._gossip import ChocoState
 from jaxcomm.sync._gossip import DpsgdState
 from jaxcomm.sync._gossip import choco
@@ -23,6 +25,7 @@ from jaxcomm.sync._topology import gossip_graph
 
 __all__ = (
     "ChocoState",
+    "CompressedState",
     "DpsgdState",
     "FractionalRepetition",
     "GRAPHS",
@@ -31,6 +34,7 @@ __all__ = (
     "MeanState",
     "SkipNonfiniteState",
     "choco",
+    "compressed",
     "consensus_distance",
     "decode_gradient",
     "dpsgd",

@@ -113,6 +113,7 @@ class Trainer:
     self._opt_specs = None
     self._sq_groups = [()]
     self._step_fn = None
+    self._sync_each_step = all(d.platform == "cpu" for d in mesh.devices.flat)
     self._init_fn = None
 
   # ---------------------------------------------------------------- specs and layout
@@ -378,6 +379,12 @@ class Trainer:
     """
     self._check_batch(batch)
     state, per_device, sent = self.step_fn(state, batch)(state, batch)
+    if self._sync_each_step:
+      # XLA:CPU can deadlock in an all-reduce rendezvous when executions of a collective
+      # program overlap across emulated devices: a device runs step t + 1 into a collective
+      # while others still wait for a thread for step t (seen with jaxlib 0.10.2 whenever
+      # the collective comes first in the program, e.g. `local.delayed`). One step at a time.
+      jax.block_until_ready(state)
     return state, self.measurements(per_device, sent)
 
   def shard_batch(self, local_batch) -> Any:

@@ -1,0 +1,162 @@
+"""Codecs on one device: exact payload bytes, wire formats, error bounds, unbiasedness, bad
+input."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcomm import codecs, comm
+from tests import contract
+
+ZOO = contract.codec_zoo()
+N = 1000
+
+
+@pytest.fixture(scope="module")
+def vec():
+  # Heavy-tailed, like gradients: a few large entries among many small ones.
+  # Scaled to max |x| = 100 so that unscaled fp8 (max 448) does not overflow.
+  k1, k2 = jax.random.split(jax.random.key(42))
+  x = jax.random.normal(k1, (N,)) * jnp.exp(2.0 * jax.random.normal(k2, (N,)))
+  return x * (100.0 / jnp.max(jnp.abs(x)))
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_codec_bytes_wire_types_and_error_bound(name, vec):
+  codec = ZOO[name]
+  contract.check_codec(codec, vec, jax.random.key(1))
+  for n in (1, 37, 4099):  # partial blocks and chunks, odd lengths
+    payload = jax.eval_shape(codec.encode, jax.ShapeDtypeStruct((n,), jnp.float32),
+                             jax.random.key(0))
+    assert comm.tree_bytes(payload) == codec.payload_bytes(n)
+
+
+def test_wire_formats_are_narrow():
+  spec = lambda c, n: [x.dtype for x in jax.eval_shape(
+      c.encode, jax.ShapeDtypeStruct((n,), jnp.float32), jax.random.key(0))]
+  assert spec(codecs.sign(), 64) == [jnp.uint8, jnp.float32]
+  assert codecs.sign().payload_bytes(64) == 8 + 4  # 1 bit per element, packed 8 per byte
+  assert codecs.fp4(block=None).payload_bytes(64) == 32 + 4  # 2 codes per byte
+  assert codecs.uniform(3, block=None).payload_bytes(64) == 24 + 4  # a 3-bit stream, a scale
+  assert codecs.uniform(3, block=None, symmetric=False).payload_bytes(64) == 24 + 8  # lo, step
+  assert spec(codecs.top_k(k=4, chunk=64), 1000)[1] == jnp.uint8  # chunk-local indices
+  assert spec(codecs.top_k(k=4), 1000)[1] == jnp.uint16
+  assert spec(codecs.top_k(k=4), 70000)[1] == jnp.uint32
+  assert spec(codecs.dct_top_k(), 1000) == [jnp.float32, jnp.uint8]
+  assert spec(codecs.random_k(k=3), 100) == [jnp.float32]  # shared key: values only
+  # Own key: one offset per stratum of n/k elements travels, not a full index.
+  assert spec(codecs.random_k(0.01, shared_key=False), 10000) == [jnp.float32, jnp.uint8]
+  assert spec(codecs.fp8(), 10) == [jnp.float8_e4m3fn, jnp.float32]
+  assert codecs.qsgd(7, bucket=None).payload_bytes(10) == 5 + 4  # sign + 3 level bits
+
+
+@pytest.mark.parametrize("bits", list(range(1, 17)))
+def test_pack_unpack_roundtrip(bits):
+  m = 37
+  codes = np.random.default_rng(bits).integers(0, 2 ** bits, m).astype(np.uint32)
+  packed, back = jax.jit(lambda c: (codecs.pack_bits(c, bits),
+                                    codecs.unpack_bits(codecs.pack_bits(c, bits), bits, m)))(codes)
+  assert packed.dtype == jnp.uint8 and packed.shape == (math.ceil(m * bits / 8),)
+  np.testing.assert_array_equal(back, codes)
+
+
+def _rt(codec, x, key=None):
+  return jax.jit(codec.roundtrip)(x, key)
+
+
+def test_exact_round_trips(vec):
+  np.testing.assert_array_equal(_rt(codecs.identity(), vec), vec)
+  np.testing.assert_array_equal(_rt(codecs.cast("float32"), vec), vec)
+  np.testing.assert_array_equal(_rt(codecs.top_k(1.0), vec), vec)
+  # DCT: orthonormal, so keeping every coefficient is an exact round trip (float32 rounding).
+  for chunk in (64, 7):
+    out = _rt(codecs.dct_top_k(chunk=chunk, k=chunk), vec)
+    np.testing.assert_allclose(out, vec, atol=1e-5 * float(jnp.max(jnp.abs(vec))))
+  d = codecs.dct_matrix(64)
+  np.testing.assert_allclose(d @ d.T, np.eye(64), atol=1e-6)
+  # Against the textbook DCT-II definition (scipy's norm="ortho").
+  x = np.asarray(vec[:64], np.float64)
+  i = np.arange(64)
+  ref = np.array([np.sum(x * np.cos(np.pi * u * (2 * i + 1) / 128)) for u in range(64)])
+  ref *= np.sqrt(2 / 64) * np.where(i == 0, 1 / np.sqrt(2), 1.0)
+  np.testing.assert_allclose(d @ x, ref, atol=1e-4)
+  # Dropping coefficients loses exactly their energy (Parseval).
+  c = codecs.dct_top_k(chunk=64, k=8)
+  err = np.asarray(vec[:64] - _rt(c, vec[:64]), np.float64)
+  coef = np.sort(np.abs(d @ x))[::-1]
+  np.testing.assert_allclose(np.sum(err ** 2), np.sum(coef[8:] ** 2), rtol=1e-4)
+
+
+def test_top_k_and_random_k_select_what_they_say(vec):
+  out = _rt(codecs.top_k(k=50), vec)
+  kept = np.flatnonzero(np.asarray(out))
+  np.testing.assert_array_equal(np.sort(kept), np.sort(np.argsort(-np.abs(vec))[:50]))
+  chunked = np.asarray(_rt(codecs.top_k(k=2, chunk=100), vec)).reshape(10, 100)
+  assert (np.count_nonzero(chunked, axis=1) == 2).all()
+  key = jax.random.key(3)
+  a = _rt(codecs.random_k(k=100), vec, key)
+  b = _rt(codecs.random_k(k=100, shared_key=False), vec, key)
+  np.testing.assert_array_equal(a, b)  # same key, same coordinates, indices travel or not
+  assert np.count_nonzero(a) == 100
+  kept = np.flatnonzero(a)
+  np.testing.assert_array_equal(np.asarray(a)[kept], np.asarray(vec)[kept])
+  r = _rt(codecs.rtop_k(100, 10), vec, key)
+  top100 = set(np.argsort(-np.abs(vec))[:100].tolist())
+  assert np.count_nonzero(r) == 10 and set(np.flatnonzero(r).tolist()) <= top100
+
+
+@pytest.mark.parametrize("codec", [codecs.qsgd(3, bucket=100),
+                                   codecs.uniform(2, stochastic=True, block=50),
+                                   codecs.uniform(1, stochastic=True, block=50, symmetric=False),
+                                   codecs.fp4(block=50, stochastic=True)],
+                         ids=lambda c: c.name)
+def test_stochastic_codecs_are_unbiased(codec, vec):
+  """Mean of K draws: E||mean - x||^2 <= V / K with V the variance bound; 4x leaves room.
+
+  A biased codec fails it: nearest rounding of the same grid has a squared bias far above V/K.
+  """
+  x = vec[:200]
+  k = 1024
+  # K copies of x in one vector: blocks align with the copies, so each copy is an
+  # independent draw with the same scales (one compile instead of a vmap over keys).
+  draws = _rt(codec, jnp.tile(x, k), jax.random.key(7)).reshape(k, -1)
+  v = float(jax.jit(codec.variance_bound)(x))
+  assert codec.unbiased and v > 0
+  draws, x = np.asarray(draws, np.float64), np.asarray(x, np.float64)
+  mse = float(np.mean(np.sum((draws - x) ** 2, axis=1)))
+  assert mse <= v, (mse, v)  # the variance bound holds
+  bias2 = float(np.sum((np.mean(draws, axis=0) - x) ** 2))
+  assert bias2 <= 4 * v / k, (bias2, v / k)
+  assert mse > 20 * v / k  # ... and the test could tell a biased codec apart
+
+
+def test_bad_input():
+  bad = [
+      (lambda: codecs.uniform(0), "bits"), (lambda: codecs.uniform(17), "bits"),
+      (lambda: codecs.uniform(1), "bits"),  # a symmetric grid needs a sign and a level
+      (lambda: codecs.uniform(2.5), "bits"), (lambda: codecs.uniform(4, block=0), "block"),
+      (lambda: codecs.qsgd(0), "levels"), (lambda: codecs.qsgd(2 ** 15), "levels"),
+      (lambda: codecs.qsgd(4, bucket=-1), "bucket"),
+      (lambda: codecs.log_quant(1), "bits"), (lambda: codecs.log_quant(4, alpha=0.0), "alpha"),
+      (lambda: codecs.top_k(0.0), "fraction"), (lambda: codecs.top_k(1.5), "fraction"),
+      (lambda: codecs.top_k(), "fraction"), (lambda: codecs.top_k(0.1, k=3), "fraction"),
+      (lambda: codecs.top_k(k=0), "k"), (lambda: codecs.top_k(k=65, chunk=64), "chunk"),
+      (lambda: codecs.random_k(2.0), "fraction"), (lambda: codecs.random_k(k=-1), "k"),
+      (lambda: codecs.rtop_k(10, 20), "k"), (lambda: codecs.rtop_k(0.0, 0.1), "r"),
+      (lambda: codecs.dct_top_k(64, 65), "k"), (lambda: codecs.dct_top_k(0, 1), "chunk"),
+      (lambda: codecs.fp8("e3m4"), "fmt"), (lambda: codecs.fp4(block=0), "block"),
+      (lambda: codecs.cast("int8"), "dtype"),
+  ]
+  for make, word in bad:
+    with pytest.raises(ValueError, match=word):
+      make()
+  x = jnp.ones(10)
+  with pytest.raises(ValueError, match="key"):
+    codecs.qsgd().encode(x, None)
+  with pytest.raises(ValueError, match="key"):
+    codecs.random_k(k=2).encode(x, None)
+  with pytest.raises(ValueError, match="k=20"):
+    codecs.top_k(k=20).encode(x, None)  # more than the vector holds (static, at trace time)

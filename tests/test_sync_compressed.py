@@ -1,0 +1,235 @@
+"""sync.compressed: exactness against sync.mean, memories, hierarchy, convergence, bytes, bad
+input."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm import codecs, comm, sync, train
+from tests import contract
+
+W = 8
+ZOO = contract.codec_zoo()
+KEY = jax.random.key(0)
+
+
+# ---------------------------------------------------------------------------- contract suite
+@pytest.mark.parametrize("name", list(ZOO))
+def test_contract_every_codec_with_error_feedback(name):
+  # EF is stable for lr below about the codec's contraction (top-1 of 16 here): small lr.
+  codec = ZOO[name]
+  tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=None, key=KEY), optax.sgd(0.02))
+  contract.check_transform(tx, steps=300)
+
+
+@pytest.mark.parametrize("memory", [None, "ef21", "loco"])
+def test_contract_memories(memory):
+  codec = codecs.top_k(0.25) if memory else codecs.qsgd(15, bucket=None)
+  tx = optax.chain(sync.compressed(codec, memory=memory, axis_name=None, key=KEY),
+                   optax.sgd(0.05 if memory else 0.3))
+  contract.check_transform(tx, steps=300)
+
+
+# ---------------------------------------------------------------------------- one update
+N = 500
+
+
+@pytest.fixture(scope="module")
+def grads():
+  """[steps=3, W, N] local gradients, different on every worker and step."""
+  return jax.random.normal(jax.random.key(3), (3, W, N)) * jnp.linspace(0.1, 3.0, N)
+
+
+def _updates(mesh, tx, grads, steps=1):
+  """`steps` updates of `tx` on each worker's rows, in shard_map without the Trainer.
+
+  Returns the updates [steps, W, N] and the final state with a leading worker axis on every
+  leaf (replicated leaves repeat).
+  """
+  params = {"w": jnp.zeros((grads.shape[-1],))}
+
+  def body(g):  # g: [steps, 1, N], this worker's rows
+    state, out = tx.init(params), []
+    for t in range(steps):
+      u, state = tx.update({"w": g[t, 0]}, state, params)
+      out.append(u["w"])
+    stack = lambda x: comm.varying(x, "data")[None]
+    return stack(jnp.stack(out)), jax.tree.map(stack, state)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(None, "data"), out_specs=P("data")))
+  updates, state = f(grads[:steps])
+  return np.asarray(updates).transpose(1, 0, 2), state
+
+
+def _roundtrip(codec, rows, key=None):
+  return np.asarray(jax.jit(jax.vmap(lambda x: codec.roundtrip(x, key)))(rows))
+
+
+def test_identity_and_cast_float32_equal_sync_mean(mesh8, grads):
+  ref, _ = _updates(mesh8, sync.mean("data"), grads)
+  np.testing.assert_allclose(ref[0, 0], grads[0].mean(0), rtol=1e-5, atol=1e-6)
+  for codec, collective in [(codecs.identity(), None), (codecs.identity(), "gather"),
+                            (codecs.cast("float32"), "two_phase")]:
+    out, state = _updates(mesh8, sync.compressed(codec, collective=collective), grads)
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert state.memory is None and state.key is None
+
+
+def test_random_k_shared_key_psum_equals_mean_of_masked_gradients(mesh8, grads):
+  codec = codecs.random_k(0.1)
+  out, _ = _updates(mesh8, sync.compressed(codec, key=KEY), grads)
+  # The coordinates every worker drew: the transform splits its key once per update.
+  _, sub = jax.random.split(KEY)
+  mask = _roundtrip(codec, jnp.ones((1, N)), sub)[0] != 0
+  assert mask.sum() == round(0.1 * N)
+  np.testing.assert_allclose(out[0, 0], np.where(mask, grads[0], 0.0).mean(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("memory,collective", [("ef", "gather"), ("ef", "two_phase"),
+                                               ("loco", "gather")])
+def test_memory_after_a_step_is_input_minus_decoded(mesh8, grads, memory, collective):
+  codec = codecs.top_k(k=8, chunk=64)
+  out, state = _updates(mesh8, sync.compressed(codec, memory=memory, collective=collective,
+                                               beta=0.5), grads)
+  g = np.asarray(grads[0])
+  if collective == "gather":
+    decoded = _roundtrip(codec, g)
+  else:  # two-phase: each of the W chunks is encoded on its own
+    c = -(-N // W)
+    chunks = np.pad(g, ((0, 0), (0, W * c - N))).reshape(W * W, c)
+    decoded = _roundtrip(codec, chunks).reshape(W, -1)[:, :N]
+  mem = np.asarray(state.memory, np.float32)
+  want = g - decoded if memory == "ef" else 0.5 * (g - decoded)
+  tol = 1e-6 if memory == "ef" else 1e-2 * np.abs(want).max()  # loco keeps bf16
+  np.testing.assert_allclose(mem, want, atol=tol)
+  if collective == "gather":
+    np.testing.assert_allclose(out[0, 0], decoded.mean(0), atol=1e-6)
+  else:  # the owner re-encodes the reduced chunk; its error stays in the server memory
+    assert state.server_memory is not None and np.abs(state.server_memory).max() > 0
+
+
+def test_ef21_aggregate_is_the_mean_of_worker_states(mesh8, grads):
+  out, state = _updates(mesh8, sync.compressed(codecs.top_k(0.1), memory="ef21"), grads, steps=3)
+  h = np.asarray(state.aggregate)
+  np.testing.assert_allclose(h[0], np.asarray(state.memory).mean(0), atol=1e-6)
+  np.testing.assert_allclose(out[-1, 0], h[0], atol=1e-6)  # the update direction is h
+  assert (h == h[0]).all() and np.abs(h).max() > 0
+
+
+def test_per_worker_keys_unless_shared(mesh8, grads):
+  """Identical gradients everywhere: stochastic rounding differs per worker, random-k does not."""
+  same = jnp.broadcast_to(grads[:1, :1], grads[:1].shape)
+  for codec, distinct in [(codecs.uniform(2, stochastic=True), True),
+                          (codecs.random_k(0.5), False)]:
+    tx = sync.compressed(codec, memory="ef", collective="gather", key=KEY)
+    _, state = _updates(mesh8, tx, same)
+    assert not np.array_equal(state.key[0], tx.init({"w": jnp.zeros(N)}).key)  # split
+    mem = np.asarray(state.memory)
+    assert (len({m.tobytes() for m in mem}) == W) == distinct, codec.name
+
+
+# ---------------------------------------------------------------------------- hierarchical
+def test_hierarchical_fast_axis_exact_slow_axis_compressed(mesh4x2):
+  axes = ("tensor", "data")  # first axis fast (exact), the rest slow (compressed)
+  n = sum(x.size for x in jax.tree.leaves(contract.example_params()))
+  # Exact codec: the same parameters as sync.mean over both axes, in the Trainer.
+  _, ref, _, _ = contract.check_on_mesh(optax.chain(sync.mean(axes), optax.sgd(0.1)),
+                                        mesh4x2, axis_name=axes)
+  _, state, _, _ = contract.check_on_mesh(
+      optax.chain(sync.compressed(codecs.identity(), axis_name=axes), optax.sgd(0.1)),
+      mesh4x2, axis_name=axes)
+  chex.assert_trees_all_close(state.params, ref.params, atol=1e-6)
+  # A lossy codec: float32 on the fast axis, the codec's bytes on the slow axis only.
+  codec = codecs.uniform(4, block=64)
+  tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=axes), optax.sgd(0.1))
+  trainer, _, m, report = contract.check_on_mesh(tx, mesh4x2, axis_name=axes)
+  assert trainer.layout.opt_state[0].memory
+  shard = -(-n // 2)
+  fast = comm.reduce_scatter_bytes(4 * 2 * shard, 2) + comm.all_gather_bytes(4 * shard, 2)
+  slow = comm.compressed_bytes(codec, shard, 4, "two_phase")
+  assert int(m["wire_bytes"]) == round(fast + slow)
+  assert report.wire_bytes(axes=("tensor",)) == fast and report.wire_bytes(axes=("data",)) == slow
+  assert {c.dtype for c in report.select(axes=("tensor",))} == {"f32"}
+
+
+# ---------------------------------------------------------------------------- convergence
+def _logistic_task(d=40, per_worker=32, seed=0):
+  """Logistic regression whose workers add large opposing linear terms (they cancel in the mean).
+
+  Each worker's own gradient is dominated by +-5 on the first 4 coordinates, so a worker's top-k
+  always picks those; without memory, the remaining coordinates are never sent.
+  """
+  rng = np.random.default_rng(seed)
+  w_true = rng.normal(size=d)
+  x = rng.normal(size=(W * per_worker, d)).astype(np.float32)
+  y = (x @ w_true + 0.5 * rng.normal(size=W * per_worker) > 0).astype(np.float32)
+  c = np.zeros((W, d), np.float32)
+  c[:, :4] = 5.0 * np.where(np.arange(W) % 2 == 0, 1.0, -1.0)[:, None]
+
+  def loss(p, b):
+    z = b["x"] @ p["w"]
+    return jnp.mean(optax.sigmoid_binary_cross_entropy(z, b["y"])) + jnp.sum(b["c"][0] * p["w"])
+
+  return {"w": jnp.zeros(d)}, loss, {"x": x, "y": y, "c": c}
+
+
+def test_top_k_with_memory_tracks_sgd_and_without_stalls(mesh8):
+  params, loss, batch = _logistic_task()
+  full_loss = jax.jit(lambda p: jnp.mean(optax.sigmoid_binary_cross_entropy(
+      batch["x"] @ p["w"], batch["y"])))
+  results = {}
+  for name, sync_tx in [("sgd", sync.mean()),
+                        ("top_k+ef", sync.compressed(codecs.top_k(k=4), memory="ef")),
+                        ("top_k", sync.compressed(codecs.top_k(k=4)))]:
+    trainer = train.Trainer(loss, optax.chain(sync_tx, optax.sgd(0.5)), mesh8)
+    state = trainer.init(params)
+    for _ in range(150):
+      state, _ = trainer.step(state, batch)
+    results[name] = float(full_loss(state.params))
+  initial = float(full_loss(params))
+  assert results["sgd"] < 0.6 * initial, results
+  assert results["top_k+ef"] < results["sgd"] + 0.1 * (initial - results["sgd"]), results
+  assert results["top_k"] > results["sgd"] + 0.5 * (initial - results["sgd"]), results
+
+
+# ---------------------------------------------------------------------------- bytes in state
+@pytest.mark.parametrize("codec,memory,collective", [
+    (codecs.top_k(0.1), "ef", None),
+    (codecs.uniform(3, stochastic=True, block=8), "ef", None),
+    (codecs.random_k(0.25), None, None),
+    (codecs.cast("bfloat16"), None, None),
+    (codecs.sign(), "ef21", "gather"),
+], ids=lambda v: getattr(v, "name", str(v)))
+def test_bytes_in_state_equal_inspect_and_formula(mesh8, codec, memory, collective):
+  tx = optax.chain(sync.compressed(codec, memory=memory, collective=collective, key=KEY),
+                   optax.sgd(0.1))
+  trainer, _, m, _ = contract.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
+  assert bool(trainer.layout.opt_state[0].memory) == (memory is not None)  # per worker
+  n = sum(x.size for x in jax.tree.leaves(contract.example_params()))
+  chosen = collective or ("psum" if codec.linear and codec.name != "cast(bfloat16)"
+                          else "two_phase" if codec.linear else codec.collective)
+  assert int(m["wire_bytes"]) == round(comm.compressed_bytes(codec, n, W, chosen))
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_bad_input_fails_when_built():
+  bad = [
+      (lambda: sync.compressed(codecs.top_k(0.1), collective="psum"), "linear"),
+      (lambda: sync.compressed(codecs.cast("bfloat16"), collective="psum"), "two_phase"),
+      (lambda: sync.compressed(codecs.qsgd()), "key"),
+      (lambda: sync.compressed(codecs.random_k(0.1)), "key"),
+      (lambda: sync.compressed(codecs.top_k(0.1), memory="ef14"), "memory"),
+      (lambda: sync.compressed(codecs.top_k(0.1), collective="ring"), "collective"),
+      (lambda: sync.compressed(codecs.top_k(0.1), collective="gather", server_memory=True),
+       "server_memory"),
+      (lambda: sync.compressed(codecs.top_k(0.1), memory="loco", beta=1.0), "beta"),
+      (lambda: sync.compressed("top_k"), "codec"),
+      (lambda: sync.compressed(codecs.sign(), memory="ef", memory_dtype=jnp.int8), "memory_dtype"),
+  ]
+  for make, word in bad:
+    with pytest.raises(ValueError, match=word):
+      make()
