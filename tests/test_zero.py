@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, data, models, parallel, sync, train
+from tests import contract
 
 W = 8
 LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=8)
@@ -244,38 +245,22 @@ def test_accumulation_stage1_vs_stage2(mesh8):
     chex.assert_trees_all_close(state.params, ref.params, atol=1e-6, rtol=1e-5)
 
 
-# ------------------------------------------------- contract checks and bad input (1 device)
+# ------------------------------------------------------------ the contract suite, bad input
 @pytest.mark.parametrize("kwargs", [dict(stage=1), dict(stage=2, accumulate_steps=2),
-                                    dict(stage=1, codec=codecs.cast("bfloat16"), memory="ef"),
+                                    dict(stage=1, codec=codecs.uniform(8), memory="ef"),
                                     dict(stage=3, param_specs={"w": P(), "b": P()})],
-                         ids=["stage1", "stage2_accumulate", "stage1_bf16_ef", "stage3"])
+                         ids=["stage1", "stage2_accumulate", "stage1_int8_ef", "stage3"])
 def test_zero_contract_one_device(kwargs):
-  tx = parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs)
-  params = {"w": jnp.full((5,), 3.0, jnp.float32), "b": jnp.full((2,), -2.0, jnp.float32)}
-  # init accepts ShapeDtypeStructs.
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-  state_abs = jax.eval_shape(tx.init, abstract)
-  state = tx.init(params)
-  chex.assert_trees_all_equal_shapes_and_dtypes(state, state_abs)
-  # update keeps the state's structure and types, and jits once.
-  traces = []
+  contract.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
 
-  @jax.jit
-  def step(p, s):
-    traces.append(1)
-    g = jax.grad(lambda p: sum(jnp.sum(x ** 2) for x in jax.tree.leaves(p)))(p)
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
 
-  p1, s1 = step(params, state)
-  chex.assert_trees_all_equal_structs(s1, state)
-  chex.assert_trees_all_equal_shapes_and_dtypes(s1, state)
-  step(p1, s1)
-  assert len(traces) == 1
-  # It converges on a quadratic inside lax.scan.
-  final, _ = jax.lax.scan(lambda c, _: (step.__wrapped__(*c), None), (params, state), None,
-                          length=100)
-  assert max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(final[0])) < 1e-3
+@pytest.mark.parametrize("kwargs", [dict(stage=1, codec=codecs.uniform(8), memory="ef"),
+                                    dict(stage=1, accumulate_steps=2),
+                                    dict(stage=2, accumulate_steps=2)],
+                         ids=["stage1_int8_ef", "stage1_accumulate", "stage2_accumulate"])
+def test_zero_contract_on_mesh(mesh8, kwargs):
+  # Compiles once, keeps the state's types, counts exactly what comm.inspect reads.
+  contract.check_on_mesh(parallel.zero(optax.sgd(0.1), axis_name="data", **kwargs), mesh8)
 
 
 def test_zero_bad_input():
