@@ -6,12 +6,36 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import optax
 
 from experiments import algos_compression
 from experiments import builders
+from experiments import layouts_sequence
 from jaxcomm import parallel
+
+
+LAYOUT_AXES = ("data", "fsdp", "tensor")
+
+
+def parse_train_mesh(text: str, num_devices: int) -> dict:
+  """train.py's --mesh: '' -> {'data': num_devices}; data/fsdp/tensor axes (this module) or
+  sequence/pipeline axes (experiments/layouts_sequence.py, which checks those)."""
+  if not text:
+    return {"data": num_devices}
+  shape = parallel.parse_mesh(text)
+  if {"sequence", "pipeline"} & set(shape):
+    return layouts_sequence.parse_mesh(text, num_devices)
+  unknown = [a for a in shape if a not in LAYOUT_AXES]
+  if unknown:
+    raise ValueError(f"--mesh axes {unknown} are unknown; allowed: {', '.join(LAYOUT_AXES)} "
+                     "(or data with sequence or pipeline).")
+  if math.prod(shape.values()) != num_devices:
+    raise ValueError(f"--mesh {shape} multiplies to {math.prod(shape.values())}, but there are "
+                     f"{num_devices} devices.")
+  return shape
 
 
 def zero_codec(cfg: builders.Config):

@@ -107,8 +107,10 @@ def make_task(cfg: Config):
   return model, models.classifier_loss(model), params, batch_fn, True
 
 
-from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
-from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
 # Method modules register their algorithms on import (one line each).
 from experiments import algos_compression  # noqa: E402,F401  pylint: disable=all
-from experiments import algos_parallel  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
+from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=all
+from experiments import algos_local  # noqa: E402,F401  pylint: disable=all
+from experiments import algos_lowrank  # noqa: E402,F401  pylint: disable=all
+from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=all
+from experiments import algos_parallel  # noqa: E402,F401  pylint: disable=all

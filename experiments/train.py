@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 from absl import app
 from absl import flags
 
@@ -72,10 +73,53 @@ _COLLECTIVE = flags.DEFINE_enum("collective", "auto", ["auto", "psum", "gather",
 _FRACTION = flags.DEFINE_float("fraction", 0.01, "compressed: fraction kept by sparsifiers.")
 _BITS = flags.DEFINE_integer("bits", 4, "compressed: code width of quantisers.")
 _CHUNK = flags.DEFINE_integer("chunk", None, "compressed: chunk / block size of the codec.")
+# --algo=powersgd|lq_sgd|onebit_adam|demo (experiments/algos_lowrank.py); also --bits,
+# --collective, --chunk, --memory=none (no error feedback).
+_RANK = flags.DEFINE_integer("rank", 2, "powersgd/lq_sgd: rank.")
+_START_ITER = flags.DEFINE_integer("start_iter", 0, "powersgd/lq_sgd: exact steps first.")
+_ALPHA = flags.DEFINE_float("alpha", 10.0, "lq_sgd: log-quantisation curvature.")
+_FREEZE = flags.DEFINE_integer("freeze_step", 100, "onebit_adam: exact Adam steps first.")
+_BETA = flags.DEFINE_float("beta", 0.999, "demo: momentum decay.")
+_K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per chunk.")
 
 
-_MESH = flags.DEFINE_string("mesh", None, "Mesh axes for the LM, e.g. data=2,fsdp=2,tensor=2 "
-                            "(axes: data, fsdp, tensor; default data=<all devices>).")
+# Layouts with a sequence or pipeline axis (experiments/layouts_sequence.py).
+_MESH = flags.DEFINE_string("mesh", "", "Mesh axes, e.g. data=2,sequence=4 or "
+                            "data=2,fsdp=2,tensor=2 (default: data=all). Axes data, fsdp, tensor "
+                            "(experiments/algos_parallel.py); sequence or pipeline "
+                            "(experiments/layouts_sequence.py).")
+_ATTENTION = flags.DEFINE_string("attention", None, "Sequence axis: ring|ring_zigzag|ulysses|"
+                                 "linear_lasp2|linear_allscan|linear_lasp_ring.")
+_SCHEDULE = flags.DEFINE_string("schedule", None, "Pipeline axis: gpipe|1f1b.")
+_MICROBATCHES = flags.DEFINE_integer("microbatches", None, "Pipeline micro-batches.")
+
+
+# Local-update methods (experiments/algos_local.py); they reach the builders via cfg.extra.
+_SYNC_EVERY = flags.DEFINE_integer("sync_every", 10, "Local methods: H, steps between syncs.")
+_FRAGMENTS = flags.DEFINE_integer("fragments", 2, "streaming_diloco: fragments.")
+_OVERLAP = flags.DEFINE_integer("overlap", 0, "streaming_diloco: steps a sync overlaps.")
+_MERGE_ALPHA = flags.DEFINE_float("merge_alpha", 0.5,
+                                  "streaming_diloco: local weight at the merge.")
+_OUTER_CODEC = flags.DEFINE_string("outer_codec", None, "Local methods: outer-gradient codec: "
+                                   "none|identity|bf16|fp16|fp8|auto (default: the method's).")
+_OUTER_MEMORY = flags.DEFINE_boolean("outer_memory", False,
+                                     "diloco: error feedback on the outer codec.")
+_PARTICIPATION = flags.DEFINE_string("participation", None,
+                                     "Live workers per sync: drop:W1,W2@K1,K2 or random:RATE.")
+_OUTER_LR = flags.DEFINE_float("outer_lr", None, "Outer learning rate (diloco 0.7, "
+                               "sparseloco 1.0).")
+_OUTER_MOMENTUM = flags.DEFINE_float("outer_momentum", 0.9, "Outer Nesterov momentum.")
+_DENSITY = flags.DEFINE_float("density", 0.02, "sparseloco: top-k density per chunk.")
+_SPARSE_BITS = flags.DEFINE_integer("sparse_bits", 2, "sparseloco: bits per value (0: float32).")
+_WORKER_STEPS = flags.DEFINE_list("worker_steps", None, "hierarchical: steps per period of "
+                                  "each slow worker.")
+_WEIGHTING = flags.DEFINE_string("weighting", "uniform", "hierarchical: uniform|steps.")
+_HIERARCHY = flags.DEFINE_string("hierarchy", None, "hierarchical: the two mesh axes, slow "
+                                 "first, as name:size,name:size (e.g. slow:2,fast:4).")
+_LABEL_SKEW = flags.DEFINE_float("label_skew", 0.0, "MLP: Dirichlet alpha of a label-skewed "
+                                 "split across workers (0: identical data).")
+
+
 _SP = flags.DEFINE_bool("sequence_parallel", False, "LM: Megatron sequence parallelism.")
 _CM = flags.DEFINE_bool("collective_matmul", False,
                         "LM with --sequence_parallel: overlap the all-gather with the matmul.")
@@ -88,6 +132,9 @@ _ZERO_MEMORY = flags.DEFINE_enum("zero_memory", "none", ["none", "ef"],
 
 # Method-specific flags, passed to the builders in `cfg.extra` (one name a line).
 EXTRA_FLAGS = (
+    "alpha",
+    "attention",
+    "beta",
     "bits",
     "chunk",
     "codec",
@@ -97,29 +144,77 @@ EXTRA_FLAGS = (
     "consensus_step",
     "dc_lambda",
     "delay",
+    "density",
     "fraction",
+    "fragments",
+    "freeze_step",
     "gossip_codec",
+    "k",
+    "label_skew",
     "memory",
+    "merge_alpha",
     "mesh",
     "micro_batches",
+    "microbatches",
+    "outer_codec",
+    "outer_memory",
+    "outer_momentum",
+    "overlap",
+    "participation",
+    "rank",
+    "schedule",
     "sequence_parallel",
+    "sparse_bits",
+    "start_iter",
+    "sync_every",
     "topology",
+    "weighting",
     "zero_codec",
     "zero_memory",
 )
 FLAGS = flags.FLAGS
 
 
-def config_from_flags():
+def hierarchy_from_flag(spec):
+  """None, or the {slow: n, fast: m} mesh of `name:size,name:size` (hierarchical runs)."""
+  if not spec:
+    return None
+  try:
+    shape = {name: int(size) for name, size in (a.split(":") for a in spec.split(","))}
+  except ValueError as e:
+    raise ValueError(f"--hierarchy {spec!r}: expected name:size,name:size.") from e
+  if len(shape) != 2:
+    raise ValueError(f"--hierarchy {spec!r}: expected two axes, slow first.")
+  return shape
+
+
+def local_extra(mesh_shape):
+  """cfg.extra entries the local-update methods read (experiments/algos_local.py)."""
+  names = tuple(mesh_shape)
+  extra = {"num_workers": int(np.prod(list(mesh_shape.values())))}
+  if _OUTER_LR.value is not None:
+    extra["outer_lr"] = _OUTER_LR.value
+  if _WORKER_STEPS.value:
+    extra["worker_steps"] = [int(s) for s in _WORKER_STEPS.value]
+  if len(names) == 2:  # hierarchical: the first axis is the slow one
+    extra.update(slow_axis=names[0], fast_axis=names[1], num_slow=mesh_shape[names[0]])
+  return extra
+
+
+def config_from_flags(mesh_shape=None):
   from experiments import builders  # pylint: disable=import-outside-toplevel
   dataset = _DATASET.value or ("pydoc" if _MODEL.value == "lm" else "digits")
+  mesh_shape = mesh_shape or {"data": 1}
+  axes = tuple(mesh_shape)
   return builders.Config(
+      axis_name=axes[0] if len(axes) == 1 else axes,
       model=_MODEL.value, dataset=dataset, algo=_ALGO.value, optimizer=_OPTIMIZER.value,
       lr=_LR.value, weight_decay=_WD.value, steps=_STEPS.value, batch_size=_BATCH.value,
       seq_len=_SEQ.value, seed=_SEED.value, reduce_dtype=_REDUCE_DTYPE.value,
       d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
       d_ff=4 * _D_MODEL.value,
-      extra={name: getattr(FLAGS, name) for name in EXTRA_FLAGS})
+      extra={**{name: getattr(FLAGS, name) for name in EXTRA_FLAGS},
+             **local_extra(mesh_shape)})
 
 
 def main(argv):
@@ -133,30 +228,55 @@ def main(argv):
                           heartbeat_timeout_s=_HEARTBEAT.value)
   from experiments import algos_parallel  # pylint: disable=import-outside-toplevel
   from experiments import builders  # pylint: disable=import-outside-toplevel
+  from experiments import layouts_sequence  # pylint: disable=import-outside-toplevel
+  from jaxcomm import data  # pylint: disable=import-outside-toplevel
 
-  cfg = config_from_flags()
+  hierarchy = hierarchy_from_flag(_HIERARCHY.value)
+  mesh_shape = hierarchy or algos_parallel.parse_train_mesh(_MESH.value, jax.device_count())
+  cfg = config_from_flags(mesh_shape if hierarchy else {"data": mesh_shape.get("data", 1)})
   workdir = _WORKDIR.value
   _check_same_run(workdir, cfg)
-  mesh = parallel.make_mesh(_MESH.value or {"data": jax.device_count()})
-  layout = parallel.Layout(mesh, sequence_parallel=_SP.value, collective_matmul=_CM.value)
-  if cfg.model == "lm":
+  mesh = train.make_mesh(mesh_shape)
+  layout = None
+  if hierarchy is None and {"sequence", "pipeline"} & set(mesh_shape):
+    layout = layouts_sequence.build(cfg, mesh_shape)
+    cfg.axis_name = layout.axis_name
+  elif hierarchy is None and {"fsdp", "tensor"} & set(mesh_shape):
+    layout = parallel.Layout(mesh, sequence_parallel=_SP.value, collective_matmul=_CM.value)
+    if cfg.model != "lm":
+      raise ValueError(f"--mesh={_MESH.value} lays out the LM only; use --model=lm.")
+  if isinstance(layout, parallel.Layout):  # data x fsdp x tensor (experiments/algos_parallel.py)
     cfg.extra["layout"] = layout
-  elif set(mesh.axis_names) - set(parallel.BATCH_AXES) or layout.gather_axes:
-    raise ValueError(f"--mesh={_MESH.value} lays out the LM only; use --model=lm.")
-  model, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-  specs = None
-  if cfg.model == "lm":
+    model, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
     specs = layout.param_specs(model.param_axes(), params)
     tx = algos_parallel.layout_optimizer(cfg, layout, specs, model.param_regather())
   else:
     tx = builders.make_optimizer(cfg)
   if _SKIP_NONFINITE.value:
-    tx = sync.skip_nonfinite(tx, layout.batch_axes)
-  wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
-  if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
-    loss_fn = wrap_loss(cfg, loss_fn)
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
-                          has_aux=has_aux)
+    tx = sync.skip_nonfinite(tx, layout.batch_axes if isinstance(layout, parallel.Layout)
+                             else cfg.axis_name)
+  if isinstance(layout, parallel.Layout):
+    wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+    if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+      loss_fn = wrap_loss(cfg, loss_fn)
+    trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
+                            has_aux=has_aux)
+  elif layout is None:
+    _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+    wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+    if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+      loss_fn = wrap_loss(cfg, loss_fn)
+    trainer = train.Trainer(loss_fn, tx, mesh, axis_name=cfg.axis_name, has_aux=has_aux)
+    if _LABEL_SKEW.value:  # each worker's slice of the batch from its own skewed shard
+      skewed = data.label_skew(data.load(cfg.dataset), trainer.num_workers, _LABEL_SKEW.value,
+                               seed=cfg.seed)
+      batch_fn = lambda t: skewed.batch(t, cfg.batch_size, seed=cfg.seed,
+                                        process_index=jax.process_index(),
+                                        process_count=jax.process_count())
+  else:
+    params, batch_fn = layout.params, layout.batch_fn
+    trainer = train.Trainer(layout.loss_fn, tx, mesh, axis_name=layout.axis_name,
+                            param_specs=layout.param_specs, batch_specs=layout.batch_specs)
   state = trainer.init(params)
   checkpointer = None
   if _CHECKPOINT_EVERY.value:
@@ -181,6 +301,14 @@ def main(argv):
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
       "compression_ratio": dp_bytes / per_step if per_step else float("inf"),
   }
+  if layout is not None:
+    # Activation traffic (K/V rotations, all-to-alls, pipeline sends) is not in the optimiser's
+    # counters: read every collective of the compiled step.
+    batch = trainer.shard_batch(batch_fn(0))
+    report = comm.inspect(trainer.step_fn(state, batch), state, batch, mesh=mesh)
+    summary["mesh"] = mesh_shape
+    summary["step_wire_bytes_by_axis"] = {",".join(k) or "?": v
+                                          for k, v in report.by_axis().items()}
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, mesh {dict(mesh.shape)}, "
@@ -190,6 +318,9 @@ def main(argv):
     print(f"  final loss            {summary['final_loss']:.4f}")
   print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
   print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
+  if layout is not None:
+    print(f"  mesh {mesh_shape}: compiled step wire bytes by axis "
+          f"{ {k: f'{v:,.0f}' for k, v in summary['step_wire_bytes_by_axis'].items()} }")
 
 
 def _check_same_run(workdir: str, cfg) -> None:

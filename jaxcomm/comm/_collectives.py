@@ -165,15 +165,14 @@ def mean(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]
   return jax.tree.map(lambda x: x / jnp.asarray(w, x.dtype), total), nbytes
 
 
-def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0, tiled: bool = False,
-               invariant: bool = True) -> tuple[Any, float]:
+def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
+               tiled: bool = False, invariant: bool = True) -> tuple[Any, float]:
   """Gathers every device's leaves along a new (or, if `tiled`, existing) axis `axis`.
 
-  The result is identical on all devices. By default it is typed *invariant*; with
-  `invariant=False` it stays typed varying, which is what a sharded-parameter gather
-  wants: the transpose of a varying all-gather is a reduce-scatter of the cotangents
-  (the transpose of an invariant one is a slice after an all-reduce). Wire bytes:
-  (W-1) * local bytes.
+  The result is identical on all devices (invariant). Wire bytes: (W-1) * local bytes.
+  With `invariant=False` the result is typed as varying: its transpose is then a
+  reduce-scatter ((W-1)/W of the gathered bytes) instead of an all-reduce of twice that,
+  which is what a gather feeding a per-device computation under `jax.grad` wants.
   """
   axes = _axes(axis_name)
   if not axes:

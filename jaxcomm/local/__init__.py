@@ -1,21 +1,62 @@
-"""When it travels: schedules that wrap an inner optimiser (local updates, overlap, staleness)."""
+"""When it travels: schedules that wrap an inner optimiser (local updates, overlap, staleness).
+
+A local-update schedule (local SGD, DiLoCo, ...) is an optax transform that takes the worker's
+local gradient, steps its inner optimiser, and on a sync step returns the updates that move
+each worker to the synchronised parameters. Worker parameters therefore differ between
+syncs, and the Trainer keeps them per worker. Bytes are counted inside the branch that syncs.
+Every local-update schedule accepts a participation mask (which workers are live at each
+sync).
+
+Float tolerance: the Trainer applies updates as p + u, so after a sync a worker holds the
+synchronised value θ up to one rounding of p + (θ − p), an ulp of the larger of |p|, |θ|.
+"""
 
 from jaxcomm.local._acco import AccoState
 from jaxcomm.local._acco import acco
 from jaxcomm.local._acco import micro_batch_loss
 from jaxcomm.local._delayed import DelayedState
 from jaxcomm.local._delayed import delayed
+from jaxcomm.local._diloco import DilocoState
+from jaxcomm.local._diloco import diloco
+from jaxcomm.local._dreamddp import DreamddpState
+from jaxcomm.local._dreamddp import dreamddp
+from jaxcomm.local._dreamddp import layer_groups
+from jaxcomm.local._hierarchical import HierarchicalState
+from jaxcomm.local._hierarchical import hierarchical
+from jaxcomm.local._local_sgd import LocalSgdState
+from jaxcomm.local._local_sgd import local_sgd
+from jaxcomm.local._scaffold import ScaffoldState
+from jaxcomm.local._scaffold import scaffold
+from jaxcomm.local._sparseloco import sparseloco
+from jaxcomm.local._sparseloco import topk_chunks
 from jaxcomm.local._stale import StaleState
 from jaxcomm.local._stale import delay_compensation
 from jaxcomm.local._stale import stale
+from jaxcomm.local._streaming import StreamingDilocoState
+from jaxcomm.local._streaming import streaming_diloco
 
 __all__ = (
     "AccoState",
     "DelayedState",
+    "DilocoState",
+    "DreamddpState",
+    "HierarchicalState",
+    "LocalSgdState",
+    "ScaffoldState",
     "StaleState",
+    "StreamingDilocoState",
     "acco",
     "delay_compensation",
     "delayed",
+    "diloco",
+    "dreamddp",
+    "hierarchical",
+    "layer_groups",
+    "local_sgd",
     "micro_batch_loss",
+    "scaffold",
+    "sparseloco",
     "stale",
+    "streaming_diloco",
+    "topk_chunks",
 )

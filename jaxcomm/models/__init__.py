@@ -1,19 +1,45 @@
 """Flax models used by experiments and tests."""
 
+from jaxcomm.models._lm_parallel import SEQUENCE_ATTENTION
+from jaxcomm.models._lm_parallel import check_sequence_layout
+from jaxcomm.models._lm_parallel import lm_loss_pipeline
+from jaxcomm.models._lm_parallel import lm_loss_sequence
+from jaxcomm.models._lm_parallel import lm_pipeline_activation_bytes
+from jaxcomm.models._lm_parallel import lm_sequence_batch
+from jaxcomm.models._lm_parallel import lm_shared_bytes
+from jaxcomm.models._lm_parallel import lm_stage_params
+from jaxcomm.models._lm_parallel import lm_stage_specs
+from jaxcomm.models._lm_parallel import lm_unstage_params
+from jaxcomm.models._lm_parallel import sequence_attention
 from jaxcomm.models._mlp import MLP
 from jaxcomm.models._mlp import accuracy
 from jaxcomm.models._mlp import classifier_loss
+from jaxcomm.models._resnet import BasicBlock
+from jaxcomm.models._resnet import ResNet18
 from jaxcomm.models._transformer import Block
 from jaxcomm.models._transformer import TransformerLM
 from jaxcomm.models._transformer import causal_attention
 from jaxcomm.models._transformer import lm_loss
 
 __all__ = (
+    "BasicBlock",
     "Block",
     "MLP",
+    "ResNet18",
+    "SEQUENCE_ATTENTION",
     "TransformerLM",
     "accuracy",
     "causal_attention",
+    "check_sequence_layout",
     "classifier_loss",
     "lm_loss",
+    "lm_loss_pipeline",
+    "lm_loss_sequence",
+    "lm_pipeline_activation_bytes",
+    "lm_sequence_batch",
+    "lm_shared_bytes",
+    "lm_stage_params",
+    "lm_stage_specs",
+    "lm_unstage_params",
+    "sequence_attention",
 )

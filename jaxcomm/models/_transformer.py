@@ -91,12 +91,16 @@ def _field(table, name):
 def _declare(module: nn.Module, table: dict, layout) -> dict:
   """Declares every group of `table` as a dict-valued param: whole at init, shards in apply."""
   local = layout is not None and not module.is_initializing()
+  shape = lambda e: layout.local_shape(e.shape, e.axes) if local else e.shape
   out = {}
-  for name, leaves in table.items():
-    def init(key, leaves=leaves):
-      keys = dict(zip(leaves, jax.random.split(key, len(leaves))))
-      return {leaf: e.init(keys[leaf], layout.local_shape(e.shape, e.axes) if local else e.shape)
-              for leaf, e in leaves.items()}
+  for name, group in table.items():
+    if isinstance(group, _Param):  # an array parameter
+      out[name] = module.param(name, group.init, shape(group))
+      continue
+
+    def init(key, group=group):
+      keys = dict(zip(group, jax.random.split(key, len(group))))
+      return {leaf: e.init(keys[leaf], shape(e)) for leaf, e in group.items()}
     out[name] = module.param(name, init)
   return out
 
@@ -145,12 +149,14 @@ class Block(nn.Module):
     return _run(self.layout, table, fn, params, x)
 
 
-def _embed_forward(p, tokens):
-  t = tokens.shape[1]
-  return p["embed"]["embedding"][tokens] + p["pos"]["embedding"][:t]
+def embed_forward(p: dict, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+  """Token embeddings plus learned positions (0..T-1, or `positions`): f32[B, T, D]."""
+  pos = p["pos"][:tokens.shape[1]] if positions is None else p["pos"][positions]
+  return p["embed"]["embedding"][tokens] + pos
 
 
-def _head_forward(p, x):
+def head_forward(p: dict, x: jax.Array) -> jax.Array:
+  """Final norm and the vocabulary projection: logits f32[B, T, V]."""
   x = layer_norm(x, **p["ln_f"])
   return jnp.tensordot(x, p["head"]["kernel"], axes=1) + p["head"]["bias"]
 
@@ -192,8 +198,8 @@ class TransformerLM(nn.Module):
     d, v = self.d_model, self.vocab_size
     embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
     embed = {"embed": {"embedding": _Param((v, d), ("vocab", "embed"), embed_init, False)},
-             "pos": {"embedding": _Param((self.max_len, d), ("length", "embed"),
-                                         nn.initializers.normal(0.02), False)}}
+             "pos": _Param((self.max_len, d), ("length", "embed"),
+                           nn.initializers.normal(0.02), False)}
     head = {"ln_f": {"scale": _Param((d,), ("norm",), _ones),
                      "bias": _Param((d,), ("norm",), _zeros)},
             "head": {"kernel": _Param((d, v), ("embed", "vocab"), _kernel()),
@@ -216,12 +222,16 @@ class TransformerLM(nn.Module):
     return {"params": {**field(embed), **blocks, **field(head)}}
 
   @nn.compact
-  def __call__(self, tokens):
+  def __call__(self, tokens, positions=None):
+    """Logits f32[B, T, V] for tokens i32[B, T] at `positions` i32[B, T] (default 0..T-1).
+
+    Positions are given when the tokens are one shard of a longer sequence.
+    """
     # `init` runs outside shard_map: it builds the whole parameters with the plain model.
     layout = None if self.is_initializing() else self.layout
     embed, _, head = self._tables()
     t = tokens.shape[1]
-    x = _run(layout, embed, _embed_forward, _declare(self, embed, layout), tokens)
+    x = _run(layout, embed, embed_forward, _declare(self, embed, layout), tokens, positions)
     tp = layout.tensor_axis if layout is not None else None
     sp = layout is not None and layout.sequence_parallel
     if sp:  # Between blocks each tensor device keeps its slice of the sequence.
@@ -235,7 +245,7 @@ class TransformerLM(nn.Module):
                 name=f"block{i}")(x)
     if sp:  # Invariant gather: the head then runs once per tensor group, not T times.
       x, _ = comm.all_gather(x, tp, axis=1, tiled=True)
-    return _run(layout, head, _head_forward, _declare(self, head, layout), x)
+    return _run(layout, head, head_forward, _declare(self, head, layout), x)
 
 
 def lm_loss(model: nn.Module):

@@ -2,6 +2,9 @@
 
 from jaxcomm.sync._compressed import CompressedState
 from jaxcomm.sync._compressed import compressed
+from jaxcomm.sync._demo import DemoState
+from jaxcomm.sync._demo import demo
+from jaxcomm.sync._demo import demo_bytes
 from jaxcomm.sync._gossip import ChocoState
 from jaxcomm.sync._gossip import DpsgdState
 from jaxcomm.sync._gossip import choco
@@ -14,8 +17,16 @@ from jaxcomm.sync._gradient_coding import GradientCodingState
 from jaxcomm.sync._gradient_coding import decode_gradient
 from jaxcomm.sync._gradient_coding import fractional_repetition
 from jaxcomm.sync._gradient_coding import gradient_coding
+from jaxcomm.sync._lq_sgd import lq_sgd
+from jaxcomm.sync._lq_sgd import lq_sgd_bytes
 from jaxcomm.sync._mean import MeanState
 from jaxcomm.sync._mean import mean
+from jaxcomm.sync._onebit_adam import OnebitAdamState
+from jaxcomm.sync._onebit_adam import onebit_adam
+from jaxcomm.sync._onebit_adam import onebit_adam_bytes
+from jaxcomm.sync._powersgd import PowerSGDState
+from jaxcomm.sync._powersgd import powersgd
+from jaxcomm.sync._powersgd import powersgd_bytes
 from jaxcomm.sync._skip import SkipNonfiniteState
 from jaxcomm.sync._skip import skip_nonfinite
 from jaxcomm.sync._skip import skipped_steps
@@ -26,23 +37,34 @@ from jaxcomm.sync._topology import gossip_graph
 __all__ = (
     "ChocoState",
     "CompressedState",
+    "DemoState",
     "DpsgdState",
     "FractionalRepetition",
     "GRAPHS",
     "GossipGraph",
     "GradientCodingState",
     "MeanState",
+    "OnebitAdamState",
+    "PowerSGDState",
     "SkipNonfiniteState",
     "choco",
     "compressed",
     "consensus_distance",
     "decode_gradient",
+    "demo",
+    "demo_bytes",
     "dpsgd",
     "fractional_repetition",
     "gossip",
     "gossip_graph",
     "gradient_coding",
+    "lq_sgd",
+    "lq_sgd_bytes",
     "mean",
+    "onebit_adam",
+    "onebit_adam_bytes",
+    "powersgd",
+    "powersgd_bytes",
     "skip_nonfinite",
     "skipped_steps",
     "stacked_consensus_distance",

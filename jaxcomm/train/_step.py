@@ -81,10 +81,14 @@ class Trainer:
       optax.adamw(1e-3))`).
     mesh: the device mesh (see `make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
-    param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards over
-      non-data axes, ZeRO-3 shards over a data axis); replicated by default. Optimiser-state
-      leaves shaped like a parameter (same tree path suffix and shard shape) get its spec.
+    param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards and
+      pipeline stages over non-data axes, ZeRO-3 shards over a data axis); replicated by
+      default. Optimiser-state leaves that mirror a parameter (same tree path suffix and
+      shard shape: Adam's mu and nu, ...) get its spec.
     has_aux: whether `loss_fn` returns `(loss, aux)`; aux leaves are reported per worker.
+    batch_specs: optional PartitionSpecs of the batch leaves (e.g. `P("data", "sequence")`
+      for tokens split over a sequence axis); by default the leading dimension is split
+      over the data axes.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -100,7 +104,7 @@ class Trainer:
 
   def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
-               param_specs: Any = None, has_aux: bool = False):
+               param_specs: Any = None, has_aux: bool = False, batch_specs: Any = None):
     axes = _validate.trainer_axes(axis_name, mesh)
     _validate.trainer_args(loss_fn, optimizer)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
@@ -109,6 +113,7 @@ class Trainer:
     self.num_workers = math.prod(mesh.shape[a] for a in axes)
     self.param_specs = param_specs
     self.has_aux = has_aux
+    self.batch_specs = batch_specs
     self._layout = None
     self._opt_specs = None
     self._sq_groups = [()]
@@ -282,10 +287,26 @@ class Trainer:
     return TrainState(step=step, params=p, opt_state=opt)
 
   def batch_spec(self, batch) -> Any:
+    if isinstance(self.batch_specs, P):
+      return jax.tree.map(lambda _: self.batch_specs, batch)
+    if self.batch_specs is not None:
+      return self.batch_specs
     return jax.tree.map(lambda _: P(self.axes), batch)
 
   def _check_batch(self, batch):
-    _validate.batch(batch, self.num_workers, self.axis_name)
+    if self.batch_specs is None:
+      _validate.batch(batch, self.num_workers, self.axis_name)
+      return
+    specs = jax.tree.leaves(self.batch_spec(batch), is_leaf=lambda x: isinstance(x, P))
+    for x, spec in zip(jax.tree.leaves(batch), specs):
+      for dim, axes in enumerate(spec):
+        names = () if axes is None else tuple(axes) if isinstance(axes, tuple) else (axes,)
+        size = math.prod(self.mesh.shape[a] for a in names)
+        n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
+        if n is None or n % size:
+          kind = "data" if set(names) <= set(self.axes) else "mesh"
+          raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
+                           f"{kind} axis size {size} (axes {axes!r}).")
 
   def _extra_axes(self) -> tuple:
     return tuple(a for a in self.mesh.axis_names if a not in self.axes)
@@ -297,10 +318,6 @@ class Trainer:
     # Measurements leave as one value per device, data axes first: nothing is reduced over
     # the non-data axes (tensor, ...) inside the step, so no collective is spent on them.
     out_axes = self.axes + self._extra_axes()
-    pspecs = self._param_spec(self.param_specs, state.params)
-    sq_keys = [tuple(a for a in self._extra_axes() if a in {b for e in spec for b in _axes(e)})
-               for spec in jax.tree.leaves(pspecs, is_leaf=lambda x: isinstance(x, P))]
-    self._sq_groups = sorted(set(sq_keys))
 
     def step_local(state: TrainState, batch_block):
       params = self._unstack(state.params, layout.params)
@@ -311,13 +328,18 @@ class Trainer:
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
-      if self._sq_groups == [()]:
-        measurements = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
-      else:  # Squared norms per group of leaves sharded over the same non-data axes:
-        grad_sq = [jnp.zeros((), jnp.float32) for _ in self._sq_groups]  # summed in `step`
-        for g, key in zip(jax.tree.leaves(grads), sq_keys):
-          grad_sq[self._sq_groups.index(key)] += jnp.sum(jnp.square(g.astype(jnp.float32)))
-        measurements = {"loss": loss, "grad_sq": grad_sq, **aux}
+      # Squared gradient norms per group of leaves that vary over the same non-data axes
+      # (tensor-parallel shards, pipeline stages): `measurements` sums each group over its
+      # axes, so no collective is spent on the norm.
+      groups = {}
+      for g in jax.tree.leaves(grads):
+        key = tuple(a for a in self._extra_axes() if a in comm.varying_axes(g))
+        groups[key] = groups.get(key, 0.0) + jnp.sum(jnp.square(g.astype(jnp.float32)))
+      self._sq_groups = sorted(groups)
+      if self._sq_groups in ([()], []):
+        measurements = {"loss": loss, "grad_norm": jnp.sqrt(groups.get((), 0.0)), **aux}
+      else:
+        measurements = {"loss": loss, "grad_sq": [groups[k] for k in self._sq_groups], **aux}
       skipped = sync.skipped_steps(new_opt)
       if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
         measurements["skipped_steps"] = skipped
@@ -389,7 +411,8 @@ class Trainer:
 
   def shard_batch(self, local_batch) -> Any:
     """Turns this process's share of the global batch (numpy) into sharded global arrays."""
-    sharding = jax.tree.map(lambda _: NamedSharding(self.mesh, P(self.axes)), local_batch)
+    sharding = jax.tree.map(lambda s: NamedSharding(self.mesh, s),
+                            self.batch_spec(local_batch), is_leaf=lambda x: isinstance(x, P))
     return jax.tree.map(jax.make_array_from_process_local_data, sharding, local_batch)
 
   def worker_view(self, tree_stacked, per_worker_tree, worker: int = 0):

@@ -1,0 +1,118 @@
+r"""Step-time overhead of every compressor over exact data parallelism.
+
+  python -m benchmarks.overhead --model=lm,mlp --repeats=5 --steps=10 --devices=8
+
+For each model (the experiments' default LM; the MLP on digits) each method trains inside
+the `Trainer` on a mesh of --devices devices (emulated CPU devices, or the accelerators
+there are: on one GPU, --devices=1). After a compile and warm-up step, every repeat times
+--steps steps of every method in turn (round-robin, so drift from a shared machine hits all
+methods alike); the table shows each method's median step time over the repeats divided by
+exact DP's. On emulated CPU devices the collectives are memory copies: the ratio is the
+compute overhead of encoding, decoding and the extra ops, not network time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from absl import app
+from absl import flags
+
+_MODEL = flags.DEFINE_list("model", ["lm", "mlp"], "Models: lm, mlp.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per method (median reported).")
+_STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed repeat.")
+_DEVICES = flags.DEFINE_integer("devices", 8, "Devices on the data axis (CPU: emulated).")
+
+
+def methods():
+  """(name, builder(inner) -> transform); 1-bit Adam and DeMo replace the inner optimiser."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from jaxcomm import codecs, sync  # pylint: disable=import-outside-toplevel
+  key = jax.random.key(0)
+  chain = lambda s: (lambda inner: optax.chain(s(), inner))
+  return [
+      ("exact DP", chain(sync.mean)),
+      ("cast bf16 (two-phase)", chain(lambda: sync.compressed(codecs.cast("bfloat16")))),
+      ("int8 + EF (two-phase)",
+       chain(lambda: sync.compressed(codecs.uniform(8, block=256), memory="ef"))),
+      ("top-k 1% + EF (gather)",
+       chain(lambda: sync.compressed(codecs.top_k(0.01), memory="ef"))),
+      ("QSGD 7 levels (two-phase)", chain(lambda: sync.compressed(codecs.qsgd(7), key=key))),
+      ("sign + EF (two-phase)", chain(lambda: sync.compressed(codecs.sign(), memory="ef"))),
+      ("PowerSGD rank 1", chain(lambda: sync.powersgd(1))),
+      ("PowerSGD rank 4", chain(lambda: sync.powersgd(4))),
+      ("LQ-SGD rank 4, 8-bit", chain(lambda: sync.lq_sgd(4, bits=8))),
+      ("1-bit Adam after freeze", lambda inner: sync.onebit_adam(1e-3, freeze_step=0)),
+      ("DeMo 64/32", lambda inner: sync.demo(1e-3)),
+  ]
+
+
+def task(model: str):
+  """(loss_fn, params, batch, has_aux) for the model, one fixed global batch."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from experiments import builders  # pylint: disable=import-outside-toplevel
+  from jaxcomm import data, models  # pylint: disable=import-outside-toplevel
+  cfg = builders.Config()
+  if model == "lm":
+    lm = models.TransformerLM(d_model=cfg.d_model, num_layers=cfg.num_layers,
+                              num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
+    params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
+    batch = data.pydoc_text().batch(0, cfg.batch_size, seq_len=cfg.seq_len)
+    return models.lm_loss(lm), params, batch, False
+  if model == "mlp":
+    mlp = models.MLP(hidden=cfg.hidden, num_classes=10)
+    params = jax.jit(mlp.init)(jax.random.key(0), jnp.zeros((1, 64)))
+    return models.classifier_loss(mlp), params, data.digits().batch(0, 128), True
+  raise ValueError(f"model {model!r} is unknown; allowed: lm, mlp.")
+
+
+def time_steps(trainer, state, batch, steps):
+  import jax  # pylint: disable=import-outside-toplevel
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, m = trainer.step(state, batch)
+  jax.block_until_ready((state, m))
+  return state, (time.perf_counter() - start) / steps
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
+  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  devices = min(_DEVICES.value, jax.device_count())
+  mesh = train.make_mesh({"data": devices})
+  print(f"{jax.devices()[0].platform} x {devices} devices; median of {_REPEATS.value} repeats "
+        f"of {_STEPS.value} steps; ratio = step time / exact DP step time")
+  results = {}
+  for model in _MODEL.value:
+    loss_fn, params, batch, has_aux = task(model)
+    runs = []
+    for name, build in methods():
+      trainer = train.Trainer(loss_fn, build(optax.adam(1e-3)), mesh, has_aux=has_aux)
+      state = trainer.init(params)
+      batch_d = trainer.shard_batch(batch) if jax.process_count() > 1 else batch
+      state, _ = time_steps(trainer, state, batch_d, 2)  # compile and warm up
+      runs.append([name, trainer, state, batch_d, []])
+    for _ in range(_REPEATS.value):
+      for run in runs:
+        run[2], seconds = time_steps(run[1], run[2], run[3], _STEPS.value)
+        run[4].append(seconds)
+    base = statistics.median(runs[0][4])
+    results[model] = {run[0]: (statistics.median(run[4]), statistics.median(run[4]) / base)
+                      for run in runs}
+  models = list(results)
+  head = f"{'method':28s}" + "".join(f" | {m + ' ms':>10s} {'ratio':>6s}" for m in models)
+  print(head)
+  print("-" * len(head))
+  for name, _ in methods():
+    print(f"{name:28s}" + "".join(
+        f" | {1e3 * results[m][name][0]:>10.2f} {results[m][name][1]:>5.2f}x" for m in models))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,720 @@
+"""Local-update schedules on 8 workers against single-device references of W workers.
+
+Each reference below re-implements a method's update rule directly (worker parameters as a
+stacked [W, ...] tree, gradients by vmap on one device) and the Trainer's per-worker state
+is held against it; bytes are held three ways (counted in state, comm.inspect inside the
+conditional, ALGORITHMS.md formula). Tiny MLP on digits, few steps: compile time dominates.
+"""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm import codecs, comm, data, local, models, sync, train
+# The property-test helpers of the foundation's validation tests.
+from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, mesh_for,
+                             valid_or)
+
+W = 8
+B = 64  # global batch: 8 examples per worker
+LR = 0.3
+NESTEROV = optax.sgd(0.7, momentum=0.9, nesterov=True)
+
+
+# ------------------------------------------------------------------ task and references
+@pytest.fixture(scope="module")
+def task():
+  model = models.MLP(hidden=(16,), num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  ds = data.digits()
+  batches = [ds.batch(t, B) for t in range(8)]
+  grads = jax.jit(jax.vmap(jax.grad(loss)))  # [W] params, [W] batch blocks -> [W] grads
+  return params, loss, batches, grads
+
+
+def blocks(batch, w=W):
+  return jax.tree.map(lambda x: x.reshape(w, -1, *x.shape[1:]), batch)
+
+
+def stack(tree, w=W):
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (w, *x.shape)), tree)
+
+
+def live_mean(stacked, live):
+  """Mean over the live workers (axis 0) of a stacked tree."""
+  live = jnp.asarray(live, jnp.float32)
+  return jax.tree.map(lambda x: jnp.tensordot(live, x, 1) / live.sum(), stacked)
+
+
+def run_trainer(loss, tx, params, batches, steps, mesh=None, axis_name="data"):
+  mesh = mesh or train.make_mesh({"data": W})
+  trainer = train.Trainer(loss, tx, mesh, axis_name=axis_name)
+  state = trainer.init(params)
+  sent = []
+  for t in range(steps):
+    state, m = trainer.step(state, batches[t])
+    sent.append(int(m["wire_bytes"]))
+  return trainer, state, sent
+
+
+def ref_diloco(task, inner, outer, sync_every, steps, mask=None, params=None):
+  """W workers, inner steps by vmap, every H steps the outer step on the live mean."""
+  params0, _, batches, grads = task
+  theta = params if params is not None else params0
+  ps, s = stack(theta), jax.vmap(inner.init)(stack(theta))
+  o = outer.init(theta)
+  for t in range(1, steps + 1):
+    g = grads(ps, blocks(batches[t - 1]))
+    u, s = jax.vmap(inner.update)(g, s, ps)
+    ps = optax.apply_updates(ps, u)
+    if t % sync_every == 0:
+      k = t // sync_every - 1
+      live = mask[k] if mask is not None and k < len(mask) else np.ones(W)
+      delta = live_mean(jax.tree.map(lambda a, b: a - b, stack(theta), ps), live)
+      step, o = outer.update(delta, o, theta)
+      theta = optax.apply_updates(theta, step)
+      ps = stack(theta)
+  return ps, s, theta, o
+
+
+def close(a, b, atol=1e-6):
+  chex.assert_trees_all_close(a, b, atol=atol, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ equivalences
+@pytest.fixture(scope="module")
+def dp_sgd(task):
+  params, loss, batches, _ = task
+  return run_trainer(loss, optax.chain(sync.mean("data"), optax.sgd(LR)), params, batches, 3)
+
+
+def test_diloco_h1_sgd_equals_exact_dp(task, dp_sgd):
+  params, loss, batches, _ = task
+  _, dp, dp_sent = dp_sgd
+  _, dl, dl_sent = run_trainer(loss, local.diloco(optax.sgd(LR), optax.sgd(1.0), 1), params,
+                               batches, 3)
+  # Float tolerance: θ_out − (θ_out − mean(θ_out − lr g_w)) vs θ − lr mean(g_w): ulps of θ.
+  close(jax.tree.map(lambda x: x[0], dl.params), dp.params)
+  close(dl.opt_state.outer_params, dp.params)
+  assert dl_sent == dp_sent  # the same all-reduce of |θ| every step
+
+
+def test_local_sgd_h1_equals_exact_dp(task, dp_sgd):
+  params, loss, batches, _ = task
+  _, dp, _ = dp_sgd
+  _, ls, _ = run_trainer(loss, local.local_sgd(optax.sgd(LR), 1), params, batches, 3)
+  close(jax.tree.map(lambda x: x[0], ls.params), dp.params)
+  close(jax.tree.map(lambda x: x[W - 1], ls.params), dp.params)
+
+
+# Every schedule's run without a mask is held against its reference below; with an all-live
+# mask it must be the same run. One compiled trainer per (schedule, masked).
+SGD = optax.sgd(LR)
+SCHEDULES = {  # name: (factory(**participation), steps, slow-axis width or None)
+    "local_sgd": (lambda **kw: local.local_sgd(SGD, 2, **kw), 4, None),
+    "diloco": (lambda **kw: local.diloco(optax.adam(1e-2), NESTEROV, 3, **kw), 6, None),
+    "streaming": (lambda **kw: local.streaming_diloco(
+        SGD, optax.sgd(0.7, momentum=0.9), 4, 2, 1, 0.5, codec=None, **kw), 8, None),
+    "sparseloco": (lambda **kw: local.sparseloco(SGD, 2, 0.1, 2, decay=0.95, **kw), 4, None),
+    "dreamddp": (lambda **kw: local.dreamddp(SGD, 3, **kw), 6, None),
+    "scaffold": (lambda **kw: local.scaffold(SGD, 2, **kw), 4, None),
+    "hierarchical": (lambda **kw: local.hierarchical(
+        SGD, 2, "fast", "slow", worker_steps=[2, 1], weighting="steps", **kw), 4, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(task):
+  params, loss, batches, _ = task
+  cache = {}
+
+  def get(name, masked=False):
+    if (name, masked) not in cache:
+      make, steps, slow = SCHEDULES[name]
+      kw = {"participation": np.ones((8, slow or W), bool)} if masked else {}
+      mesh = train.make_mesh({"slow": 2, "fast": 4}) if slow else None
+      cache[name, masked] = run_trainer(loss, make(**kw), params, batches, steps, mesh=mesh,
+                                        axis_name=("slow", "fast") if slow else "data")
+    return cache[name, masked]
+
+  return get
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_all_live_mask_equals_no_mask(runs, name):
+  _, a, sent_a = runs(name)
+  _, b, sent_b = runs(name, masked=True)
+  close(a.params, b.params, atol=1e-7)
+  assert sent_a == sent_b and sum(sent_a) > 0
+
+
+def test_local_sgd_h2_matches_reference(task, runs):
+  _, state, _ = runs("local_sgd")
+  ps, *_ = ref_diloco(task, SGD, optax.sgd(1.0), 2, 4)  # FedAvg: outer SGD(1)
+  close(state.params, ps)
+
+
+def test_diloco_h3_matches_reference(task, runs):
+  _, state, sent = runs("diloco")
+  ps, s, theta, o = ref_diloco(task, optax.adam(1e-2), NESTEROV, 3, 6)
+  close(state.params, ps)
+  close(state.opt_state.outer_params, theta)
+  close(state.opt_state.outer_state, o)
+  close(state.opt_state.inner_state[0].mu, s[0].mu)
+  n = sum(x.size for x in jax.tree.leaves(task[0]))
+  assert sent == [0, 0, comm.allreduce_bytes(4 * n, W)] * 2
+
+
+def test_streaming_one_fragment_equals_diloco(task, runs):
+  params, loss, batches, _ = task
+  _, dl, dl_sent = runs("diloco")
+  tx = local.streaming_diloco(optax.adam(1e-2), NESTEROV, 3, fragments=1, overlap=0,
+                              alpha=0.0, codec=None)
+  _, st, st_sent = run_trainer(loss, tx, params, batches, 6)
+  close(st.params, dl.params)
+  assert st_sent == dl_sent
+
+
+def test_diloco_identity_codec_equals_no_codec(task, runs):
+  params, loss, batches, _ = task
+  _, dl, dl_sent = runs("diloco")
+  tx = local.diloco(optax.adam(1e-2), NESTEROV, 3, codec=codecs.identity())
+  _, st, st_sent = run_trainer(loss, tx, params, batches, 6)
+  close(st.params, dl.params, atol=1e-7)
+  assert st_sent == dl_sent
+
+
+# ------------------------------------------------------------------ participation
+def test_two_dropped_workers_lose_no_state_and_rejoin(task):
+  """Workers 2 and 5 miss sync 1: the outer step averages the six others; nothing is lost."""
+  params, loss, batches, _ = task
+  mask = np.ones((2, W), bool)
+  mask[1, [2, 5]] = False
+  tx = local.diloco(optax.adam(1e-2), NESTEROV, 2, participation=mask)
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
+  ps, s, theta, o = ref_diloco(task, optax.adam(1e-2), NESTEROV, 2, 6, mask=mask)
+  close(state.opt_state.outer_params, theta)
+  close(state.opt_state.outer_state, o)
+  # Inner optimiser state of every worker, dropped ones included, is kept.
+  close(state.opt_state.inner_state[0], jax.tree.map(
+      lambda x, pw: x if pw else x[0], s[0], trainer.layout.opt_state.inner_state[0]))
+  # Dropped workers rejoined with the outer parameters and trained on.
+  close(state.params, ps)
+  # The sync they missed differs from the all-live one: the mask took effect.
+  *_, theta_all, _ = ref_diloco(task, optax.adam(1e-2), NESTEROV, 2, 4)
+  _, _, theta_4, _ = ref_diloco(task, optax.adam(1e-2), NESTEROV, 2, 4, mask=mask)
+  assert not np.allclose(jax.tree.leaves(theta_all)[0], jax.tree.leaves(theta_4)[0])
+  assert sent[1] == sent[3] == sent[5] > 0  # the same bytes: the collective still runs
+
+
+def test_participation_callable_and_dropped_worker_rejoins(task):
+  """A traceable mask function; a dropped worker's own progress is discarded."""
+  params, loss, batches, _ = task
+  drop_first = lambda k: jnp.arange(W) != jnp.where(k == 0, 0, -1)  # worker 0 misses sync 0
+  _, state, _ = run_trainer(loss, local.local_sgd(optax.sgd(LR), 2,
+                                                  participation=drop_first),
+                            params, batches, 2)
+  mask = np.ones((1, W), bool)
+  mask[0, 0] = False
+  ps, *_ = ref_diloco(task, optax.sgd(LR), optax.sgd(1.0), 2, 2, mask=mask)
+  close(state.params, ps)
+  # Worker 0 took the average like everyone: equal up to the rounding of p + (avg - p).
+  close(jax.tree.map(lambda x: x[0], state.params), jax.tree.map(lambda x: x[1], state.params),
+        atol=1e-8)
+
+
+# ------------------------------------------------------------------ other references
+def test_scaffold_matches_reference(task):
+  params, loss, batches, grads = task
+  h, steps, mask = 2, 6, np.ones((3, W), bool)
+  mask[1, [1, 6]] = False
+  _, state, sent = run_trainer(loss, local.scaffold(optax.sgd(LR), h, participation=mask),
+                               params, batches, steps)
+  ps, zeros = stack(params), jax.tree.map(jnp.zeros_like, stack(params))
+  cw, c, gsum = zeros, jax.tree.map(jnp.zeros_like, params), zeros
+  for t in range(1, steps + 1):
+    g = grads(ps, blocks(batches[t - 1]))
+    ps = jax.tree.map(lambda p, g, a, b: p - LR * (g - a + b), ps, g, cw, c)
+    gsum = jax.tree.map(jnp.add, gsum, g)
+    if t % h == 0:
+      live = mask[t // h - 1]
+      fresh = jax.tree.map(lambda x: x / h, gsum)
+      lw = jnp.asarray(live, jnp.float32)
+      c = jax.tree.map(lambda c, f, a: c + jnp.tensordot(lw, f - a, 1) / W, c, fresh, cw)
+      cw = jax.tree.map(lambda f, a: jnp.where(
+          lw.reshape(-1, *[1] * (f.ndim - 1)) > 0, f, a), fresh, cw)
+      ps, gsum = stack(live_mean(ps, live)), zeros
+  close(state.params, ps, atol=2e-6)
+  close(state.opt_state.control, cw, atol=2e-6)
+  close(state.opt_state.global_control, c, atol=2e-6)
+  n = sum(x.size for x in jax.tree.leaves(params))
+  assert sent == [0, 2 * comm.allreduce_bytes(4 * n, W)] * 3  # θ and Δc
+
+
+def test_dreamddp_matches_reference_and_syncs_each_leaf_once(task, runs):
+  params, loss, batches, grads = task
+  h, steps = 3, 6
+  _, state, sent = runs("dreamddp")
+  leaves, treedef = jax.tree.flatten(params)
+  groups = local.layer_groups([x.size for x in leaves], min(h, len(leaves)))
+  assert sorted(i for g in groups for i in range(len(leaves)) if i in g) == \
+      list(range(len(leaves)))
+  ps = stack(params)
+  for t in range(1, steps + 1):
+    ps = jax.tree.map(lambda p, g: p - LR * g, ps, grads(ps, blocks(batches[t - 1])))
+    slot = [g for g in range(len(groups)) if t % h == g * h // len(groups)]
+    if slot:
+      flat = jax.tree.leaves(ps)
+      for i in groups[slot[0]]:
+        flat[i] = jnp.broadcast_to(flat[i].mean(0), flat[i].shape)
+      ps = jax.tree.unflatten(treedef, flat)
+  close(state.params, ps)
+  group_bytes = [comm.allreduce_bytes(4 * sum(leaves[i].size for i in g), W) for g in groups]
+  expected = [group_bytes[g] for t in range(1, steps + 1)
+              for g in range(len(groups)) if t % h == g * h // len(groups)]
+  assert [s for s in sent if s] == expected
+  # A whole period sends one all-reduce of |θ|, like local SGD, but the peak is smaller.
+  n = sum(x.size for x in leaves)
+  assert sum(sent[:h]) == comm.allreduce_bytes(4 * n, W) > max(sent)
+
+
+def test_streaming_overlap_and_mixing_match_reference(task, runs):
+  params, loss, batches, grads = task
+  h, frags, tau, alpha, steps = 4, 2, 1, 0.5, 8
+  _, state, sent = runs("streaming")
+  flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+  n = flat(params).size
+  leaves, treedef = jax.tree.flatten(params)
+  worker = np.stack([flat(params)] * W)             # [W, n]
+  outer = flat(params).copy()
+  mom = np.zeros_like(outer)
+  offsets = [p * h // frags for p in range(frags)]
+  sizes = np.cumsum([x.size for x in leaves])[:-1]
+
+  def unflat(v):
+    parts = np.split(v, sizes)
+    return jax.tree.unflatten(treedef, [a.reshape(x.shape) for a, x in zip(parts, leaves)])
+
+  for t in range(1, steps + 1):
+    ps = jax.tree.map(lambda *xs: jnp.stack(xs), *[unflat(w) for w in worker])
+    g = grads(ps, blocks(batches[t - 1]))
+    worker = worker - LR * np.stack([flat(jax.tree.map(lambda x: x[w], g)) for w in range(W)])
+    elems = lambda p: np.arange(n)[np.arange(n) % frags == p]
+    if t % h in offsets:
+      idx = elems(offsets.index(t % h))
+      delta = (outer[idx] - worker[:, idx]).mean(0)
+      mom[idx] = 0.9 * mom[idx] + delta
+      outer[idx] = outer[idx] - 0.7 * mom[idx]
+    if t - tau >= 1 and (t - tau) % h in offsets:
+      idx = elems(offsets.index((t - tau) % h))
+      worker[:, idx] = alpha * worker[:, idx] + (1 - alpha) * outer[idx]
+  got = np.stack([flat(jax.tree.map(lambda x: x[w], state.params)) for w in range(W)])
+  np.testing.assert_allclose(got, worker, atol=1e-5)
+  m = math.ceil(n / frags)
+  assert [s for s in sent if s] == [comm.allreduce_bytes(4 * m, W)] * 4  # t = 2, 4, 6, 8
+
+
+def test_sparseloco_matches_reference(task, runs):
+  params, loss, batches, grads = task
+  h, steps, density, beta = 2, 4, 0.1, 0.95
+  codec = local.topk_chunks(density, 2, 4096)
+  _, state, sent = runs("sparseloco")
+  roundtrip = jax.jit(jax.vmap(codec.roundtrip))
+  theta, ps = params, stack(params)
+  vec = lambda tree: codecs.flatten(tree)[0]
+  n = vec(params).size
+  mem = jnp.zeros((W, n))
+  for t in range(1, steps + 1):
+    ps = jax.tree.map(lambda p, g: p - LR * g, ps, grads(ps, blocks(batches[t - 1])))
+    if t % h == 0:
+      delta = jax.vmap(lambda p: vec(jax.tree.map(jnp.subtract, theta, p)))(ps)
+      e = beta * mem + delta
+      sent_vals = roundtrip(e)
+      mem = e - sent_vals
+      _, unflatten = codecs.flatten(params)
+      theta = jax.tree.map(lambda a, b: a - b, theta, unflatten(sent_vals.mean(0)))
+      ps = stack(theta)
+  close(state.params, ps, atol=1e-5)
+  close(state.opt_state.memory, mem, atol=1e-5)
+  assert sent == [0, comm.all_gather_bytes(codec.payload_bytes(n), W)] * 2
+
+
+def test_hierarchical_wp_sgd_matches_reference(task, runs):
+  """2 slow groups x 4 fast workers; group 1 computes 1 of every 2 steps; WP-SGD weights."""
+  params, loss, batches, grads = task
+  h, steps, wsteps = 2, 4, [2, 1]
+  trainer, state, sent = runs("hierarchical")
+  ps = stack(params, 2)
+  for t in range(1, steps + 1):
+    g = grads(jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), ps), blocks(batches[t - 1]))
+    g = jax.tree.map(lambda x: x.reshape(2, 4, *x.shape[1:]).mean(1), g)
+    busy = jnp.asarray([(t - 1) % h < s for s in wsteps], jnp.float32)
+    ps = jax.tree.map(lambda p, g: p - LR * g * busy.reshape(-1, *[1] * (g.ndim - 1)), ps, g)
+    if t % h == 0:
+      ps = stack(live_mean(ps, np.asarray(wsteps, np.float32)), 2)
+  close(jax.tree.map(lambda x: x[::4], state.params), ps)
+  n = sum(x.size for x in jax.tree.leaves(params))
+  fast, slow = comm.allreduce_bytes(4 * n, 4), comm.allreduce_bytes(4 * n, 2)
+  assert sent == [fast, fast + slow] * 2
+  batch = batches[0]
+  report = comm.inspect(trainer.step_fn(state, batch), state, batch)
+  assert report.wire_bytes(axes=("fast",), conditional=False) == fast
+  assert report.wire_bytes(axes=("slow",), conditional=True) == slow
+  assert report.wire_bytes() == fast + slow
+
+
+# ------------------------------------------------------------------ bytes, three ways
+def _sync_bytes(name, params):
+  """(bytes of each sync over one period, ALGORITHMS.md formulas) of a SCHEDULES run."""
+  sizes = [x.size for x in jax.tree.leaves(params)]
+  n = sum(sizes)
+  if name == "streaming":
+    return [comm.allreduce_bytes(4 * math.ceil(n / 2), W)] * 2
+  if name == "sparseloco":
+    return [comm.all_gather_bytes(local.topk_chunks(0.1, 2).payload_bytes(n), W)]
+  if name == "dreamddp":
+    return [comm.allreduce_bytes(4 * sum(sizes[i] for i in g), W)
+            for g in local.layer_groups(sizes, 3)]
+  if name == "scaffold":
+    return [2 * comm.allreduce_bytes(4 * n, W)]  # θ and Δc
+  return [comm.allreduce_bytes(4 * n, W)]
+
+
+@pytest.mark.parametrize("name", ["local_sgd", "diloco", "streaming", "sparseloco",
+                                  "dreamddp", "scaffold"])
+def test_bytes_counted_equal_inspect_and_formula(task, runs, name):
+  params, _, batches, _ = task
+  trainer, state, sent = runs(name)
+  period = _sync_bytes(name, params)
+  steps = SCHEDULES[name][1]
+  assert sorted(s for s in sent if s) == sorted(period * (len([s for s in sent if s])
+                                                          // len(period)))
+  report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
+  assert report.wire_bytes(conditional=False) == 0  # nothing travels outside a sync
+  # Streaming's one branch serves every fragment (dynamic index): one sync's bytes; the
+  # other methods have a branch per distinct sync, so the compiled total is the period's.
+  expected = period[0] if name == "streaming" else sum(period)
+  assert report.wire_bytes(conditional=True) == expected
+  ops = {c.op for c in report}
+  assert ops == ({"all-gather"} if name == "sparseloco" else {"all-reduce"})
+  assert {c.axes for c in report} == {("data",)}
+  # Per step, on average: the period's bytes spread over its H steps.
+  h = {"local_sgd": 2, "diloco": 3, "streaming": 4, "sparseloco": 2, "dreamddp": 3,
+       "scaffold": 2}[name]
+  assert sum(sent) == pytest.approx(sum(period) * steps / h)
+
+
+def test_cast_codec_outer_gradient_travels_narrow(task):
+  """bf16 outer gradient with error feedback: two-phase in u16 bits, f32 accumulation."""
+  params, loss, batches, grads = task
+  n = sum(x.size for x in jax.tree.leaves(params))
+  tx = local.diloco(SGD, optax.sgd(1.0), 2, codec=codecs.cast("bfloat16"), memory="ef")
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 2)
+  formula = comm.allreduce_bytes(2 * (n + (-n % W)), W)  # two-phase, padded to W
+  report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
+  assert sent == [0, formula] and report.wire_bytes(conditional=True) == formula
+  assert {c.dtype for c in report} == {"u16"}  # bf16 bits, not widened to f32
+  # Reference: each worker rounds δ_w to bf16, the sum is taken in f32 and rounded to bf16
+  # for the all-gather; the memory keeps δ_w − bf16(δ_w).
+  ps = stack(params)
+  for t in range(2):
+    ps = jax.tree.map(lambda p, g: p - LR * g, ps, grads(ps, blocks(batches[t])))
+  flat, unflatten = codecs.flatten(params)
+  delta = flat[None] - jax.vmap(lambda p: codecs.flatten(p)[0])(ps)
+  sent_w = delta.astype(jnp.bfloat16).astype(jnp.float32)
+  total = jnp.sum(sent_w, axis=0).astype(jnp.bfloat16).astype(jnp.float32)
+  close(state.opt_state.outer_params, unflatten(flat - total / W), atol=1e-4)
+  close(state.opt_state.memory, delta - sent_w, atol=1e-7)
+
+
+def test_streaming_default_codec_bytes_in_compiled_program(task):
+  params, loss, batches, _ = task
+  n = sum(x.size for x in jax.tree.leaves(params))
+  tx = local.streaming_diloco(optax.sgd(LR), NESTEROV, 4, 2, 1, 0.5)  # codec "auto"
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 4)
+  m = math.ceil(n / 2)
+  report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
+  codec = local._streaming.default_codec()
+  if codec.linear:  # bf16: two-phase of the fragment, padded to a multiple of W
+    formula = comm.allreduce_bytes(codec.payload_bytes(m + (-m % W)), W)
+  else:  # a non-linear fp4 codec travels by gather
+    formula = comm.all_gather_bytes(codec.payload_bytes(m), W)
+  assert [s for s in sent if s] == [formula] * 2
+  assert report.wire_bytes(conditional=True) == formula
+  assert report.wire_bytes(conditional=False) == 0
+
+
+# ------------------------------------------------------------------ pieces
+def test_phases_sync_index_counts_syncs():
+  phases = local._core.Phases(6, [0, 2, 4])
+  seen = -1
+  for t in range(0, 20):
+    slot = int(phases.slot(jnp.int32(t)))
+    expect = [0, 2, 4].index(t % 6) if t >= 1 and t % 6 in (0, 2, 4) else -1
+    assert slot == expect
+    if slot >= 0:
+      seen += 1
+      assert int(phases.sync_index(jnp.int32(t))) == seen
+
+
+def test_topk_chunks_codec_against_numpy():
+  x = jax.random.normal(jax.random.key(1), (1000,))
+  exact = local.topk_chunks(0.1, None, 256)
+  out = np.asarray(jax.jit(exact.roundtrip)(x))
+  xs = np.pad(np.asarray(x), (0, 24)).reshape(4, 256)
+  ref = np.zeros_like(xs)
+  for r in range(4):
+    keep = np.argsort(-np.abs(xs[r]))[:26]
+    ref[r, keep] = xs[r, keep]
+  np.testing.assert_array_equal(out, ref.reshape(-1)[:1000])
+  for bits in (1, 2, 4, 8):
+    codec = local.topk_chunks(0.1, bits, 256)
+    payload = jax.eval_shape(codec.encode, x, None)
+    assert comm.tree_bytes(payload) == codec.payload_bytes(1000)
+    got = np.asarray(jax.jit(codec.roundtrip)(x))
+    assert set(np.flatnonzero(got)) <= set(np.flatnonzero(out))
+    scale = np.abs(ref).max(1).repeat(256)[:1000]
+    step = 2 * scale / (2**bits - 1)
+    assert np.all(np.abs(got - out) <= step / 2 + 1e-6)
+
+
+# ------------------------------------------------------------------ contract (one device)
+FACTORIES = {
+    "local_sgd": lambda: local.local_sgd(optax.sgd(0.1), 3, None),
+    "diloco": lambda: local.diloco(optax.sgd(0.1), NESTEROV, 3, None),
+    "diloco_ef": lambda: local.diloco(optax.sgd(0.1), optax.sgd(1.0), 3, None,
+                                      codec=codecs.cast("float8_e4m3fn"), memory="ef"),
+    "streaming": lambda: local.streaming_diloco(optax.sgd(0.1), NESTEROV, 4, 2, 1, 0.5, None),
+    "sparseloco": lambda: local.sparseloco(optax.sgd(0.1), 3, 0.5, 8, None),
+    "dreamddp": lambda: local.dreamddp(optax.sgd(0.1), 3, None),
+    "scaffold": lambda: local.scaffold(optax.sgd(0.1), 3, None),
+    "hierarchical": lambda: local.hierarchical(optax.sgd(0.1), 3, None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_contract(name):
+  tx = FACTORIES[name]()
+  target = {"a": jnp.arange(4.0), "b": jnp.ones((2, 3))}
+  params = jax.tree.map(jnp.zeros_like, target)
+  abstract = jax.eval_shape(tx.init, jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
+  state = tx.init(params)
+  chex.assert_trees_all_equal_shapes_and_dtypes(abstract, state)
+  traces = []
+
+  @jax.jit
+  def step(p, s):
+    traces.append(1)
+    g = jax.tree.map(jnp.subtract, p, target)  # quadratic 0.5 |p - target|^2
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  p1, s1 = step(params, state)
+  p2, s2 = step(p1, s1)
+  assert len(traces) == 1  # no recompilation
+  chex.assert_trees_all_equal_shapes_and_dtypes(s2, state)
+  # bf16 parameters stay bf16.
+  p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  u16, _ = jax.eval_shape(lambda p: tx.update(p, tx.init(p), p), p16)
+  assert {x.dtype for x in jax.tree.leaves(u16)} == {jnp.dtype(jnp.bfloat16)}
+  # Converges on the quadratic inside lax.scan.
+  (p, _), _ = jax.lax.scan(lambda c, _: (step.__wrapped__(*c), None), (params, state), None,
+                           length=240)
+  close(p, target, atol=1e-2)
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_fails_at_build_time(task):
+  inner = optax.sgd(0.1)
+  for bad in (0, -1, 1.5):
+    with pytest.raises(ValueError, match="sync_every"):
+      local.local_sgd(inner, bad)
+    with pytest.raises(ValueError, match="sync_every"):
+      local.diloco(inner, inner, bad)
+  with pytest.raises(ValueError, match="fragments"):
+    local.streaming_diloco(inner, inner, 4, fragments=0)
+  with pytest.raises(ValueError, match="fragments"):
+    local.streaming_diloco(inner, inner, 4, fragments=5)
+  with pytest.raises(ValueError, match="overlap"):
+    local.streaming_diloco(inner, inner, 4, 2, overlap=4)
+  with pytest.raises(ValueError, match="alpha"):
+    local.streaming_diloco(inner, inner, 4, 2, 0, alpha=1.5)
+  with pytest.raises(ValueError, match="alpha"):
+    local.streaming_diloco(inner, inner, 4, 2, 0, alpha=-0.1)
+  with pytest.raises(ValueError, match="participation"):
+    local.diloco(inner, inner, 2, participation=[[True, False], [True]])
+  with pytest.raises(ValueError, match="participation"):
+    local.diloco(inner, inner, 2, participation=np.ones(W, bool))
+  with pytest.raises(ValueError, match="at least one live"):
+    local.local_sgd(inner, 2, participation=np.zeros((1, W), bool))
+  with pytest.raises(ValueError, match="memory"):
+    local.diloco(inner, inner, 2, memory="ef21")
+  with pytest.raises(ValueError, match="codec"):
+    local.diloco(inner, inner, 2, memory="ef")
+  with pytest.raises(ValueError, match="codec"):
+    local.diloco(inner, inner, 2, codec="fp4")
+  with pytest.raises(ValueError, match="density"):
+    local.sparseloco(inner, 2, density=0.0)
+  with pytest.raises(ValueError, match="bits"):
+    local.sparseloco(inner, 2, bits=3)
+  with pytest.raises(ValueError, match="weighting"):
+    local.hierarchical(inner, 2, weighting="flops")
+  with pytest.raises(ValueError, match="worker_steps"):
+    local.hierarchical(inner, 2, worker_steps=[1, 3])
+  # Fragments beyond the parameter leaves: known once the transform meets the parameters.
+  with pytest.raises(ValueError, match="leaves"):
+    local.streaming_diloco(inner, inner, 8, fragments=8, codec=None).init(task[0])
+  # A mask whose width is not the number of workers: raised by Trainer.init, before a step.
+  params, loss, _, _ = task
+  tx = local.diloco(inner, inner, 2, participation=np.ones((2, 6), bool))
+  with pytest.raises(ValueError, match="participation has 6 workers"):
+    train.Trainer(loss, tx, train.make_mesh({"data": W})).init(params)
+
+
+# ------------------------------------------------------------------ property: build or ValueError
+FEW = settings(max_examples=10, deadline=None, derandomize=True,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+H = valid_or(st.integers(1, 3))
+# "ones": an all-live mask as wide as the axis (filled in by the test, which knows the mesh).
+MASKS = valid_or(st.sampled_from([None, "ones"]))
+
+
+def _mask(participation, axis_name):
+  if participation != "ones":
+    return participation
+  return np.ones((2, 1 if axis_name is None else W), bool)
+
+
+def runs_one_update(tx, axis_name, deferred=("participation", "fragments")):
+  """One update (a sync when H = 1) inside shard_map; per-worker updates leave per worker.
+
+  A few checks need the mesh or the parameters (a mask's width, fragments against the
+  leaves): they may raise ValueError naming their argument at init or at the first trace.
+  """
+  params = {"w": jnp.arange(3.0), "b": jnp.ones(())}
+  axes = () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else
+                                       (axis_name,))
+
+  def update(p):
+    out = tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+    return jax.tree.map(lambda x: comm.varying(x, axes)[None], out)
+
+  try:
+    if not axes:
+      out = update(params)
+    else:
+      out = jax.jit(jax.shard_map(update, mesh=mesh_for(axis_name), in_specs=P(),
+                                  out_specs=P(axes)))(params)
+  except ValueError as e:
+    assert any(word in str(e) for word in deferred), e
+    return
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, axis_name=AXIS_NAMES, mask=MASKS)
+@example(inner=optax.sgd(0.1), h=1, axis_name=("a", "b"), mask="ones")
+def test_local_sgd_dreamddp_scaffold_builds_or_raise_value_error(inner, h, axis_name, mask):
+  for factory in (local.local_sgd, local.dreamddp, local.scaffold):
+    builds_or_value_error(
+        lambda: factory(inner, h, axis_name, participation=_mask(mask, axis_name)),
+        lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, outer=TRANSFORMS, h=H, axis_name=AXIS_NAMES,
+       codec=valid_or(st.sampled_from([None, codecs.identity(), codecs.cast("bfloat16")])),
+       memory=valid_or(st.sampled_from([None, "ef"])), mask=MASKS)
+@example(inner=optax.adam(0.1), outer=optax.sgd(0.7), h=1, axis_name="data",
+         codec=codecs.cast("bfloat16"), memory="ef", mask="ones")
+def test_diloco_builds_or_raises_value_error(inner, outer, h, axis_name, codec, memory, mask):
+  builds_or_value_error(
+      lambda: local.diloco(inner, outer, h, axis_name, codec=codec, memory=memory,
+                           participation=_mask(mask, axis_name)),
+      lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, fragments=valid_or(st.integers(1, 2)),
+       overlap=valid_or(st.integers(0, 2)), alpha=valid_or(st.floats(0, 1)),
+       axis_name=AXIS_NAMES, codec=valid_or(st.sampled_from(["auto", None])))
+@example(inner=optax.sgd(0.1), h=2, fragments=2, overlap=1, alpha=0.5, axis_name="data",
+         codec="auto")
+def test_streaming_diloco_builds_or_raises_value_error(inner, h, fragments, overlap, alpha,
+                                                      axis_name, codec):
+  builds_or_value_error(
+      lambda: local.streaming_diloco(inner, optax.sgd(0.7), h, fragments, overlap, alpha,
+                                     axis_name, codec=codec),
+      lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, density=valid_or(st.floats(0.01, 1)),
+       bits=valid_or(st.sampled_from([1, 2, 4, 8, None])), axis_name=AXIS_NAMES,
+       chunk=valid_or(st.integers(1, 8)), decay=valid_or(st.floats(0, 1)),
+       outer_lr=valid_or(st.floats(0.1, 2)))
+@example(inner=optax.sgd(0.1), h=1, density=0.5, bits=2, axis_name="data", chunk=2,
+         decay=0.9, outer_lr=1.0)
+def test_sparseloco_builds_or_raises_value_error(inner, h, density, bits, axis_name, chunk,
+                                                 decay, outer_lr):
+  builds_or_value_error(
+      lambda: local.sparseloco(inner, h, density, bits, axis_name, chunk=chunk, decay=decay,
+                               outer_lr=outer_lr),
+      lambda tx: runs_one_update(tx, axis_name))
+
+
+@FEW
+@given(inner=TRANSFORMS, h=H, worker_steps=valid_or(st.sampled_from([None, (1, 1)]),
+                                                    st.one_of(JUNK, st.just((0, 9)))),
+       weighting=valid_or(st.sampled_from(["uniform", "steps"])))
+@example(inner=optax.sgd(0.1), h=1, worker_steps=(1, 1), weighting="steps")
+def test_hierarchical_builds_or_raises_value_error(inner, h, worker_steps, weighting):
+  builds_or_value_error(
+      lambda: local.hierarchical(inner, h, "fast", "slow", worker_steps=worker_steps,
+                                 weighting=weighting),
+      lambda tx: runs_one_update(tx, ("slow", "fast"), deferred=("worker_steps",)))
+
+
+@FEW
+@given(num_workers=valid_or(st.integers(1, 8)), alpha=valid_or(st.floats(0.05, 100)))
+@example(num_workers=8, alpha=0.1)
+def test_label_skew_builds_or_raises_value_error(num_workers, alpha):
+  builds_or_value_error(lambda: data.label_skew(data.digits(), num_workers, alpha),
+                        lambda ds: ds.batch(0, 8 * num_workers))
+
+
+def test_experiment_builders_register_the_methods():
+  from experiments import algos_local, builders  # pylint: disable=import-outside-toplevel
+  extra = {"sync_every": 4, "num_workers": W, "participation": "drop:2,5@1",
+           "outer_codec": "bf16", "outer_memory": True, "fragments": 2, "overlap": 1,
+           "merge_alpha": 0.5,
+           "slow_axis": "slow", "fast_axis": "fast", "num_slow": 2, "worker_steps": [4, 2],
+           "weighting": "steps"}
+  for algo in ("local_sgd", "diloco", "streaming_diloco", "sparseloco", "dreamddp",
+               "scaffold", "hierarchical"):
+    extra_algo = {**extra, "num_workers": 2} if algo == "hierarchical" else extra
+    if algo == "hierarchical":
+      extra_algo = {**extra_algo, "participation": "drop:1@1"}
+    tx = builders.make_optimizer(builders.Config(algo=algo, steps=20, extra=extra_algo))
+    assert callable(tx.init) and callable(tx.update)
+  mask = algos_local.participation_mask("drop:2,5@1", W, 3)
+  assert mask.sum(1).tolist() == [W, W - 2, W] and not mask[1, [2, 5]].any()
+  rand = algos_local.participation_mask("random:0.5", W, 50, seed=1)
+  assert rand.any(1).all() and 0.3 < rand.mean() < 0.7
+  for bad in ("drop:9@0", "drop:x", "random:1.5", "sometimes"):
+    with pytest.raises(ValueError, match="participation"):
+      algos_local.participation_mask(bad, W, 3)
+  with pytest.raises(ValueError, match="codec"):
+    builders.make_optimizer(builders.Config(algo="diloco", extra={"outer_codec": "zip"}))
+  with pytest.raises(ValueError, match="hierarchical"):
+    builders.make_optimizer(builders.Config(algo="hierarchical", extra={}))
