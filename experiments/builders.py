@@ -92,7 +92,8 @@ def make_task(cfg: Config):
       raise ValueError(f"model 'lm' needs a text dataset (pydoc, stdlib, text:<path>), "
                        f"got dataset {cfg.dataset!r}.")
     model = models.TransformerLM(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                                 num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
+                                 num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len,
+                                 layout=cfg.extra.get("layout"))
     params = model.init(key, jnp.zeros((1, cfg.seq_len), jnp.int32))
     batch_fn = lambda t: dataset.batch(t, cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed,
                                        process_index=pi, process_count=pc)
@@ -112,3 +113,4 @@ from experiments import algos_gossip  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_local  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_lowrank  # noqa: E402,F401  pylint: disable=all
 from experiments import algos_overlap  # noqa: E402,F401  pylint: disable=all
+from experiments import algos_parallel  # noqa: E402,F401  pylint: disable=all

@@ -84,7 +84,10 @@ _K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per chunk.")
 
 
 # Layouts with a sequence or pipeline axis (experiments/layouts_sequence.py).
-_MESH = flags.DEFINE_string("mesh", "", "Mesh axes, e.g. data=2,sequence=4 (default: data=all).")
+_MESH = flags.DEFINE_string("mesh", "", "Mesh axes, e.g. data=2,sequence=4 or "
+                            "data=2,fsdp=2,tensor=2 (default: data=all). Axes data, fsdp, tensor "
+                            "(experiments/algos_parallel.py); sequence or pipeline "
+                            "(experiments/layouts_sequence.py).")
 _ATTENTION = flags.DEFINE_string("attention", None, "Sequence axis: ring|ring_zigzag|ulysses|"
                                  "linear_lasp2|linear_allscan|linear_lasp_ring.")
 _SCHEDULE = flags.DEFINE_string("schedule", None, "Pipeline axis: gpipe|1f1b.")
@@ -117,6 +120,16 @@ _LABEL_SKEW = flags.DEFINE_float("label_skew", 0.0, "MLP: Dirichlet alpha of a l
                                  "split across workers (0: identical data).")
 
 
+_SP = flags.DEFINE_bool("sequence_parallel", False, "LM: Megatron sequence parallelism.")
+_CM = flags.DEFINE_bool("collective_matmul", False,
+                        "LM with --sequence_parallel: overlap the all-gather with the matmul.")
+# --algo=zero1|zero2 (experiments/algos_parallel.py): the codec takes --bits/--chunk/--fraction.
+_ZERO_CODEC = flags.DEFINE_string("zero_codec", "none", "zero1/zero2: codec of the gradient "
+                                  "reduce-scatter (none, or a name of algos_compression.CODECS).")
+_ZERO_MEMORY = flags.DEFINE_enum("zero_memory", "none", ["none", "ef"],
+                                 "zero1/zero2: error memory of the compressed reduce-scatter.")
+
+
 # Method-specific flags, passed to the builders in `cfg.extra` (one name a line).
 EXTRA_FLAGS = (
     "alpha",
@@ -126,6 +139,7 @@ EXTRA_FLAGS = (
     "chunk",
     "codec",
     "collective",
+    "collective_matmul",
     "compensation",
     "consensus_step",
     "dc_lambda",
@@ -149,11 +163,14 @@ EXTRA_FLAGS = (
     "participation",
     "rank",
     "schedule",
+    "sequence_parallel",
     "sparse_bits",
     "start_iter",
     "sync_every",
     "topology",
     "weighting",
+    "zero_codec",
+    "zero_memory",
 )
 FLAGS = flags.FLAGS
 
@@ -205,28 +222,46 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from jaxcomm import comm, sync, train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm, parallel, sync, train  # pylint: disable=import-outside-toplevel
   # First, before any computation: joins the other processes of a multi-process run.
   train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           heartbeat_timeout_s=_HEARTBEAT.value)
+  from experiments import algos_parallel  # pylint: disable=import-outside-toplevel
   from experiments import builders  # pylint: disable=import-outside-toplevel
   from experiments import layouts_sequence  # pylint: disable=import-outside-toplevel
   from jaxcomm import data  # pylint: disable=import-outside-toplevel
 
   hierarchy = hierarchy_from_flag(_HIERARCHY.value)
-  mesh_shape = hierarchy or layouts_sequence.parse_mesh(_MESH.value, jax.device_count())
+  mesh_shape = hierarchy or algos_parallel.parse_train_mesh(_MESH.value, jax.device_count())
   cfg = config_from_flags(mesh_shape if hierarchy else {"data": mesh_shape.get("data", 1)})
   workdir = _WORKDIR.value
   _check_same_run(workdir, cfg)
   mesh = train.make_mesh(mesh_shape)
   layout = None
-  if hierarchy is None and set(mesh_shape) != {"data"}:
+  if hierarchy is None and {"sequence", "pipeline"} & set(mesh_shape):
     layout = layouts_sequence.build(cfg, mesh_shape)
     cfg.axis_name = layout.axis_name
-  tx = builders.make_optimizer(cfg)
+  elif hierarchy is None and {"fsdp", "tensor"} & set(mesh_shape):
+    layout = parallel.Layout(mesh, sequence_parallel=_SP.value, collective_matmul=_CM.value)
+    if cfg.model != "lm":
+      raise ValueError(f"--mesh={_MESH.value} lays out the LM only; use --model=lm.")
+  if isinstance(layout, parallel.Layout):  # data x fsdp x tensor (experiments/algos_parallel.py)
+    cfg.extra["layout"] = layout
+    model, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
+    specs = layout.param_specs(model.param_axes(), params)
+    tx = algos_parallel.layout_optimizer(cfg, layout, specs, model.param_regather())
+  else:
+    tx = builders.make_optimizer(cfg)
   if _SKIP_NONFINITE.value:
-    tx = sync.skip_nonfinite(tx, cfg.axis_name)
-  if layout is None:
+    tx = sync.skip_nonfinite(tx, layout.batch_axes if isinstance(layout, parallel.Layout)
+                             else cfg.axis_name)
+  if isinstance(layout, parallel.Layout):
+    wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
+    if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
+      loss_fn = wrap_loss(cfg, loss_fn)
+    trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
+                            has_aux=has_aux)
+  elif layout is None:
     _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
     wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
     if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
@@ -276,8 +311,9 @@ def main(argv):
                                           for k, v in report.by_axis().items()}
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
-  print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, {trainer.num_workers} workers in "
-        f"{jax.process_count()} process(es), {steps_done} steps")
+  print(f"{cfg.algo} on {cfg.model}/{cfg.dataset}, mesh {dict(mesh.shape)}, "
+        f"{trainer.num_workers} workers in {jax.process_count()} process(es), "
+        f"{steps_done} steps")
   if summary["final_loss"] is not None:
     print(f"  final loss            {summary['final_loss']:.4f}")
   print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")

@@ -25,10 +25,12 @@ from jaxcomm.comm._collectives import varying
 from jaxcomm.comm._collectives import varying_axes
 from jaxcomm.comm._compressed import COLLECTIVES
 from jaxcomm.comm._compressed import CompressedSum
+from jaxcomm.comm._compressed import ScatteredSum
 from jaxcomm.comm._compressed import compressed_bytes
 from jaxcomm.comm._compressed import compressed_sum
 from jaxcomm.comm._compressed import gather_sum
 from jaxcomm.comm._compressed import linear_sum
+from jaxcomm.comm._compressed import reduce_scatter_encoded
 from jaxcomm.comm._compressed import two_phase
 from jaxcomm.comm._cost import ALGORITHMS
 from jaxcomm.comm._cost import CollectiveCost
@@ -61,6 +63,7 @@ __all__ = (
     "CollectiveReport",
     "CommCost",
     "CompressedSum",
+    "ScatteredSum",
     "Link",
     "OPS",
     "PRESETS",
@@ -89,6 +92,7 @@ __all__ = (
     "preset",
     "reduce_scatter",
     "reduce_scatter_bytes",
+    "reduce_scatter_encoded",
     "shift",
     "sum",
     "to_bits",

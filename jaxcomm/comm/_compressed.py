@@ -8,6 +8,9 @@ A codec's payload (see `jaxcomm.codecs.Codec`) can be summed over workers in thr
   Wire bytes: 2(W-1)/W * payload bytes.
 * `gather_sum`: all-gather every worker's payload, decode each, sum in float32. Works for
   every codec. Wire bytes: (W-1) * payload bytes (grows with W).
+* `reduce_scatter_encoded`: the first half of `two_phase` alone: device r ends with the
+  float32 sum of chunk r (compressed ZeRO's gradient reduce-scatter). Wire bytes:
+  (W-1) * payload_bytes(ceil(n/W)).
 * `two_phase`: split the vector into W chunks, all-to-all the ENCODED chunks, decode and sum
   chunk r in float32 on device r, re-encode it (optionally with an owner-side error memory),
   all-gather the re-encoded chunks and decode. DeepSpeed's compressed all-reduce (1-bit Adam),
@@ -128,15 +131,66 @@ def _vmapped(fn, *args):
   return jax.vmap(fn, in_axes=axes)(*args)
 
 
+class ScatteredSum(NamedTuple):
+  """What `reduce_scatter_encoded` returns (besides the wire bytes)."""
+  chunk: jax.Array  # f32[ceil(n/W)]: chunk r of the float32 sum over workers, on device r
+  own: jax.Array    # f32[n]: this device's payloads decoded (what it sent)
+
+
+def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
+                           key: Any = None) -> tuple[ScatteredSum, float]:
+  """Reduce-scatter of a flat float32 vector whose payload travels encoded by `codec`.
+
+  Device r owns chunk r of W (the vector is zero-padded to a multiple of W; the padding is
+  encoded and travels). Every device encodes its W chunks and all-to-alls the payloads;
+  device r decodes the W payloads of chunk r and sums them in float32. Decoding comes before
+  the sum, so this is exact for every codec, linear or not: phase 1 of `two_phase`, and the
+  gradient reduce-scatter of compressed ZeRO. Chunk j is encoded with fold_in(key, j).
+
+  Args:
+    vec: f32[n], this device's vector.
+    codec: any `Codec`.
+    axis_name: the axis (or axes) to reduce over; None for one device (the chunk is the
+      round trip of the whole vector).
+    key: PRNG key for stochastic codecs (the same on all devices for shared-key codecs).
+
+  Returns:
+    `(ScatteredSum(chunk, own), wire bytes)`; bytes (W-1)/W * W * payload_bytes(ceil(n/W)).
+
+  >>> from jaxcomm import codecs
+  >>> out, nbytes = reduce_scatter_encoded(jnp.arange(4.0), codecs.cast("bfloat16"), None)
+  >>> out.chunk, nbytes
+  (Array([0., 1., 2., 3.], dtype=float32), 0.0)
+  """
+  axes = _axes(axis_name)
+  n = vec.shape[0]
+  if not axes:
+    own = codec.decode_with(codec.encode(vec, key), n, key)
+    return ScatteredSum(own, own), 0.0
+  w = axis_size(axes)
+  c = -(-n // w)
+  chunks = jnp.pad(vec.astype(jnp.float32), (0, w * c - n)).reshape(w, c)
+  keys = _chunk_keys(key, w)
+  decode = lambda p, k: codec.decode_with(p, c, k)
+  payload = _vmapped(codec.encode, chunks, keys)  # leaves [W, ...]: chunk j for device j
+  own = _vmapped(decode, payload, keys).reshape(-1)[:n]
+  wire, nbytes = all_to_all(_to_wire(payload), axes, split_axis=0, concat_axis=0)
+  received = _from_wire(wire, payload)  # leaves [W, ...]: chunk r from every device
+  key_r = None if keys is None else keys[lax.axis_index(axes)]
+  chunk = jnp.sum(_vmapped(lambda p: decode(p, key_r), received), axis=0)
+  return ScatteredSum(chunk, own), nbytes
+
+
 def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = None,
               server_memory: jax.Array | None = None) -> tuple[CompressedSum, float]:
   """The two-phase compressed all-reduce (sum) of a flat float32 vector.
 
   Device r owns chunk r of W (the vector is zero-padded to a multiple of W; the padding is
-  encoded and travels). Phase 1: every device encodes its W chunks and all-to-alls the
-  payloads; device r decodes the W payloads of chunk r and sums them in float32. Phase 2:
-  device r adds its error memory for chunk r (if given), re-encodes the sum, keeps the new
-  error, and all-gathers the payload; everyone decodes the W reduced chunks.
+  encoded and travels). Phase 1 (`reduce_scatter_encoded`): every device encodes its W
+  chunks and all-to-alls the payloads; device r decodes the W payloads of chunk r and sums
+  them in float32. Phase 2: device r adds its error memory for chunk r (if given),
+  re-encodes the sum, keeps the new error, and all-gathers the payload; everyone decodes
+  the W reduced chunks.
 
   Keys: chunk j is encoded with fold_in(key, j). For a shared-key codec (random-k) the key must
   be the same on all devices and phase 2 reuses chunk r's key, so a sum supported on chunk
@@ -171,16 +225,12 @@ def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = N
     return CompressedSum(own, own, server_memory), 0.0
   w = axis_size(axes)
   c = -(-n // w)
-  chunks = jnp.pad(vec.astype(jnp.float32), (0, w * c - n)).reshape(w, c)
+  scattered, sent1 = reduce_scatter_encoded(vec, codec, axes, key=key)
+  reduced, own = scattered.chunk, scattered.own
   keys = _chunk_keys(key, w)
   decode = lambda p, k: codec.decode_with(p, c, k)
-  payload = _vmapped(codec.encode, chunks, keys)  # leaves [W, ...]: chunk j for device j
-  own = _vmapped(decode, payload, keys).reshape(-1)[:n]
-  wire, sent1 = all_to_all(_to_wire(payload), axes, split_axis=0, concat_axis=0)
-  received = _from_wire(wire, payload)  # leaves [W, ...]: chunk r from every device
   r = lax.axis_index(axes)
   key_r = None if keys is None else keys[r]
-  reduced = jnp.sum(_vmapped(lambda p: decode(p, key_r), received), axis=0)
   if server_memory is not None:
     padded = jnp.pad(server_memory.astype(jnp.float32), (0, w * c - n))
     reduced = reduced + lax.dynamic_slice(padded, (r * c,), (c,))

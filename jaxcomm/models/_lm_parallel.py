@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +25,8 @@ from jaxcomm import parallel
 from jaxcomm.models._transformer import Block
 from jaxcomm.models._transformer import TransformerLM
 from jaxcomm.models._transformer import causal_attention
+from jaxcomm.models._transformer import embed_forward
+from jaxcomm.models._transformer import head_forward
 
 SEQUENCE_ATTENTION = ("ring", "ring_zigzag", "ulysses", "linear_lasp2", "linear_allscan",
                       "linear_lasp_ring")
@@ -133,7 +134,7 @@ def lm_stage_params(params, num_stages: int) -> dict:
   >>> lm = TransformerLM(d_model=8, num_layers=2, num_heads=2, d_ff=16, max_len=4)
   >>> params = lm.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
   >>> lm_stage_params(params, 2)["stages"]["qkv"]["kernel"].shape
-  (2, 1, 8, 24)
+  (2, 1, 8, 3, 2, 4)
   """
   layers = _num_blocks(params)
   if num_stages < 1 or layers % num_stages:
@@ -208,10 +209,7 @@ def lm_loss_pipeline(model: TransformerLM, schedule: parallel.PipelineSchedule,
   block = Block(model.d_model, model.num_heads, model.d_ff, model.attention_fn)
 
   def first_fn(params, tokens):  # tokens: i32[B/M, T+1]
-    shared = params["shared"]
-    inputs = tokens[:, :-1]
-    x = nn.Embed(model.vocab_size, model.d_model).apply({"params": shared["embed"]}, inputs)
-    return x + shared["pos"][:inputs.shape[1]]
+    return embed_forward(params["shared"], tokens[:, :-1])
 
   def stage_fn(params, x):  # x: f32[B/M, T, D]; stage leaves: [1, L/S, ...] on this device
     for j in range(per):
@@ -219,9 +217,7 @@ def lm_loss_pipeline(model: TransformerLM, schedule: parallel.PipelineSchedule,
     return x
 
   def last_fn(params, x, tokens):
-    shared = params["shared"]
-    x = nn.LayerNorm().apply({"params": shared["ln_f"]}, x)
-    logits = nn.Dense(model.vocab_size).apply({"params": shared["head"]}, x)
+    logits = head_forward(params["shared"], x)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
   loss = parallel.pipeline_loss(first_fn, stage_fn, last_fn, schedule, axis_name)

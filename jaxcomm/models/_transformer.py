@@ -1,13 +1,37 @@
-"""A small decoder-only transformer language model (pre-norm, learned positions)."""
+"""A small decoder-only transformer language model (pre-norm, learned positions).
+
+The model takes a `jaxcomm.parallel.Layout`. Without one (or with a data-parallel one) it is
+the plain single-device model. With one, `apply` runs inside `shard_map` on the layout's
+mesh on each device's parameter shards (as `Trainer` does): heads and MLP columns split over
+`tensor` (Megatron), optionally sequence-parallel, and parameters stored sharded over the
+layout's gather axes (`fsdp`) gathered one layer at a time. `init` always returns the whole
+parameters, identical for every layout; `param_axes()` names each parameter's dimensions
+so that `layout.param_specs(lm.param_axes(), params)` gives their PartitionSpecs:
+
+    layout = parallel.Layout(parallel.make_mesh("data=2,fsdp=2,tensor=2"))
+    lm = TransformerLM(layout=layout)
+    params = lm.init(key, tokens)
+    specs = layout.param_specs(lm.param_axes(), params)
+    tx = optax.chain(sync.mean("data"),  # ZeRO-3 over fsdp, plain DP over data
+                     parallel.zero(optax.adam(1e-3), 3, "fsdp", param_specs=specs,
+                                   regather=lm.param_regather()))
+    trainer = train.Trainer(lm_loss(lm), tx, layout.mesh, axis_name=layout.batch_axes,
+                            param_specs=specs)
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
+
+from jaxcomm import comm
+from jaxcomm import parallel
 
 
 def causal_attention(q, k, v):
@@ -26,28 +50,126 @@ def causal_attention(q, k, v):
   return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
 
 
+def layer_norm(x, scale, bias, eps: float = 1e-6):
+  """LayerNorm over the last dimension (float32 statistics)."""
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+
+
+_kernel = nn.initializers.lecun_normal
+_zeros = nn.initializers.zeros
+_ones = nn.initializers.ones
+
+
+class _Param(NamedTuple):
+  """How one parameter is declared."""
+  shape: tuple     # whole shape
+  axes: tuple      # logical name of each dimension (the rules map them to mesh axes)
+  init: Callable   # initializer
+  # Whether any gradient of its layer reads its value. Under FSDP only these are gathered
+  # again in the backward pass (embedding tables, and a bias added last, are not read).
+  regather: bool = True
+
+
+def _block_table(d, h, dh, f):
+  """name -> leaf -> _Param for one block."""
+  norm = lambda: {"scale": _Param((d,), ("norm",), _ones), "bias": _Param((d,), ("norm",), _zeros)}
+  return {
+      "ln_attn": norm(),
+      "qkv": {"kernel": _Param((d, 3, h, dh), ("embed", "qkv", "heads", "head_dim"),
+                               _kernel(in_axis=0, out_axis=(1, 2, 3))),
+              "bias": _Param((3, h, dh), ("qkv", "heads", "head_dim"), _zeros)},
+      "proj": {"kernel": _Param((h, dh, d), ("heads", "head_dim", "embed"),
+                                _kernel(in_axis=(0, 1), out_axis=2)),
+               "bias": _Param((d,), ("embed",), _zeros)},
+      "ln_mlp": norm(),
+      "fc_in": {"kernel": _Param((d, f), ("embed", "mlp"), _kernel()),
+                "bias": _Param((f,), ("mlp",), _zeros)},
+      "fc_out": {"kernel": _Param((f, d), ("mlp", "embed"), _kernel()),
+                 "bias": _Param((d,), ("embed",), _zeros, regather=False)},
+  }
+
+
+def _field(table, name):
+  return jax.tree.map(lambda e: getattr(e, name), table, is_leaf=lambda e: isinstance(e, _Param))
+
+
+def _declare(module: nn.Module, table: dict, layout) -> dict:
+  """Declares every group of `table` as a dict-valued param: whole at init, shards in apply."""
+  local = layout is not None and not module.is_initializing()
+  shape = lambda e: layout.local_shape(e.shape, e.axes) if local else e.shape
+  out = {}
+  for name, group in table.items():
+    if isinstance(group, _Param):  # an array parameter
+      out[name] = module.param(name, group.init, shape(group))
+      continue
+
+    def init(key, group=group):
+      keys = dict(zip(group, jax.random.split(key, len(group))))
+      return {leaf: e.init(keys[leaf], shape(e)) for leaf, e in group.items()}
+    out[name] = module.param(name, init)
+  return out
+
+
+def _run(layout, table, fn, params, *inputs):
+  """Runs a layer on parameter shards: gathered per call over the layout's gather axes."""
+  if layout is None:
+    return fn(params, *inputs)
+  shapes = jax.tree.map(lambda e: jax.ShapeDtypeStruct(e.shape, jnp.float32), table,
+                        is_leaf=lambda e: isinstance(e, _Param))
+  specs = layout.param_specs(_field(table, "axes"), shapes, max_replicated=1.0)
+  layer = parallel.fsdp(fn, specs, layout.gather_axes or None,
+                        regather=_field(table, "regather"))
+  return layer(params, *inputs)
+
+
+def block_forward(p: dict, x: jax.Array, *, attention_fn: Callable = causal_attention,
+                  layout: Any = None) -> jax.Array:
+  """One pre-norm block on whole (or tensor-sharded) parameters `p`."""
+  axis = layout.tensor_axis if layout is not None else None
+  sp = dict(sequence_parallel=layout is not None and layout.sequence_parallel,
+            collective_matmul=layout is not None and layout.collective_matmul)
+  h = layer_norm(x, **p["ln_attn"])
+  x = x + parallel.attention_tp(h, p["qkv"], p["proj"], axis, attention_fn, **sp)
+  h = layer_norm(x, **p["ln_mlp"])
+  return x + parallel.mlp_tp(h, p["fc_in"], p["fc_out"], axis, **sp)
+
+
 class Block(nn.Module):
   """Pre-norm attention + MLP block. `attention_fn` is the swappable attention kernel."""
   d_model: int
   num_heads: int
   d_ff: int
   attention_fn: Callable = causal_attention
+  layout: Any = None
+
+  def table(self) -> dict:
+    dh = self.d_model // self.num_heads
+    return _block_table(self.d_model, self.num_heads, dh, self.d_ff)
 
   @nn.compact
   def __call__(self, x):
-    b, t, _ = x.shape
-    dh = self.d_model // self.num_heads
-    h = nn.LayerNorm(name="ln_attn")(x)
-    qkv = nn.Dense(3 * self.d_model, name="qkv")(h).reshape(b, t, 3, self.num_heads, dh)
-    att = self.attention_fn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]).reshape(b, t, -1)
-    x = x + nn.Dense(self.d_model, name="proj")(att)
-    h = nn.LayerNorm(name="ln_mlp")(x)
-    h = nn.Dense(self.d_ff, name="fc_in")(h)
-    return x + nn.Dense(self.d_model, name="fc_out")(nn.gelu(h))
+    table = self.table()
+    params = _declare(self, table, self.layout)
+    fn = functools.partial(block_forward, attention_fn=self.attention_fn, layout=self.layout)
+    return _run(self.layout, table, fn, params, x)
+
+
+def embed_forward(p: dict, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+  """Token embeddings plus learned positions (0..T-1, or `positions`): f32[B, T, D]."""
+  pos = p["pos"][:tokens.shape[1]] if positions is None else p["pos"][positions]
+  return p["embed"]["embedding"][tokens] + pos
+
+
+def head_forward(p: dict, x: jax.Array) -> jax.Array:
+  """Final norm and the vocabulary projection: logits f32[B, T, V]."""
+  x = layer_norm(x, **p["ln_f"])
+  return jnp.tensordot(x, p["head"]["kernel"], axes=1) + p["head"]["bias"]
 
 
 class TransformerLM(nn.Module):
-  """Decoder-only LM over a byte vocabulary.
+  """Decoder-only LM over a byte vocabulary, laid out by an optional `parallel.Layout`.
 
   >>> import jax, jax.numpy as jnp
   >>> lm = TransformerLM(d_model=32, num_layers=1, num_heads=2, d_ff=64, max_len=16)
@@ -62,12 +184,49 @@ class TransformerLM(nn.Module):
   d_ff: int = 256
   max_len: int = 128
   attention_fn: Callable = causal_attention
+  layout: Any = None
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
       raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads "
                        f"({self.num_heads}).")
+    if self.layout is not None:
+      tp = self.layout.size("tensor")
+      if self.num_heads % tp or self.d_ff % tp:
+        raise ValueError(f"num_heads ({self.num_heads}) and d_ff ({self.d_ff}) must be "
+                         f"divisible by the tensor axis size ({tp}).")
+      for axis in ("sequence", "pipeline"):
+        if self.layout.size(axis) > 1:
+          raise ValueError(f"TransformerLM has no {axis}-parallel form yet; the mesh axis "
+                           f"{axis!r} must have size 1, got {self.layout.size(axis)}.")
     super().__post_init__()
+
+  def _tables(self):
+    d, v = self.d_model, self.vocab_size
+    embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+    embed = {"embed": {"embedding": _Param((v, d), ("vocab", "embed"), embed_init, False)},
+             "pos": _Param((self.max_len, d), ("length", "embed"),
+                           nn.initializers.normal(0.02), False)}
+    head = {"ln_f": {"scale": _Param((d,), ("norm",), _ones),
+                     "bias": _Param((d,), ("norm",), _zeros)},
+            "head": {"kernel": _Param((d, v), ("embed", "vocab"), _kernel()),
+                     "bias": _Param((v,), ("vocab",), _zeros, regather=False)}}
+    block = _block_table(d, self.num_heads, d // self.num_heads, self.d_ff)
+    return embed, block, head
+
+  def param_axes(self) -> dict:
+    """Logical names of every parameter's dimensions: `{"params": {...}}` like `init`'s."""
+    embed, block, head = self._tables()
+    return self._param_tree(lambda table: _field(table, "axes"))
+
+  def param_regather(self) -> dict:
+    """Which parameters FSDP gathers again in the backward pass (see `zero(regather=)`)."""
+    return self._param_tree(lambda table: _field(table, "regather"))
+
+  def _param_tree(self, field):
+    embed, block, head = self._tables()
+    blocks = {f"block{i}": field(block) for i in range(self.num_layers)}
+    return {"params": {**field(embed), **blocks, **field(head)}}
 
   @nn.compact
   def __call__(self, tokens, positions=None):
@@ -75,14 +234,25 @@ class TransformerLM(nn.Module):
 
     Positions are given when the tokens are one shard of a longer sequence.
     """
-    _, t = tokens.shape
-    x = nn.Embed(self.vocab_size, self.d_model, name="embed")(tokens)
-    pos = self.param("pos", nn.initializers.normal(0.02), (self.max_len, self.d_model))
-    x = x + (pos[:t] if positions is None else pos[positions])
+    # `init` runs outside shard_map: it builds the whole parameters with the plain model.
+    layout = None if self.is_initializing() else self.layout
+    embed, _, head = self._tables()
+    t = tokens.shape[1]
+    x = _run(layout, embed, embed_forward, _declare(self, embed, layout), tokens, positions)
+    tp = layout.tensor_axis if layout is not None else None
+    sp = layout is not None and layout.sequence_parallel
+    if sp:  # Between blocks each tensor device keeps its slice of the sequence.
+      n = layout.size(tp)
+      if t % n:
+        raise ValueError(f"sequence length {t} must be divisible by the tensor axis size {n} "
+                         "with sequence_parallel.")
+      x = lax.dynamic_slice_in_dim(x, lax.axis_index(tp) * (t // n), t // n, axis=1)
     for i in range(self.num_layers):
-      x = Block(self.d_model, self.num_heads, self.d_ff, self.attention_fn, name=f"block{i}")(x)
-    x = nn.LayerNorm(name="ln_f")(x)
-    return nn.Dense(self.vocab_size, name="head")(x)
+      x = Block(self.d_model, self.num_heads, self.d_ff, self.attention_fn, layout,
+                name=f"block{i}")(x)
+    if sp:  # Invariant gather: the head then runs once per tensor group, not T times.
+      x, _ = comm.all_gather(x, tp, axis=1, tiled=True)
+    return _run(layout, head, head_forward, _declare(self, head, layout), x)
 
 
 def lm_loss(model: nn.Module):

@@ -54,6 +54,12 @@ def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = No
                        devices=devices)
 
 
+def _axes(axis_name) -> tuple:
+  if axis_name is None:
+    return ()
+  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
   """Which leaves of the train state are per-worker (boolean trees like params/opt_state)."""
@@ -75,9 +81,10 @@ class Trainer:
       optax.adamw(1e-3))`).
     mesh: the device mesh (see `make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
-    param_specs: optional PartitionSpecs of the parameters over non-data axes (tensor
-      parallel layouts, pipeline stages); replicated by default. Optimiser-state leaves that
-      mirror the parameters (momenta) get the same specs.
+    param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards and
+      pipeline stages over non-data axes, ZeRO-3 shards over a data axis); replicated by
+      default. Optimiser-state leaves that mirror a parameter (same tree path suffix and
+      shard shape: Adam's mu and nu, ...) get its spec.
     has_aux: whether `loss_fn` returns `(loss, aux)`; aux leaves are reported per worker.
     batch_specs: optional PartitionSpecs of the batch leaves (e.g. `P("data", "sequence")`
       for tokens split over a sequence axis); by default the leading dimension is split
@@ -108,6 +115,8 @@ class Trainer:
     self.has_aux = has_aux
     self.batch_specs = batch_specs
     self._layout = None
+    self._opt_specs = None
+    self._sq_groups = [()]
     self._step_fn = None
     self._sync_each_step = all(d.platform == "cpu" for d in mesh.devices.flat)
     self._init_fn = None
@@ -120,16 +129,20 @@ class Trainer:
 
   def _specs(self, per_worker, base_specs):
     """PartitionSpec per leaf: per-worker leaves get the data axes as a leading dimension."""
-    return jax.tree.map(lambda pw, spec: P(self.axes, *spec) if pw else spec,
-                        per_worker, base_specs)
+    def one(pw, spec):
+      if not pw:
+        return spec
+      if len(self._worker_axes(spec)) != len(self.axes):
+        raise ValueError(f"a state leaf sharded as {spec} over a data axis also differs "
+                         f"between the workers of {self.axes}; such leaves are unsupported.")
+      return P(self.axes, *spec)
+    return jax.tree.map(one, per_worker, base_specs)
 
   def _base_opt_specs(self, opt_state):
-    if self.param_specs is None:
-      return jax.tree.map(lambda _: P(), opt_state)
-    # Leaves shaped like the parameters (Adam's mu and nu, ...) are sharded like them.
-    return optax.tree_map_params(
-        self.optimizer, lambda _, spec: spec, opt_state, self.param_specs,
-        transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P))
+    """Specs of the optimiser state over non-data axes (derived from the params' in init)."""
+    if self._opt_specs is not None:
+      return self._opt_specs
+    return jax.tree.map(lambda _: P(), opt_state)
 
   def _unstack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[0] if pw else x, per_worker, tree)
@@ -137,49 +150,72 @@ class Trainer:
   def _stack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[None] if pw else x, per_worker, tree)
 
-  def _opt_abstract(self, params_abs, pspecs):
-    """Per-device shapes and dtypes of the optimiser state.
+  def _worker_axes(self, spec) -> set:
+    """Data axes over which a leaf with this base spec can be per-worker (not sharded)."""
+    return set(self.axes) - {a for entry in spec for a in _axes(entry)}
 
-    Most transforms initialise without a mesh. A sharded state (ACCO's ZeRO-1 shard) reads
-    the axis size in `init`, which fails outside shard_map with an unbound axis name: such
-    an `init` is traced under shard_map instead, giving the per-device shapes.
+  def _resize(self, shape, spec, grow: bool) -> tuple:
+    """Global shape from a local one (grow) or the reverse, for a leaf with this spec."""
+    sizes = [math.prod(self.mesh.shape[a] for a in _axes(e)) for e in spec]
+    sizes += [1] * (len(shape) - len(sizes))
+    return tuple(n * k if grow else n // k for n, k in zip(shape, sizes))
+
+  def _opt_specs_from_params(self, opt_local, params_abs, pspecs):
+    """Optimiser-state leaves shaped like a parameter (adam's mu, nu, ...) are sharded like it.
+
+    A leaf matches a parameter when the parameter's tree path is a suffix of the leaf's path
+    and their local shapes agree; every other leaf is replicated over non-data axes.
     """
-    try:
-      return jax.eval_shape(self.optimizer.init, params_abs)
-    except NameError:  # "unbound axis name": init needs the mesh.
-      box = {}
+    if self.param_specs is None:
+      return jax.tree.map(lambda _: P(), opt_local)
+    flat, _ = jax.tree_util.tree_flatten_with_path(params_abs)
+    entries = [(tuple(path), self._resize(x.shape, spec, grow=False), spec)
+               for (path, x), spec in zip(flat, jax.tree.leaves(
+                   pspecs, is_leaf=lambda s: isinstance(s, P)))]
 
-      def probe(p):
-        opt = self.optimizer.init(p)
-        box["abs"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
-        return jax.tree.map(lambda x: comm.varying(x, self.axes)[None], opt)
+    def spec_for(path, x):
+      path = tuple(path)
+      for ppath, shape, spec in entries:
+        if len(ppath) <= len(path) and path[len(path) - len(ppath):] == ppath and \
+           tuple(x.shape) == shape:
+          return spec
+      return P()
 
-      jax.eval_shape(jax.shard_map(probe, mesh=self.mesh, in_specs=(pspecs,),
-                                   out_specs=P(self.axes)), params_abs)
-      return box["abs"]
+    return jax.tree_util.tree_map_with_path(spec_for, opt_local)
 
   def _derive_layout(self, params) -> StateLayout:
-    """Fixed point of 'which leaves vary over the data axes' under init and update."""
+    """Fixed point of 'which leaves vary over the data axes' under init and update.
+
+    `init` is traced under shard_map, so an optimiser state whose shapes depend on the axis
+    sizes (a 1/W shard, ZeRO) works; probes stack every leaf over all mesh axes so that
+    leaves varying over non-data axes (tensor-parallel shards) pass shard_map's check. A
+    leaf is per-worker when it varies over a data axis its spec does not shard it over.
+    """
     params_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
                               params)
     pspecs = self._param_spec(self.param_specs, params_abs)
     found = {}
+    every = P(tuple(self.mesh.axis_names))
 
-    def record(key, tree):
-      found[key] = jax.tree.map(lambda x: bool(set(self.axes) & comm.varying_axes(x)), tree)
+    def record(key, tree, specs):
+      found[key] = jax.tree.map(
+          lambda x, spec: bool(self._worker_axes(spec) & comm.varying_axes(x)), tree, specs)
 
     def probe_init(p):
       opt = self.optimizer.init(p)
-      record("opt", opt)
+      found["opt_local"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), opt)
+      found["opt_vary"] = jax.tree.map(comm.varying_axes, opt)
       return jax.tree.map(lambda x: x[None], opt)
 
-    opt_abs = self._opt_abstract(params_abs, pspecs)
-    opt_specs = self._base_opt_specs(opt_abs)
-    # Probes return every leaf with a leading worker axis, on top of its own sharding.
-    out_all = lambda specs: jax.tree.map(lambda s: P(self.axes, *s), specs,
-                                         is_leaf=lambda x: isinstance(x, P))
     jax.eval_shape(jax.shard_map(probe_init, mesh=self.mesh, in_specs=(pspecs,),
-                                 out_specs=out_all(opt_specs)), params_abs)
+                                 out_specs=every), params_abs)
+    opt_specs = self._opt_specs_from_params(found["opt_local"], params_abs, pspecs)
+    opt_abs = jax.tree.map(
+        lambda x, spec: jax.ShapeDtypeStruct(self._resize(x.shape, spec, grow=True), x.dtype),
+        found["opt_local"], opt_specs)
+    found["opt"] = jax.tree.map(
+        lambda vary, spec: bool(self._worker_axes(spec) & vary), found.pop("opt_vary"),
+        opt_specs)
     layout = StateLayout(params=jax.tree.map(lambda _: False, params_abs),
                          opt_state=found["opt"])
     for _ in range(8):
@@ -188,23 +224,23 @@ class Trainer:
         grads = comm.varying(jax.tree.map(jnp.zeros_like, p), self.axes)
         updates, o = self.optimizer.update(grads, o, p)
         p = optax.apply_updates(p, updates)
-        record("params", p)
-        record("opt", o)
+        record("params", p, pspecs)
+        record("opt", o, opt_specs)
         return jax.tree.map(lambda x: x[None], (p, o))
 
       stacked = lambda abs_tree, pw: jax.tree.map(
           lambda w, x: jax.ShapeDtypeStruct((self.num_workers, *x.shape), x.dtype) if w else x,
           pw, abs_tree)
-      in_specs = (self._specs(layout.params, pspecs),
-                  self._specs(layout.opt_state, opt_specs))
+      in_specs = (self._specs(layout.params, pspecs), self._specs(layout.opt_state, opt_specs))
       jax.eval_shape(jax.shard_map(probe_update, mesh=self.mesh, in_specs=in_specs,
-                                   out_specs=out_all((pspecs, opt_specs))),
+                                   out_specs=every),
                      stacked(params_abs, layout.params), stacked(opt_abs, layout.opt_state))
       new = StateLayout(
           params=jax.tree.map(lambda a, b: a or b, layout.params, found["params"]),
           opt_state=jax.tree.map(lambda a, b: a or b, layout.opt_state, found["opt"]))
       if jax.tree.leaves(new.params) == jax.tree.leaves(layout.params) and \
          jax.tree.leaves(new.opt_state) == jax.tree.leaves(layout.opt_state):
+        self._opt_specs = opt_specs
         return new
       layout = new
     raise RuntimeError("the per-worker layout of the train state did not settle.")
@@ -232,10 +268,7 @@ class Trainer:
     """The initial train state; `params` are the (replicated) initial parameters."""
     self._layout = self._derive_layout(params)
     pspecs = self._param_spec(self.param_specs, params)
-    opt_abs = self._opt_abstract(
-        jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), params),
-        pspecs)
-    opt_out = self._specs(self.layout.opt_state, self._base_opt_specs(opt_abs))
+    opt_out = self._specs(self.layout.opt_state, self._opt_specs)
     param_out = self._specs(self.layout.params, pspecs)
 
     def init_local(p):
@@ -275,19 +308,16 @@ class Trainer:
           raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
                            f"{kind} axis size {size} (axes {axes!r}).")
 
-  def _grad_norm(self, grads):
-    """Global norm of a worker's gradient; leaves split over model axes are summed over them."""
-    model_axes = set(self.mesh.axis_names) - set(self.axes)
-    groups = {}
-    for g in jax.tree.leaves(grads):
-      key = tuple(sorted(comm.varying_axes(g) & model_axes))
-      groups[key] = groups.get(key, 0.0) + jnp.sum(jnp.square(g.astype(jnp.float32)))
-    return jnp.sqrt(sum(comm.sum(sq, axes or None)[0] for axes, sq in groups.items()))
+  def _extra_axes(self) -> tuple:
+    return tuple(a for a in self.mesh.axis_names if a not in self.axes)
 
   def _build_step(self, state, batch):
     specs = self.state_specs(state)
     layout = self.layout
     loss_fn = self.loss_fn if self.has_aux else (lambda p, b: (self.loss_fn(p, b), {}))
+    # Measurements leave as one value per device, data axes first: nothing is reduced over
+    # the non-data axes (tensor, ...) inside the step, so no collective is spent on them.
+    out_axes = self.axes + self._extra_axes()
 
     def step_local(state: TrainState, batch_block):
       params = self._unstack(state.params, layout.params)
@@ -298,13 +328,22 @@ class Trainer:
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
-      grad_norm = self._grad_norm(grads)
-      measurements = {"loss": loss, "grad_norm": grad_norm, **aux}
+      # Squared gradient norms per group of leaves that vary over the same non-data axes
+      # (tensor-parallel shards, pipeline stages): `measurements` sums each group over its
+      # axes, so no collective is spent on the norm.
+      groups = {}
+      for g in jax.tree.leaves(grads):
+        key = tuple(a for a in self._extra_axes() if a in comm.varying_axes(g))
+        groups[key] = groups.get(key, 0.0) + jnp.sum(jnp.square(g.astype(jnp.float32)))
+      self._sq_groups = sorted(groups)
+      if self._sq_groups in ([()], []):
+        measurements = {"loss": loss, "grad_norm": jnp.sqrt(groups.get((), 0.0)), **aux}
+      else:
+        measurements = {"loss": loss, "grad_sq": [groups[k] for k in self._sq_groups], **aux}
       skipped = sync.skipped_steps(new_opt)
       if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
         measurements["skipped_steps"] = skipped
-      # Per-worker measurements travel out as [W] arrays: no collective is spent on them.
-      measurements = jax.tree.map(lambda x: comm.varying(x, self.axes)[None], measurements)
+      measurements = jax.tree.map(lambda x: comm.varying(x, out_axes)[None], measurements)
       new_state = TrainState(step=state.step + 1,
                              params=self._stack(new_params, layout.params),
                              opt_state=self._stack(new_opt, layout.opt_state))
@@ -313,17 +352,45 @@ class Trainer:
     out_m = jax.eval_shape(
         jax.shard_map(lambda s, b: step_local(s, b)[1], mesh=self.mesh,
                       in_specs=(specs, self.batch_spec(batch)),
-                      out_specs=P(self.axes)), state, batch)
-    m_specs = jax.tree.map(lambda _: P(self.axes), out_m)
+                      out_specs=P(out_axes)), state, batch)
+    m_specs = jax.tree.map(lambda _: P(out_axes), out_m)
     return jax.jit(jax.shard_map(step_local, mesh=self.mesh,
                                  in_specs=(specs, self.batch_spec(batch)),
                                  out_specs=(specs, m_specs, P())))
 
   def step_fn(self, state, batch) -> Callable:
-    """The jitted step `(state, batch) -> (state, per-worker measurements, bytes sent)`."""
+    """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`."""
     if self._step_fn is None:
       self._step_fn = self._build_step(state, batch)
     return self._step_fn
+
+  def measurements(self, per_device, sent=None) -> dict:
+    """`step`'s measurements from the per-device ones that `step_fn` returns.
+
+    Values are per worker (the data axes) under `per_worker`, means over workers at the top
+    level. Over non-data axes values are equal and taken once, except the squared gradient
+    norms of leaves sharded over such axes (tensor parallelism), which are summed there.
+    """
+    extra = self._extra_axes()
+    shape = (self.num_workers, *(self.mesh.shape[a] for a in extra))
+
+    def reduce(x, sum_axes=()):
+      x = x.reshape(shape)
+      for i in reversed(range(len(extra))):
+        x = x.sum(axis=1 + i) if extra[i] in sum_axes else jnp.take(x, 0, axis=1 + i)
+      return x
+
+    per_device = dict(per_device)
+    grad_sq = per_device.pop("grad_sq", None)
+    per_worker = jax.tree.map(reduce, per_device)
+    if grad_sq is not None:
+      per_worker["grad_norm"] = jnp.sqrt(sum(reduce(x, key)
+                                             for x, key in zip(grad_sq, self._sq_groups)))
+    means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
+    out = {**means, "per_worker": per_worker}
+    if sent is not None:
+      out["wire_bytes"] = sent
+    return out
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One training step on a global batch; returns the new state and measurements.
@@ -333,15 +400,14 @@ class Trainer:
     steps skipped so far) when the transform contains `sync.skip_nonfinite`.
     """
     self._check_batch(batch)
-    state, per_worker, sent = self.step_fn(state, batch)(state, batch)
+    state, per_device, sent = self.step_fn(state, batch)(state, batch)
     if self._sync_each_step:
       # XLA:CPU can deadlock in an all-reduce rendezvous when executions of a collective
       # program overlap across emulated devices: a device runs step t + 1 into a collective
       # while others still wait for a thread for step t (seen with jaxlib 0.10.2 whenever
       # the collective comes first in the program, e.g. `local.delayed`). One step at a time.
       jax.block_until_ready(state)
-    means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
-    return state, {**means, "wire_bytes": sent, "per_worker": per_worker}
+    return state, self.measurements(per_device, sent)
 
   def shard_batch(self, local_batch) -> Any:
     """Turns this process's share of the global batch (numpy) into sharded global arrays."""

@@ -1,0 +1,73 @@
+"""The checks behind `jaxcomm.parallel`'s public API (built on `jaxcomm._validate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomm import _validate as v
+from jaxcomm import codecs
+
+MEMORIES = (None, "ef")
+
+
+def mesh_axes(name: str, value: Any, allowed: tuple) -> tuple:
+  """A mesh axis, tuple of mesh axes, or None, each one of `allowed`: as a tuple."""
+  if value is None:
+    return ()
+  axes = (value,) if isinstance(value, str) else value
+  if not isinstance(axes, (tuple, list)) or not all(isinstance(a, str) for a in axes) or \
+     any(a not in allowed for a in axes):
+    raise ValueError(f"{name} maps to unknown mesh axis name(s) {value!r}; allowed: "
+                     f"{', '.join(allowed)}, a tuple of them, or None.")
+  return tuple(axes)
+
+
+def rules_table(rules: Any) -> dict:
+  """A dict or a sequence of (logical name, mesh axes) pairs, as a dict."""
+  try:
+    table = dict(rules)
+  except (TypeError, ValueError):
+    raise ValueError(f"rules must be a dict or a sequence of (logical name, mesh axes) "
+                     f"pairs, got {rules!r}.") from None
+  bad = [k for k in table if not isinstance(k, str) or not k]
+  if bad:
+    raise ValueError(f"rules keys must be logical axis names (non-empty strings), got {bad}.")
+  return table
+
+
+def mesh(value: Any) -> jax.sharding.Mesh:
+  if not isinstance(value, jax.sharding.Mesh):
+    raise ValueError(f"mesh must be a jax.sharding.Mesh (see parallel.make_mesh), got {value!r}.")
+  return value
+
+
+def flag(name: str, value: Any) -> bool:
+  if not isinstance(value, bool):
+    raise ValueError(f"{name} must be True or False, got {value!r}.")
+  return value
+
+
+def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
+  """The static choices of `zero`, normalised."""
+  v.transform("inner", inner)
+  stage = v.integer("stage", stage, low=1, high=3)
+  axis_name = v.axis_name("axis_name", axis_name)
+  if codec is not None and not isinstance(codec, codecs.Codec):
+    raise ValueError(f"codec must be a jaxcomm.codecs.Codec or None, got {codec!r}.")
+  memory = v.one_of("memory", memory, MEMORIES)
+  if memory is not None and codec is None:
+    raise ValueError("memory needs a codec (without compression nothing is dropped).")
+  accumulate_steps = v.integer("accumulate_steps", accumulate_steps, low=1)
+  if codec is not None and codec.stochastic:
+    if key is None:
+      raise ValueError(f"codec {codec.name!r} is stochastic: pass key=jax.random.key(...).")
+  if key is not None:
+    dtype = getattr(key, "dtype", None)
+    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+    raw = dtype == jnp.uint32 and getattr(key, "shape", None) == (2,)
+    if not (typed or raw):
+      raise ValueError(f"key must be a PRNG key (jax.random.key(...)), got {key!r}.")
+  return stage, axis_name, memory, accumulate_steps

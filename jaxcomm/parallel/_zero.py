@@ -1,0 +1,279 @@
+"""ZeRO: optimiser state (stages 1, 2) and parameters (stage 3) sharded over the data axis.
+
+Stages 1 and 2 flatten the local gradient tree into one float32 vector (zero-padded to a
+multiple of W: a few large collectives instead of one per leaf), reduce-scatter it so that
+device r holds the summed chunk r, run the inner optimiser on that chunk only, and all-gather
+the updated chunks: 2(W-1)/W N bytes, the same as a data-parallel all-reduce, with 1/W of the
+optimiser state per device. The inner state is per worker (it differs between devices), so
+the Trainer stores it with a leading worker axis sharded over the data axis: each device
+holds only its own chunk's state.
+
+The reduce-scatter takes any codec with optional error feedback: the encoded chunks travel by
+one all-to-all and are decoded and summed in float32 by their owner
+(`comm.reduce_scatter_encoded`), so compression composes with sharding.
+
+Stages 1 and 2 differ in where the gradient waits when several micro-batches are accumulated
+(`accumulate_steps > 1`): stage 1 sums the whole local gradient and reduce-scatters once per
+optimiser step; stage 2 reduce-scatters every micro-batch and keeps only the 1/W chunk it owns
+(more bytes, 1/W of the gradient memory). With one micro-batch they compile to the same step.
+
+Stage 3 keeps the parameters themselves sharded (by `param_specs`); the model gathers them
+layer by layer (`jaxcomm.parallel.fsdp`) and its backward pass reduce-scatters the gradients,
+so this transform only finishes the mean and runs the inner optimiser on the shards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm import codecs
+from jaxcomm import comm
+from jaxcomm.parallel import _validate
+from jaxcomm.parallel._fsdp import gather_dims
+from jaxcomm.parallel._rules import _mesh_axes
+
+MEMORIES = _validate.MEMORIES
+
+
+class ZeroState(NamedTuple):
+  """State of `zero`. N: parameter elements padded to a multiple of W."""
+  inner_state: Any        # stages 1/2: inner state of this device's f32[N/W] chunk (per
+                          # worker); stage 3: inner state of the parameter shards
+  # Unused buffers are `optax.EmptyState()` (no leaves: checkpoints hold no empty arrays).
+  error: Any              # f32[N] per worker: error memory of the encoded reduce-scatter
+  accumulated: Any        # stage 1: f32[N] local gradient sum; stage 2: f32[N/W] reduced
+                          # chunk sum; both per worker (when accumulate_steps > 1)
+  count: jax.Array        # i32[]: micro-batches seen
+  key: Any                # u32[2]: PRNG key of a stochastic codec
+  wire_bytes: jax.Array   # u32[]: cumulative bytes sent (mod 2**32)
+
+
+def _vma(x) -> frozenset:
+  mat = getattr(x, "manual_axis_type", None)
+  return frozenset(mat.varying) if mat is not None else comm.varying_axes(x)
+
+
+def _cond(pred, true_fn, false_fn, operand):
+  """`lax.cond` whose branches may differ in which leaves vary between devices.
+
+  shard_map requires both branches to return the same varying axes per leaf: each output
+  leaf is cast to vary over the union of what the two branches give it.
+  """
+  true_out, false_out = jax.eval_shape(true_fn, operand), jax.eval_shape(false_fn, operand)
+  t_leaves, treedef = jax.tree.flatten(true_out)
+  vmas = [tuple(sorted(_vma(a) | _vma(b)))
+          for a, b in zip(t_leaves, treedef.flatten_up_to(false_out))]
+
+  def matched(fn):
+    def run(op):
+      leaves = treedef.flatten_up_to(fn(op))
+      return treedef.unflatten([comm.varying(x, v) if v else x for x, v in zip(leaves, vmas)])
+    return run
+  return lax.cond(pred, matched(true_fn), matched(false_fn), operand)
+
+
+def _flat_padded(tree, w):
+  vec, unflatten = codecs.flatten(tree)
+  n = vec.shape[0]
+  return jnp.pad(vec, (0, -n % w)), (lambda v: unflatten(v[:n]))
+
+
+def _num_elements(tree) -> int:
+  return sum(x.size for x in jax.tree.leaves(tree))
+
+
+def zero(inner: optax.GradientTransformation, stage: int = 1,
+         axis_name: comm.AxisName = "data", codec: codecs.Codec | None = None,
+         memory: str | None = None, *, param_specs: Any = None, regather: Any = None,
+         accumulate_steps: int = 1, key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
+  """ZeRO stage 1, 2 or 3 data parallelism around an inner optimiser.
+
+  Args:
+    inner: the optimiser run on each device's shard. Stages 1 and 2 give it one flat
+      float32 chunk, so it must act element-wise (sgd, momentum, adam, adamw without a
+      mask; not a global-norm clip, which would see only the chunk).
+    stage: 1 (optimiser state sharded), 2 (gradients sharded too: matters with
+      `accumulate_steps > 1`), or 3 (parameters sharded, gathered per layer by the model).
+    axis_name: the data axis (or tuple of axes); None for one device.
+    codec: stages 1/2: a `jaxcomm.codecs.Codec` for the gradient reduce-scatter (None:
+      exact float32 `psum_scatter`). Any codec: chunks are decoded before they are summed.
+    memory: None or "ef" (error feedback: each worker keeps what its codec dropped and adds
+      it to the next gradient). Needs a codec.
+    param_specs: stage 3: the PartitionSpecs the parameters are stored with (a tree like
+      the parameters, e.g. `Layout.param_specs`); leaves sharded over `axis_name` arrive
+      already reduce-scattered by the model's backward pass.
+    regather: stage 3: the tree of bools the model's `fsdp` layers were given (which
+      parameters are gathered again in the backward pass; e.g.
+      `TransformerLM.param_regather()`); all by default. Used to count the bytes.
+    accumulate_steps: micro-batches per optimiser step (stages 1/2); the updates are zero
+      between optimiser steps.
+    key: PRNG key for a stochastic codec; split at every update.
+
+  Returns:
+    An `optax.GradientTransformationExtraArgs` (pass `params`; the Trainer does) whose
+    state `ZeroState` counts the wire bytes.
+
+  References:
+    Rajbhandari et al., ZeRO: Memory Optimizations Toward Training Trillion Parameter
+    Models, arXiv 1910.02054.
+
+  >>> tx = zero(optax.sgd(0.1), stage=1, axis_name=None)
+  >>> params = {"w": jnp.ones(3)}
+  >>> state = tx.init(params)
+  >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
+  >>> updates["w"]
+  Array([-0.1, -0.1, -0.1], dtype=float32)
+  """
+  stage, axis_name, memory, accumulate_steps = _validate.zero_args(
+      inner, stage, axis_name, codec, memory, accumulate_steps, key)
+  stochastic = codec is not None and codec.stochastic
+  if stage == 3:
+    if param_specs is None:
+      raise ValueError("stage 3 needs param_specs: the PartitionSpecs the parameters are "
+                       "stored with (e.g. Layout.param_specs(...)).")
+    if codec is not None or accumulate_steps != 1:
+      raise ValueError("stage 3 reduce-scatters inside the model's backward pass: codec and "
+                       "accumulate_steps are for stages 1 and 2.")
+    return _zero3(inner, axis_name, param_specs, regather)
+  axes = _mesh_axes(axis_name)
+  k = accumulate_steps
+  raw_key = optax.EmptyState() if key is None else (
+      jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
+
+  def size():
+    return comm.axis_size(axes) if axes else 1
+
+  def my_chunk(vec, m):
+    if not axes:
+      return vec
+    return lax.dynamic_slice_in_dim(vec, lax.axis_index(axes) * m, m)
+
+  def init_fn(params):
+    w = size()
+    pvec, _ = _flat_padded(params, w)
+    n, m = pvec.shape[0], pvec.shape[0] // w
+    empty = optax.EmptyState()
+    return ZeroState(
+        inner_state=inner.init(my_chunk(pvec, m)),
+        error=jnp.zeros((n,), jnp.float32) if memory else empty,
+        accumulated=jnp.zeros(({1: n, 2: m}[stage],), jnp.float32) if k > 1 else empty,
+        count=jnp.zeros((), jnp.int32), key=raw_key, wire_bytes=comm.zero_bytes())
+
+  def scatter(vec, error, enc_key):
+    """Reduce-scatter (encoded if a codec is set): (summed chunk, new error, bytes)."""
+    if codec is None:
+      chunk, nbytes = comm.reduce_scatter(vec, axes or None)
+      return chunk, error, nbytes
+    vec = vec + error if memory else vec
+    if stochastic and axes and not codec.shared_key:  # Independent noise on every worker.
+      enc_key = jax.random.fold_in(enc_key, lax.axis_index(axes))
+    out, nbytes = comm.reduce_scatter_encoded(vec, codec, axes or None, key=enc_key)
+    return out.chunk, (vec - out.own if memory else error), nbytes
+
+  def optimise(chunk_mean, inner_state, params):
+    """Inner step on this device's chunk, then all-gather the updates: (vec, state, bytes)."""
+    w = size()
+    p_chunk = None
+    if params is not None:
+      pvec, _ = _flat_padded(params, w)
+      p_chunk = my_chunk(pvec, pvec.shape[0] // w)
+    u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk)
+    u_vec, nbytes = comm.all_gather(u_chunk, axes or None, tiled=True)
+    return u_vec, inner_state, nbytes
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    w = size()
+    g, unflatten = _flat_padded(updates, w)
+    count = state.count + 1
+    new_key, enc_key = (jax.random.split(state.key) if stochastic else (state.key, None))
+    if k == 1:
+      chunk, error, nb1 = scatter(g, state.error, enc_key)
+      u_vec, inner_state, nb2 = optimise(chunk / w, state.inner_state, params)
+      return unflatten(u_vec), ZeroState(inner_state, error, state.accumulated, count,
+                                         new_key, comm.add_bytes(state.wire_bytes, nb1 + nb2))
+    counter = state.wire_bytes
+    if stage == 1:  # Sum the whole local gradient; reduce-scatter once per optimiser step.
+      pending, error = state.accumulated + g, state.error
+    else:  # Reduce-scatter every micro-batch; keep only the owned chunk.
+      chunk, error, nb1 = scatter(g, state.error, enc_key)
+      pending, counter = state.accumulated + chunk, comm.add_bytes(counter, nb1)
+
+    def step(op):
+      pending, error, inner_state, counter = op
+      chunk, nb1 = pending, 0.0
+      if stage == 1:
+        chunk, error, nb1 = scatter(pending, error, enc_key)
+      u_vec, inner_state, nb2 = optimise(chunk / (w * k), inner_state, params)
+      return (u_vec, jnp.zeros_like(pending), error, inner_state,
+              comm.add_bytes(counter, nb1 + nb2))
+
+    def wait(op):
+      pending, error, inner_state, counter = op
+      # Fresh zeros (not zeros_like the local gradient, which would vary per worker).
+      return jnp.zeros(g.shape, g.dtype), pending, error, inner_state, counter
+
+    u_vec, pending, error, inner_state, counter = _cond(
+        count % k == 0, step, wait, (pending, error, state.inner_state, counter))
+    return unflatten(u_vec), ZeroState(inner_state, error, pending, count, new_key, counter)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _zero3(inner, axis_name, param_specs, regather):
+  axes = _mesh_axes(axis_name)
+  spec_leaves = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, P))
+  if not all(isinstance(s, P) for s in spec_leaves):
+    raise ValueError(f"param_specs must be a tree of PartitionSpecs, got {param_specs!r}.")
+  dims = [gather_dims(s, axes) for s in spec_leaves]
+  regathered = [True] * len(dims) if regather is None else jax.tree.leaves(regather)
+  if len(regathered) != len(dims) or not all(isinstance(r, bool) for r in regathered):
+    raise ValueError(f"regather must be a tree of bools like param_specs ({len(dims)} "
+                     f"leaves), got {regather!r}.")
+
+  def init_fn(params):
+    empty = optax.EmptyState()
+    return ZeroState(inner_state=inner.init(params), error=empty, accumulated=empty,
+                     count=jnp.zeros((), jnp.int32), key=empty, wire_bytes=comm.zero_bytes())
+
+  def finish_mean(g, pairs, again):
+    """(mean over `axes` of one gradient leaf, bytes the model and this step sent for it)."""
+    gathered = tuple(a for _, ax in pairs for a in ax)
+    rest = tuple(a for a in axes if a not in gathered)
+    nbytes, local = 0.0, comm.tree_bytes(g)
+    for _, ax in pairs:  # Forward gather, backward re-gather and reduce-scatter, per dim.
+      w = comm.axis_size(ax)
+      nbytes += ((1 + again) * comm.all_gather_bytes(local, w) +
+                 comm.reduce_scatter_bytes(local * w, w))
+      local *= w
+    if gathered:
+      g = g / comm.axis_size(gathered)
+    g, nb = comm.mean(g, rest or None)
+    return g, nbytes + nb
+
+  def update_fn(updates, state, params=None, **extra):
+    del extra
+    leaves, treedef = jax.tree.flatten(updates)
+    if len(leaves) != len(dims):
+      raise ValueError(f"zero(stage=3): {len(leaves)} gradient leaves but {len(dims)} "
+                       "param_specs.")
+    means, nbytes = [], 0.0
+    if axes:
+      for g, pairs, again in zip(leaves, dims, regathered):
+        g, nb = finish_mean(g, pairs, again)
+        means.append(g)
+        nbytes += nb
+    else:
+      means = leaves
+    updates, inner_state = inner.update(jax.tree.unflatten(treedef, means), state.inner_state,
+                                        params)
+    return updates, state._replace(inner_state=inner_state, count=state.count + 1,
+                                   wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,333 @@
+"""ZeRO 1/2/3: equal to data parallelism, bytes three ways, 1/W memory, compression.
+
+Stages 1-3 are held against exact DP with the same optimiser; counted bytes against
+`comm.inspect` of the compiled step and the formulas; per-device optimiser-state bytes
+against the compiled memory analysis; compressed stage 1 against uncompressed training.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm import codecs, comm, data, models, parallel, sync, train
+from tests import contract
+
+W = 8
+LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=8)
+BATCH, SEQ = 16, 8
+
+
+def adam():
+  # eps well above float32 noise: a few gradients (the key bias) are exactly zero in
+  # theory, and adam would turn their rounding noise into full-size steps.
+  return optax.adam(1e-2, eps=1e-4)
+
+
+def compile_step(trainer, state, batch):
+  """The step compiled once, and the report of its collectives."""
+  compiled = trainer.step_fn(state, batch).lower(state, batch).compile()
+  return compiled, comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
+
+
+def per_device_bytes(tree) -> int:
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+# ---------------------------------------------------------------- the compressed scatter
+# Float payloads travel as their bit patterns (u32, u16), codes packed in bytes.
+@pytest.mark.parametrize("codec,wire", [(codecs.identity(), {"u32"}),
+                                        (codecs.cast("bfloat16"), {"u16"}),
+                                        (codecs.uniform(8), {"u8", "u32"}),
+                                        (codecs.top_k(0.25), None)],
+                         ids=["identity", "bf16", "int8", "top_k"])
+def test_reduce_scatter_encoded(mesh8, codec, wire):
+  x = jax.random.normal(jax.random.key(0), (W, W * 16))
+  record = {}
+
+  def body(xb):
+    out, nbytes = comm.reduce_scatter_encoded(xb[0], codec, "data")
+    record["bytes"] = nbytes
+    return out.chunk, out.own[None]
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("data"),
+                            out_specs=(P("data"), P("data"))))
+  compiled = f.lower(x).compile()
+  shard, sent = compiled(x)
+  # Device r holds the float32 sum of what every device's chunk r decodes to.
+  np.testing.assert_allclose(shard, sent.sum(0), rtol=1e-5, atol=1e-5)
+  # ... which is the exact sum up to the codec's error bound on each of the W summands.
+  bound = float(codec.error_bound(x.ravel())) * W
+  np.testing.assert_allclose(shard, x.sum(0), atol=bound + 1e-5)
+  report = comm.parse_hlo(compiled.as_text(), mesh=mesh8)
+  assert record["bytes"] == (W - 1) * codec.payload_bytes(16) == report.wire_bytes()
+  assert {c.op for c in report} == {"all-to-all"}
+  if wire is not None:
+    assert {d for c in report for d in c.dtype.split(",")} == wire
+
+
+# ------------------------------------------------------------ ZeRO against DP on the LM
+def _lm_task():
+  lm = models.TransformerLM(**LM)
+  params = lm.init(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))
+  ds = data.pydoc_text()
+  return lm, params, lambda t: ds.batch(t, BATCH, seq_len=SEQ)
+
+
+def _zero3_setup(mesh):
+  """ZeRO-3 over the data axis: the rules shard every dimension they can over `data`."""
+  rules = parallel.make_rules(embed="data", mlp="data", norm="data", vocab="data")
+  layout = parallel.Layout(mesh, rules=rules)
+  lm = models.TransformerLM(**LM, layout=layout)
+  return lm, layout
+
+
+@pytest.fixture(scope="module")
+def lm_runs(mesh8):
+  """DP and ZeRO 1/2/3 with the same adam, two steps each; compiled once per method."""
+  lm, params, batch_fn = _lm_task()
+  lm3, layout3 = _zero3_setup(mesh8)
+  specs3 = layout3.param_specs(lm3.param_axes(), params)
+  methods = {
+      "dp": (lm, optax.chain(sync.mean("data"), adam()), None),
+      "zero1": (lm, parallel.zero(adam(), 1, "data"), None),
+      # Stage 2 differs from stage 1 only with micro-batches: test_accumulation_... below.
+      "zero3": (lm3, parallel.zero(adam(), 3, "data", param_specs=specs3,
+                                   regather=lm3.param_regather()), specs3),
+  }
+  runs = {}
+  for name, (model, tx, specs) in methods.items():
+    trainer = train.Trainer(models.lm_loss(model), tx, mesh8, param_specs=specs)
+    state = state0 = trainer.init(params)
+    compiled, report = compile_step(trainer, state, batch_fn(0))
+    sent = []
+    for t in range(2):
+      state, _, nbytes = compiled(state, batch_fn(t))
+      sent.append(int(nbytes))
+    runs[name] = dict(trainer=trainer, state0=state0, state=state, compiled=compiled,
+                      report=report, sent=sent, specs=specs, model=model)
+  return params, batch_fn, runs
+
+
+def test_zero_stages_equal_data_parallel(lm_runs):
+  _, _, runs = lm_runs
+  for name in ("zero1", "zero3"):
+    chex.assert_trees_all_close(runs[name]["state"].params, runs["dp"]["state"].params,
+                                atol=1e-6, rtol=1e-5)
+
+
+def test_zero_bytes_counted_inspected_and_formula(lm_runs):
+  params, _, runs = lm_runs
+  n = sum(x.size for x in jax.tree.leaves(params))
+  assert n % W == 0  # so that ZeRO's padded vector is exactly DP's
+  dp = comm.allreduce_bytes(4 * n, W)
+  for name in ("dp", "zero1"):
+    run = runs[name]
+    assert run["sent"] == [dp, dp] and run["report"].wire_bytes() == dp, name
+  ops = sorted(c.op for c in runs["zero1"]["report"])
+  assert ops == ["all-gather", "reduce-scatter"]  # one of each for the whole model
+  # Stage 3: per parameter, a forward all-gather, a backward re-gather of those whose value
+  # the backward reads, and a reduce-scatter: 1.5x DP's all-reduce of that parameter (1x
+  # without the re-gather); replicated parameters are all-reduced as in DP.
+  run = runs["zero3"]
+  specs = jax.tree.leaves(run["specs"], is_leaf=lambda s: isinstance(s, P))
+  regather = jax.tree.leaves(run["model"].param_regather())
+  formula, ratios = 0.0, set()
+  for x, spec, again in zip(jax.tree.leaves(params), specs, regather):
+    leaf_dp = comm.allreduce_bytes(4 * x.size, W)
+    ratio = (1.5 if again else 1.0) if "data" in parallel.spec_axes(spec) else 1.0
+    formula += ratio * leaf_dp
+    ratios.add(ratio)
+  assert ratios == {1.0, 1.5}
+  assert run["sent"] == [formula, formula] and run["report"].wire_bytes() == formula
+
+
+def test_zero_optimizer_state_memory_falls_as_one_over_w(lm_runs):
+  params, batch_fn, runs = lm_runs
+  n = sum(x.size for x in jax.tree.leaves(params))
+  batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batch_fn(0))) // W
+
+  def state_bytes(run):
+    """Per-device bytes of the optimiser state, from the compiled memory analysis."""
+    args = run["compiled"].memory_analysis().argument_size_in_bytes
+    return args - per_device_bytes(run["state0"].params) - batch_bytes - 4  # 4: step
+
+  for run in runs.values():  # The analysis agrees with the state's own shards.
+    assert state_bytes(run) == per_device_bytes(run["state0"].opt_state)
+  # Adam keeps two f32 vectors; counters (adam's count, byte counters) are a few bytes.
+  assert state_bytes(runs["dp"]) == 2 * 4 * n + 8
+  assert state_bytes(runs["zero1"]) == 2 * 4 * n // W + 12
+  assert state_bytes(runs["zero3"]) < state_bytes(runs["dp"]) / W * 1.1
+  assert per_device_bytes(runs["zero3"]["state0"].params) < per_device_bytes(params) / W * 1.1
+
+
+def test_zero_memory_scales_with_w_on_submeshes():
+  model = models.MLP(hidden=(32,), num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  batch = data.digits().batch(0, 64)
+  n = sum(x.size for x in jax.tree.leaves(params))
+  for w in (2, 4, 8):
+    mesh = train.make_mesh({"data": w}, devices=jax.devices()[:w])
+    trainer = train.Trainer(loss, parallel.zero(adam(), 1, "data"), mesh)
+    state = trainer.init(params)
+    analysis = trainer.step_fn(state, batch).lower(state, batch).compile().memory_analysis()
+    opt = (analysis.argument_size_in_bytes - per_device_bytes(params)
+           - per_device_bytes(trainer.shard_batch(batch)) - 4)
+    assert opt == 2 * 4 * ((n + (-n % w)) // w) + 12, w  # DP: 2 * 4 * n + 8
+
+
+# -------------------------------------------------------------- compression with sharding
+def test_compressed_zero1_trains_lm_like_uncompressed(mesh8, lm_runs):
+  params, batch_fn, runs = lm_runs
+  lm = runs["zero1"]["model"]
+  steps = 40
+  variants = {"f32": runs["zero1"],
+              "bf16": parallel.zero(adam(), 1, "data", codecs.cast("bfloat16")),
+              "int8": parallel.zero(adam(), 1, "data", codecs.uniform(8), memory="ef")}
+  losses, first, scatter_bytes, counted = {}, {}, {}, {}
+  for name, tx in variants.items():
+    if isinstance(tx, dict):
+      compiled, report, state = tx["compiled"], tx["report"], tx["state0"]
+    else:
+      trainer = train.Trainer(models.lm_loss(lm), tx, mesh8)
+      state = trainer.init(params)
+      compiled, report = compile_step(trainer, state, batch_fn(0))
+    history = []
+    for t in range(steps):
+      state, per_device, nbytes = compiled(state, batch_fn(t))
+      history.append(float(jnp.mean(per_device["loss"])))
+    losses[name], first[name] = np.mean(history[-5:]), np.mean(history[:2])
+    counted[name] = int(nbytes)
+    scatter_bytes[name] = report.wire_bytes(op="all-to-all" if name != "f32" else
+                                            "reduce-scatter")
+    assert counted[name] == report.wire_bytes()
+  assert losses["f32"] < 0.8 * first["f32"], (first, losses)  # it trains
+  for name in ("bf16", "int8"):
+    assert abs(losses[name] - losses["f32"]) < 0.03 * losses["f32"], losses
+  n = sum(x.size for x in jax.tree.leaves(params))
+  m = n // W
+  assert scatter_bytes["bf16"] == scatter_bytes["f32"] / 2
+  assert scatter_bytes["int8"] == scatter_bytes["f32"] * (m + 4) / (4 * m) < 0.26 * scatter_bytes["f32"]
+
+
+# ----------------------------------------------- micro-batches: where stages 1 and 2 differ
+def test_accumulation_stage1_vs_stage2(mesh8):
+  model = models.MLP(hidden=(32,), num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  ds = data.digits()
+  n = sum(x.size for x in jax.tree.leaves(params))
+  n_pad = n + (-n % W)
+  dp = train.Trainer(loss, optax.chain(sync.mean("data"),
+                                       optax.MultiSteps(adam(), 2).gradient_transformation()),
+                     mesh8)
+  ref = dp.init(params)
+  for t in range(4):
+    ref, _ = dp.step(ref, ds.batch(t, 64))
+  rs, ag = comm.reduce_scatter_bytes(4 * n_pad, W), comm.all_gather_bytes(4 * n_pad // W, W)
+  for stage, per_step, acc in ((1, [0, rs + ag] * 2, n_pad), (2, [rs, rs + ag] * 2, n_pad // W)):
+    trainer = train.Trainer(loss, parallel.zero(adam(), stage, "data", accumulate_steps=2),
+                            mesh8)
+    state = trainer.init(params)
+    # Stage 1 accumulates the whole local gradient, stage 2 only its reduced 1/W chunk.
+    assert per_device_bytes(state.opt_state.accumulated) == 4 * acc
+    sent = []
+    for t in range(4):
+      state, m = trainer.step(state, ds.batch(t, 64))
+      sent.append(int(m["wire_bytes"]))
+    assert sent == per_step, (stage, sent)
+    chex.assert_trees_all_close(state.params, ref.params, atol=1e-6, rtol=1e-5)
+
+
+# ------------------------------------------------------------ the contract suite, bad input
+@pytest.mark.parametrize("kwargs", [dict(stage=1), dict(stage=2, accumulate_steps=2),
+                                    dict(stage=1, codec=codecs.uniform(8), memory="ef"),
+                                    dict(stage=3, param_specs={"w": P(), "b": P()})],
+                         ids=["stage1", "stage2_accumulate", "stage1_int8_ef", "stage3"])
+def test_zero_contract_one_device(kwargs):
+  contract.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
+
+
+@pytest.mark.parametrize("kwargs", [dict(stage=1, codec=codecs.uniform(8), memory="ef"),
+                                    dict(stage=1, accumulate_steps=2),
+                                    dict(stage=2, accumulate_steps=2)],
+                         ids=["stage1_int8_ef", "stage1_accumulate", "stage2_accumulate"])
+def test_zero_contract_on_mesh(mesh8, kwargs):
+  # Compiles once, keeps the state's types, counts exactly what comm.inspect reads.
+  contract.check_on_mesh(parallel.zero(optax.sgd(0.1), axis_name="data", **kwargs), mesh8)
+
+
+def test_zero_bad_input():
+  inner = optax.sgd(0.1)
+  with pytest.raises(ValueError, match="stage"):
+    parallel.zero(inner, stage=4)
+  with pytest.raises(ValueError, match="memory"):
+    parallel.zero(inner, 1, codec=codecs.cast("bfloat16"), memory="ef21x")
+  with pytest.raises(ValueError, match="memory needs a codec"):
+    parallel.zero(inner, 1, memory="ef")
+  with pytest.raises(ValueError, match="param_specs"):
+    parallel.zero(inner, 3)
+  with pytest.raises(ValueError, match="stages 1 and 2"):
+    parallel.zero(inner, 3, param_specs={}, codec=codecs.cast("bfloat16"))
+  with pytest.raises(ValueError, match="accumulate_steps"):
+    parallel.zero(inner, 1, accumulate_steps=0)
+  with pytest.raises(ValueError, match="codec"):
+    parallel.zero(inner, 1, codec="bf16")
+
+
+# ------------------------------------------------ property: builds and works, or ValueError
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.floats(allow_nan=True),
+                 st.text(max_size=3), st.just(()), st.just(print))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(stage=st.one_of(st.sampled_from([1, 2, 3]), JUNK),
+       axis_name=st.one_of(st.sampled_from([None, "data"]), JUNK),
+       codec=st.one_of(st.sampled_from([None, codecs.cast("bfloat16")]), JUNK),
+       memory=st.one_of(st.sampled_from([None, "ef"]), JUNK),
+       accumulate_steps=st.one_of(st.integers(1, 2), JUNK))
+@example(stage=1, axis_name="data", codec=codecs.cast("bfloat16"), memory="ef",
+         accumulate_steps=2)
+@example(stage=3, axis_name="data", codec=None, memory=None, accumulate_steps=1)
+def test_zero_builds_and_runs_or_raises_value_error(mesh8, stage, axis_name, codec, memory,
+                                                    accumulate_steps):
+  params = {"w": jnp.arange(8.0), "b": jnp.ones(())}
+  specs = {"w": P("data"), "b": P()}
+  try:
+    tx = parallel.zero(optax.sgd(0.1), stage, axis_name, codec, memory, param_specs=specs,
+                       accumulate_steps=accumulate_steps)
+  except ValueError:
+    return
+
+  def update(p):
+    return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+
+  if axis_name is None:
+    out = update(params)
+  else:
+    in_specs = (specs,) if stage == 3 else (P(),)
+    out = jax.jit(jax.shard_map(update, mesh=mesh8, in_specs=in_specs,
+                                out_specs=in_specs[0]))(params)
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(shape=st.one_of(st.sampled_from(["data=8", "data=2,fsdp=2,tensor=2", {"tensor": 8}]),
+                       st.dictionaries(st.sampled_from(["data", "tensor", "x"]),
+                                       st.integers(0, 8), max_size=2), JUNK),
+       rules=st.one_of(st.sampled_from([None, {"embed": "tensor"}, (("mlp", ("data",)),)]),
+                       st.dictionaries(st.text(max_size=3), JUNK, max_size=2), JUNK),
+       sp=st.one_of(st.booleans(), JUNK))
+def test_layout_builds_or_raises_value_error(shape, rules, sp):
+  try:
+    layout = parallel.Layout(parallel.make_mesh(shape), rules=rules, sequence_parallel=sp)
+  except ValueError:
+    return
+  assert layout.spec(("batch",)) is not None
