@@ -10,8 +10,7 @@ program's memory analysis gives the per-device bytes of temporaries and of argum
 (parameters, optimiser state and the batch shard).
 
 Layouts are registered with `@layout(name)`; a builder returns a Trainer ready to step.
-Issue 7's layouts (ZeRO 1/2/3, TP, TP+SP) hook in the same way: register a builder for
-each in `_ISSUE7_ROWS` once `jaxcomm.parallel` has them; until then they print as absent.
+Issue 7's layouts (ZeRO 1/2/3, TP, TP+SP, data x fsdp x tensor) are registered the same way.
 """
 
 from __future__ import annotations
@@ -94,6 +93,38 @@ for _micro in (4, 8):  # M = S and M = 2S: GPipe's activations grow with M, 1F1B
   layout(f"1f1b_m{_micro}")(_pipeline("1f1b", _micro))
 
 
+def _zero(stage):
+  def build(cfg):
+    from experiments import builders  # pylint: disable=import-outside-toplevel
+    return {"data": 8}, *_trainer_for(dataclasses.replace(cfg, algo=f"zero{stage}"),
+                                      {"data": 8})
+  return build
+
+
+def _laid_out(mesh_shape, **options):
+  """The LM under a `parallel.Layout` (data / fsdp / tensor axes; issue 7)."""
+  def build(cfg):
+    from experiments import algos_parallel, builders  # pylint: disable=import-outside-toplevel
+    from jaxcomm import parallel, train  # pylint: disable=import-outside-toplevel
+    mesh = parallel.make_mesh(mesh_shape)
+    layout = parallel.Layout(mesh, **options)
+    cfg = dataclasses.replace(cfg, extra={"layout": layout})
+    model, loss_fn, params, batch_fn, _ = builders.make_task(cfg)
+    specs = layout.param_specs(model.param_axes(), params, max_replicated=1.0)
+    tx = algos_parallel.layout_optimizer(cfg, layout, specs, model.param_regather())
+    trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs)
+    return mesh_shape, trainer, params, batch_fn(0)
+  return build
+
+
+layout("zero1")(_zero(1))
+layout("zero2")(_zero(2))
+layout("zero3")(_laid_out({"fsdp": 8}))
+layout("tp")(_laid_out({"data": 2, "tensor": 4}))
+layout("tp_sp")(_laid_out({"data": 2, "tensor": 4}, sequence_parallel=True))
+layout("dp_fsdp_tp")(_laid_out({"data": 2, "fsdp": 2, "tensor": 2}))
+
+
 def measure(name, cfg):
   """Compiles one step of layout `name`: bytes by axis and per-device memory."""
   from jaxcomm import comm  # pylint: disable=import-outside-toplevel
@@ -111,7 +142,7 @@ def measure(name, cfg):
 
 
 def _table(rows) -> str:
-  axes = ["data", "data,sequence", "sequence", "pipeline"]
+  axes = ["data", "data,sequence", "sequence", "pipeline", "fsdp", "tensor"]
   head = (f"{'layout':<18}{'mesh':<16}{'T':>5}" + "".join(f"{a:>15}" for a in axes) +
           f"{'total':>12}{'temp KiB':>10}{'args KiB':>10}")
   out = [head, "-" * len(head)]
