@@ -6,7 +6,8 @@ Exempt, by rule (not by name):
 * constants and type aliases (tuples, dicts, unions): they are data, not code;
 * record classes, i.e. NamedTuples (optimiser states `...State`, results, `TrainState`) and
   dataclasses (reports, costs, layouts, `Codec`, Flax sub-modules such as `Block`): they
-  are built by a public factory or function whose docstring shows them in use.
+  are built by a public factory or function whose docstring shows them in use;
+* exception and warning classes: raised or warned, never called by a user.
 """
 
 import dataclasses
@@ -20,7 +21,8 @@ import jaxcomm
 
 def _is_record(obj):
   return inspect.isclass(obj) and (dataclasses.is_dataclass(obj) or
-                                   (issubclass(obj, tuple) and hasattr(obj, "_fields")))
+                                   (issubclass(obj, tuple) and hasattr(obj, "_fields")) or
+                                   issubclass(obj, BaseException))
 
 
 def _is_code(obj):

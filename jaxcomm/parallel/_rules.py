@@ -103,12 +103,22 @@ def _is_axes(x) -> bool:
 
 
 def spec_axes(spec: P) -> frozenset:
-  """The mesh axes a PartitionSpec shards over."""
+  """The mesh axes a PartitionSpec shards over.
+
+  >>> sorted(spec_axes(P(("data", "fsdp"), None, "tensor")))
+  ['data', 'fsdp', 'tensor']
+  """
   return frozenset(a for entry in spec for a in _mesh_axes(entry))
 
 
 def replicated_fraction(params: Any, specs: Any, axes: Sequence[str]) -> float:
-  """Share of parameter elements whose spec shards them over none of `axes`."""
+  """Share of parameter elements whose spec shards them over none of `axes`.
+
+  >>> import jax.numpy as jnp
+  >>> params = {"w": jnp.zeros((4, 6)), "b": jnp.zeros(8)}
+  >>> replicated_fraction(params, {"w": P(None, "tensor"), "b": P()}, ["tensor"])
+  0.25
+  """
   total = replicated = 0
   for x, spec in zip(jax.tree.leaves(params),
                      jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))):
