@@ -27,7 +27,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from jaxcomm import codecs, comm, train
+from jaxcomm import codecs, comm, data, models, train
 
 
 def codec_zoo() -> dict:
@@ -160,3 +160,29 @@ def check_codec(codec: codecs.Codec, x: jax.Array, key=None) -> None:
   err, bound = float(jnp.max(jnp.abs(out - x))), float(bound)
   assert err <= bound, f"{codec.name}: error {err:.4g} exceeds its bound {bound:.4g}"
   np.testing.assert_array_equal(np.isfinite(out), True)
+
+
+def digits_task(num_batches: int):
+  """(params, loss, batches): a small MLP on digits with `num_batches` global batches of 64."""
+  model = models.MLP(hidden=(16,), num_classes=10)
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  ds = data.digits()
+  return params, loss, [ds.batch(t, 64) for t in range(num_batches)]
+
+
+def run_steps(mesh, tx, task, steps=1):
+  """(trainer, state, measurements per step) after `steps` Trainer steps of `task`."""
+  params, loss, batches = task
+  trainer = train.Trainer(loss, tx, mesh)
+  state = trainer.init(params)
+  ms = []
+  for t in range(steps):
+    state, m = trainer.step(state, batches[t])
+    ms.append(m)
+  return trainer, state, ms
+
+
+def flat(tree):
+  """A tree as one float32 numpy vector."""
+  return np.asarray(codecs.flatten(tree)[0])

@@ -14,26 +14,11 @@ W = 8
 
 @pytest.fixture(scope="module")
 def task():
-  model = models.MLP(hidden=(16,), num_classes=10)
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 64)))
-  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
-  ds = data.digits()
-  return params, loss, [ds.batch(t, 64) for t in range(4)]
+  return contract.digits_task(4)
 
 
-def _run(mesh, tx, task, steps=1):
-  params, loss, batches = task
-  trainer = train.Trainer(loss, tx, mesh)
-  state = trainer.init(params)
-  ms = []
-  for t in range(steps):
-    state, m = trainer.step(state, batches[t])
-    ms.append(m)
-  return trainer, state, ms
-
-
-def _flat(tree):
-  return np.asarray(codecs.flatten(tree)[0])
+_run = contract.run_steps
+_flat = contract.flat
 
 
 def _n(params):
