@@ -17,7 +17,8 @@ A codec's payload (see `jaxcomm.codecs.Codec`) can be summed over workers in thr
   ZeRO++ qgZ, torchft's fp8 all-reduce. Wire bytes: 2(W-1) * payload_bytes(ceil(n/W)).
 
 Payload leaves that are floats narrower than float32 travel as their bit patterns
-(`to_bits`), so every byte counted is a byte on the wire. `compressed_sum` dispatches on a
+(`to_bits`), so every byte counted is a byte on the wire; a payload of several leaves
+(values, indices, scales) travels packed into one uint8 buffer, one collective per phase. `compressed_sum` dispatches on a
 collective name and also returns what this device's own payload decodes to (what error
 feedback subtracts). Every function returns `(result, wire_bytes)` like the rest of comm.
 """
@@ -32,9 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcomm.codecs import Codec
-from jaxcomm.comm._collectives import (AxisName, _axes, all_gather, all_gather_bytes, all_to_all,
-                                       all_to_all_bytes, allreduce_bytes, axis_size, from_bits,
-                                       sum as _sum, to_bits)
+from jaxcomm.comm._collectives import (_BITS, AxisName, _axes, all_gather, all_gather_bytes,
+                                       all_to_all, all_to_all_bytes, allreduce_bytes, axis_size,
+                                       from_bits, sum as _sum, to_bits)
 
 COLLECTIVES = ("psum", "gather", "two_phase")
 
@@ -51,12 +52,38 @@ def _narrow_floats(tree) -> list:
           if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4]
 
 
-def _to_wire(tree):
-  return jax.tree.map(to_bits, tree)
+def _pack(payload, lead: int):
+  """The payload as what travels: one uint8 buffer [*lead dims, bytes] of all its leaves.
+
+  A payload of several leaves (values, indices, scales) then costs one collective instead of
+  one per leaf: on a network each collective pays its latency once, and on emulated CPU
+  devices each is a rendezvous of every device thread. A single leaf travels as itself
+  (narrow floats as their bits, see `to_bits`). The bytes are the same either way.
+  """
+  leaves = jax.tree.leaves(payload)
+  if len(leaves) == 1:
+    return to_bits(leaves[0])
+  shape = leaves[0].shape[:lead]
+  return jnp.concatenate([lax.bitcast_convert_type(to_bits(x), jnp.uint8).reshape(*shape, -1)
+                          for x in leaves], axis=-1)
 
 
-def _from_wire(tree, like):
-  return jax.tree.map(lambda b, x: from_bits(b, x.dtype), tree, like)
+def _unpack(wire, like, lead: int):
+  """Inverse of `_pack`: `like`'s leaves (shapes without their first `lead` dims) from a
+  buffer whose first `lead` dims may differ (e.g. [W] after a gather)."""
+  leaves, treedef = jax.tree.flatten(like)
+  if len(leaves) == 1:
+    return jax.tree.unflatten(treedef, [from_bits(wire, leaves[0].dtype)])
+  shape, out, offset = wire.shape[:-1], [], 0
+  for x in leaves:
+    inner, size = x.shape[lead:], jnp.dtype(x.dtype).itemsize
+    nbytes = math.prod(inner) * size
+    part = wire[..., offset:offset + nbytes]
+    offset += nbytes
+    bits = _BITS.get(size, jnp.uint8) if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+    part = part.reshape(*shape, *inner, size) if size > 1 else part.reshape(*shape, *inner)
+    out.append(from_bits(lax.bitcast_convert_type(part, bits), x.dtype))
+  return jax.tree.unflatten(treedef, out)
 
 
 def linear_sum(payload: Any, decode: Callable[[Any], jax.Array],
@@ -111,8 +138,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array],
   if not axes:
     return decode(payload).astype(jnp.float32), 0.0
   w = axis_size(axes)
-  wire, nbytes = all_gather(_to_wire(payload), axes)  # leaves [W, ...], invariant
-  gathered = _from_wire(wire, jax.tree.map(lambda x: x[None], payload))
+  wire, nbytes = all_gather(_pack(payload, 0), axes)  # [W, ...], invariant
+  gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
   pick = lambda i: jax.tree.map(lambda x: x[i], gathered)
   first = decode(pick(0)).astype(jnp.float32)
   total = lax.fori_loop(1, w, lambda i, acc: acc + decode(pick(i)).astype(jnp.float32), first)
@@ -174,8 +201,8 @@ def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
   decode = lambda p, k: codec.decode_with(p, c, k)
   payload = _vmapped(codec.encode, chunks, keys)  # leaves [W, ...]: chunk j for device j
   own = _vmapped(decode, payload, keys).reshape(-1)[:n]
-  wire, nbytes = all_to_all(_to_wire(payload), axes, split_axis=0, concat_axis=0)
-  received = _from_wire(wire, payload)  # leaves [W, ...]: chunk r from every device
+  wire, nbytes = all_to_all(_pack(payload, 1), axes, split_axis=0, concat_axis=0)
+  received = _unpack(wire, payload, 1)  # leaves [W, ...]: chunk r from every device
   key_r = None if keys is None else keys[lax.axis_index(axes)]
   chunk = jnp.sum(_vmapped(lambda p: decode(p, key_r), received), axis=0)
   return ScatteredSum(chunk, own), nbytes
@@ -242,8 +269,8 @@ def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = N
   if server_memory is not None:
     error = reduced - decode(payload2, key2)
     server_memory = lax.dynamic_update_slice(padded, error, (r * c,))[:n]
-  wire2, sent2 = all_gather(_to_wire(payload2), axes)  # leaves [W, ...], invariant
-  gathered = _from_wire(wire2, jax.tree.map(lambda x: x[None], payload2))
+  wire2, sent2 = all_gather(_pack(payload2, 0), axes)  # [W, ...], invariant
+  gathered = _unpack(wire2, payload2, 0)  # leaves [W, ...]
   keys2 = keys if codec.shared_key else None
   total = _vmapped(decode, gathered, keys2).reshape(-1)[:n]
   return CompressedSum(total, own, server_memory), sent1 + sent2
