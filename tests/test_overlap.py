@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+
 from jaxcomm import codecs, comm, data, local, models, sync, train
+from tests import contract
 # The property-test helpers of the foundation's validation tests.
 from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, run_update,
                              valid_or)
@@ -407,6 +409,140 @@ def test_acco_ends_closer_to_dp_than_delayed_on_lm(mesh8):
   assert abs(acco - dp) < abs(delayed - dp), (dp, delayed, acco)
 
 
+# ------------------------------------------------------------------ CoCoDC: compensated streaming
+# H = 4, P = 2 (offsets 0, 2), tau = 1, alpha = 0.5, outer SGD with momentum, exact f32 codec.
+SD_ARGS = dict(sync_every=4, fragments=2, overlap=1, alpha=0.5, codec=None)
+SD_OUTER = (0.7, 0.9)  # outer lr, momentum
+SD_LR, SD_STEPS, SD_LAMBDA = 0.3, 7, 300.0
+SD_MASK = np.ones((4, W), bool)
+SD_MASK[1, 3] = False  # worker 3 misses the second sync (fragment 0, sent at t = 4)
+
+
+def streaming(tau=1, mask=None, **kw):
+  return local.streaming_diloco(optax.sgd(SD_LR), optax.sgd(*SD_OUTER), **{
+      **SD_ARGS, "overlap": tau}, participation=mask, **kw)
+
+
+@pytest.fixture(scope="module")
+def sd_runs(mesh8, mlp):
+  """(trainer, state, bytes per step) of streaming runs, one compiled trainer each."""
+  params, loss, batch_fn = mlp
+  cache = {}
+
+  def get(name):
+    if name not in cache:
+      tx = {"plain": lambda: streaming(),
+            "dc0": lambda: streaming(compensation="dc", dc_lambda=0.0),
+            "dc_mask": lambda: streaming(mask=SD_MASK, compensation="dc",
+                                         dc_lambda=SD_LAMBDA)}[name]()
+      trainer = train.Trainer(loss, tx, mesh8)
+      state, history = run(trainer, params, batch_fn, SD_STEPS)
+      cache[name] = trainer, state, [int(m["wire_bytes"]) for m in history]
+    return cache[name]
+
+  return get
+
+
+def test_streaming_dc_lambda_zero_is_plain_streaming(sd_runs):
+  """lambda = 0: the compensated Δ is Δ, per worker, through the Trainer on 8 workers."""
+  _, a, sent_a = sd_runs("plain")
+  _, b, sent_b = sd_runs("dc0")
+  # The same float ops in the same order (the outer step only moves from send to arrival).
+  chex.assert_trees_all_close(a.params, b.params, atol=1e-7, rtol=0)
+  assert sent_a == sent_b and sum(sent_a) > 0
+  # Outer parameters agree once nothing is in flight (t = 7: fragment 1, sent at 6, arrived).
+  chex.assert_trees_all_close(a.opt_state.outer_params, b.opt_state.outer_params,
+                              atol=1e-7, rtol=0)
+
+
+def test_streaming_dc_without_overlap_is_a_no_op():
+  """tau = 0: the fragment arrives where it was sent, θ_now = θ_sent, nothing to compensate
+  (one device; H = 2, P = 2: a sync and its merge every step, 6 steps)."""
+  params = contract.example_params()
+  make = lambda **kw: local.streaming_diloco(optax.sgd(0.3), optax.sgd(0.7, momentum=0.9), 2,
+                                             2, 0, 0.5, None, codec=None, **kw)
+
+  def final(tx):
+    def body(carry, t):
+      p, s = carry
+      g = jax.tree.map(lambda x: x - jnp.sin(x + t), p)
+      u, s = tx.update(g, s, p)
+      return (optax.apply_updates(p, u), s), None
+    (p, s), _ = lax.scan(body, (params, tx.init(params)), jnp.arange(6.0))
+    return p, s.outer_params
+
+  chex.assert_trees_all_close(jax.jit(lambda: final(make()))(),
+                              jax.jit(lambda: final(make(compensation="dc",
+                                                         dc_lambda=SD_LAMBDA)))(),
+                              atol=1e-7, rtol=0)
+
+
+def test_streaming_dc_matches_numpy_reference(sd_runs, mlp):
+  """Every worker's parameters after 7 steps (3 compensated merges, one with a dropped
+  worker) against a numpy re-implementation of the rule in the docstring."""
+  params, loss, batch_fn = mlp
+  _, state, sent = sd_runs("dc_mask")
+  grads = jax.jit(jax.vmap(jax.grad(loss)))
+  lr_out, mu = SD_OUTER
+  h, frags, tau, alpha = 4, 2, 1, 0.5
+  vec = lambda tree: codecs.flatten(tree)[0]
+  unflatten = codecs.flatten(params)[1]
+  n = vec(params).size
+  worker = np.stack([np.asarray(vec(params))] * W)  # [W, n]
+  outer, mom = np.array(vec(params)), np.zeros(n, np.float32)
+  offsets = [p * h // frags for p in range(frags)]
+  elems = lambda p: np.arange(n)[np.arange(n) % frags == p]
+  in_flight = {}  # fragment -> (Δ, θ_w at send [W, m], live mask)
+  syncs, plain_gap = 0, 0.0
+  for t in range(1, SD_STEPS + 1):
+    ps = jax.vmap(unflatten)(jnp.asarray(worker))
+    batch = jax.tree.map(lambda x: x.reshape(W, -1, *x.shape[1:]), batch_fn(t - 1))
+    worker = worker - SD_LR * np.asarray(jax.vmap(vec)(grads(ps, batch)))
+    if t % h in offsets:
+      idx, live = elems(offsets.index(t % h)), SD_MASK[syncs]
+      delta = (outer[idx] - worker[live][:, idx]).mean(0)
+      in_flight[offsets.index(t % h)] = (delta, worker[:, idx].copy(), live)
+      syncs += 1
+    if t - tau >= 1 and (t - tau) % h in offsets:
+      q = offsets.index((t - tau) % h)
+      idx, (delta, sent_w, live) = elems(q), in_flight.pop(q)
+      fixed = delta + SD_LAMBDA * delta * delta * (worker[:, idx] - sent_w)  # [W, m]
+      target = outer[idx] - lr_out * (mu * mom[idx] + fixed)
+      mom[idx] = mu * mom[idx] + delta
+      outer[idx] = outer[idx] - lr_out * mom[idx]
+      target[~live] = outer[idx]
+      plain_gap = max(plain_gap, np.abs(target[live] - outer[idx]).max())
+      a = np.where(live, alpha, 0.0)[:, None]
+      worker[:, idx] = a * worker[:, idx] + (1 - a) * target
+  got = np.asarray(jax.vmap(vec)(state.params))
+  np.testing.assert_allclose(got, worker, atol=2e-6)
+  # The compensation is not a no-op here: it moves targets by far more than the tolerance.
+  assert plain_gap > 1e-4, plain_gap
+  assert len([s for s in sent if s]) == 3  # syncs at t = 2, 4, 6
+
+
+def test_streaming_dc_bytes_equal_plain_and_inspect(sd_runs, mlp):
+  """The compensation is local: counted bytes with it == without == the compiled program."""
+  params = mlp[0]
+  _, _, plain_sent = sd_runs("plain")
+  trainer, state, sent = sd_runs("dc_mask")
+  assert sent == plain_sent
+  m = -(-num_params(params) // 2)
+  assert [s for s in sent if s] == [comm.allreduce_bytes(4 * m, W)] * 3
+  report = comm.inspect(trainer.step_fn(state, mlp[2](0)), state, mlp[2](0))
+  assert report.wire_bytes(conditional=True) == comm.allreduce_bytes(4 * m, W)
+  assert report.wire_bytes(conditional=False) == 0
+  # State: Δ of each fragment replicated, the fragments as sent per worker.
+  assert state.opt_state.in_flight.shape == (2, m)
+  assert state.opt_state.sent_params.shape == (W, 2, m)
+
+
+def test_streaming_dc_contract():
+  tx = local.streaming_diloco(optax.sgd(0.1), optax.sgd(0.7, momentum=0.9), 4, 2, 1, 0.5,
+                              None, codec=None, compensation="dc", dc_lambda=2.0)
+  contract.check_transform(tx)
+
+
 # ------------------------------------------------------------------ contract and bad input
 ONE_DEVICE = {
     "delayed": lambda: local.delayed(optax.sgd(0.1, momentum=0.5), None),
@@ -458,6 +594,12 @@ def test_bad_input_raises_value_error_at_build(mesh8, mlp):
     local.delay_compensation(jnp.ones(1), jnp.ones(1), jnp.ones(1), -1.0)
   with pytest.raises(ValueError, match="compensation"):
     local.stale(optax.sgd(0.1), 1, compensation="taylor")
+  with pytest.raises(ValueError, match="compensation"):
+    local.streaming_diloco(optax.sgd(0.1), optax.sgd(0.7), 4, 2, compensation="taylor")
+  for bad in (-0.5, float("nan"), "big", None):
+    with pytest.raises(ValueError, match="dc_lambda"):
+      local.streaming_diloco(optax.sgd(0.1), optax.sgd(0.7), 4, 2, compensation="dc",
+                             dc_lambda=bad)
   for bad in (0, -2, (1, 0, 2), [1, -1], (), (1.5, 2)):
     with pytest.raises(ValueError, match="micro_batches"):
       local.acco(optax.adam(0.1), "data", micro_batches=bad)
