@@ -3,7 +3,8 @@
 Settings arrive in `cfg.extra` (train.py fills them from flags): sync_every, fragments,
 overlap, merge_alpha, outer_codec, outer_memory, participation, outer_lr, outer_momentum,
 density, sparse_bits, worker_steps, compensation and dc_lambda (streaming_diloco's
-CoCoDC-style delay compensation), weighting, num_workers, and the mesh axes slow_axis / fast_axis for `hierarchical`.
+CoCoDC-style delay compensation), weighting, num_workers, and the mesh axes slow_axis /
+fast_axis for `hierarchical`.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ class StreamingDilocoState(NamedTuple):
   wire_bytes: jax.Array    # u32[]: cumulative bytes sent (mod 2**32)
   # Delay compensation only (None otherwise): the outer step of a fragment waits for the
   # arrival of its outer gradient, and each worker remembers what it sent.
-  in_flight: Any = None    # f32[P, m]: Δ_p, row p the last outer gradient of fragment p (replicated)
-  sent_params: Any = None  # f32[P, m]: θ_w,p when fragment p last synced (per-worker)
+  in_flight: Any = None    # f32[P, m]: row p, fragment p's last outer gradient Δ_p (replicated)
+  sent_params: Any = None  # f32[P, m]: row p, θ_w,p when fragment p last synced (per-worker)
 
 
 def default_codec() -> codecs.Codec:
@@ -77,8 +77,11 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   in place of θ_out,p. The replicated θ_out,p and outer state still step with Δ_p, so all
   workers keep one global model, and the correction is local: the same bytes travel. The
   outer step of a fragment then happens on arrival instead of at the send (the same values:
-  nothing else touches fragment p in between, as τ < H). Extra state: Δ_p of every fragment
-  (replicated) and θ_w,p(t) (per worker), |θ| each. λ = 0 or τ = 0 gives plain streaming.
+  nothing else touches fragment p in between, as τ < H), so `outer_params` of a fragment in
+  flight is its value before the step. Extra state: Δ_p of every fragment (replicated) and
+  θ_w,p(t) (per worker), |θ| each. λ = 0 or τ = 0 gives plain streaming. The correction is
+  not clipped: it grows as λ Δ_p ⊙ Δ_p and a large λ diverges. CoCoDC's adaptive choice of
+  the fragment to send is not implemented (fragments sync in the fixed order above).
 
   Args:
     inner: the optimiser each worker runs.
