@@ -2,8 +2,9 @@
 
 Settings arrive in `cfg.extra` (train.py fills them from flags): sync_every, fragments,
 overlap, merge_alpha, outer_codec, outer_memory, participation, outer_lr, outer_momentum,
-density, sparse_bits, worker_steps,
-weighting, num_workers, and the mesh axes slow_axis / fast_axis for `hierarchical`.
+density, sparse_bits, worker_steps, compensation and dc_lambda (streaming_diloco's
+CoCoDC-style delay compensation), weighting, num_workers, and the mesh axes slow_axis /
+fast_axis for `hierarchical`.
 """
 
 from __future__ import annotations
@@ -100,10 +101,14 @@ def _diloco(cfg, inner):
 def _streaming(cfg, inner):
   fragments = cfg.extra.get("fragments", 2)
   h, mask = _common(cfg, fragments)
+  compensation = cfg.extra.get("compensation")
   return local.streaming_diloco(inner, _outer(cfg), h, fragments, cfg.extra.get("overlap", 0),
                                 cfg.extra.get("merge_alpha", 0.5), cfg.axis_name,
                                 codec=_codec(cfg.extra.get("outer_codec"), "auto"),
-                                participation=mask)
+                                participation=mask,
+                                compensation=None if compensation in (None, "none")
+                                else compensation,
+                                dc_lambda=cfg.extra.get("dc_lambda", 1.0))
 
 
 @builders.algorithm("sparseloco")

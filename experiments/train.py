@@ -61,8 +61,10 @@ _GOSSIP_CODEC = flags.DEFINE_string("gossip_codec", "bfloat16", "choco: codec of
 _CONSENSUS_STEP = flags.DEFINE_float("consensus_step", 0.5, "choco: consensus step size.")
 _DELAY = flags.DEFINE_integer("delay", 1, "stale: staleness tau, in updates.")
 _COMPENSATION = flags.DEFINE_enum("compensation", "none", ["none", "dc"],
-                                  "stale: delay compensation (dc: DC-ASGD).")
-_DC_LAMBDA = flags.DEFINE_float("dc_lambda", 0.04, "stale: DC-ASGD lambda.")
+                                  "stale, streaming_diloco: delay compensation (dc: DC-ASGD; "
+                                  "CoCoDC-style for streaming).")
+_DC_LAMBDA = flags.DEFINE_float("dc_lambda", 0.04, "stale, streaming_diloco: DC lambda "
+                                "(outer gradients are small: streaming wants a larger one).")
 _MICRO_BATCHES = flags.DEFINE_string("micro_batches", "1", "acco: micro-batches per worker "
                                      "and round, N or one count per worker (n0,n1,...).")
 # --algo=compressed (experiments/algos_compression.py); they go into cfg.extra.

@@ -667,14 +667,20 @@ def test_diloco_builds_or_raises_value_error(inner, outer, h, axis_name, codec, 
 @FEW
 @given(inner=TRANSFORMS, h=H, fragments=valid_or(st.integers(1, 2)),
        overlap=valid_or(st.integers(0, 2)), alpha=valid_or(st.floats(0, 1)),
-       axis_name=AXIS_NAMES, codec=valid_or(st.sampled_from(["auto", None])))
+       axis_name=AXIS_NAMES, codec=valid_or(st.sampled_from(["auto", None])),
+       compensation=valid_or(st.sampled_from([None, "dc"])),
+       dc_lambda=valid_or(st.floats(0, 10)))
 @example(inner=optax.sgd(0.1), h=2, fragments=2, overlap=1, alpha=0.5, axis_name="data",
-         codec="auto")
+         codec="auto", compensation=None, dc_lambda=1.0)
+@example(inner=optax.adam(0.1), h=2, fragments=2, overlap=1, alpha=0.5, axis_name="data",
+         codec=None, compensation="dc", dc_lambda=3.0)
 def test_streaming_diloco_builds_or_raises_value_error(inner, h, fragments, overlap, alpha,
-                                                      axis_name, codec):
+                                                      axis_name, codec, compensation,
+                                                      dc_lambda):
   builds_or_value_error(
       lambda: local.streaming_diloco(inner, optax.sgd(0.7), h, fragments, overlap, alpha,
-                                     axis_name, codec=codec),
+                                     axis_name, codec=codec, compensation=compensation,
+                                     dc_lambda=dc_lambda),
       lambda tx: runs_one_update(tx, axis_name))
 
 
