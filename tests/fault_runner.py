@@ -1,15 +1,17 @@
-r"""experiments/train.py with the fault tests' methods registered and a kill switch.
+r"""experiments/train.py with a kill switch and the fault tests' method settings.
 
-  python tests/fault_runner.py --algo=toy_ef --steps=12 --workdir=... --kill_at=7
-  python tests/fault_runner.py --algos=dp,toy_ef --steps=12 --workdir=...
+  python tests/fault_runner.py --algo=powersgd --rank=2 --steps=12 --workdir=... --kill_at=7
+  python tests/fault_runner.py --algos=dp,powersgd --steps=12 --workdir=...
 
 Runs `experiments.train.main` unchanged (so the tests exercise the real program: flags,
-resume from --workdir, multi-host start-up, checkpoints) after registering the methods of
-`faults.py`. --algos runs several methods one after the other in one process (one
-start-up, one set of processes), each in --workdir/<algo>. With --kill_at=T, process --kill_process sends itself SIGKILL when it is
-about to take step T, once a checkpoint of an earlier step is complete on disk (a kill
-"after a checkpoint"; the save of a later one may still be in flight, which must not
-matter).
+resume from --workdir, multi-host start-up, checkpoints). --algos runs several methods one
+after the other in one process (one start-up, one set of processes), each in
+--workdir/<algo> with its settings from `faults.SETTINGS` (the flags' values from the
+command line otherwise).
+
+With --kill_at=T, process --kill_process sends itself SIGKILL when it is about to take step
+T, once a checkpoint of an earlier step is complete on disk (a kill "after a checkpoint";
+the save of a later one may still be in flight, which must not matter).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 from absl import app  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 
-import faults  # pylint: disable=wrong-import-position,unused-import
+import faults  # pylint: disable=wrong-import-position
 from experiments import builders  # pylint: disable=wrong-import-position
 from experiments import train  # pylint: disable=wrong-import-position
 
@@ -62,8 +64,12 @@ def main(argv):
   if not _ALGOS.value:
     return train.main(argv)
   base = flags.FLAGS.workdir
+  names = {name for settings in faults.SETTINGS.values() for name in settings}
+  command_line = {name: flags.FLAGS[name].value for name in names}
   for i, algo in enumerate(_ALGOS.value):
     flags.FLAGS.algo, flags.FLAGS.workdir = algo, os.path.join(base, algo)
+    for name, value in {**command_line, **faults.SETTINGS[algo]}.items():
+      setattr(flags.FLAGS, name, value)
     if i:  # The device count is set once, before JAX starts its backend.
       flags.FLAGS.devices = 0
     train.main(argv)

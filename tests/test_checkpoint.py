@@ -15,6 +15,8 @@ import shutil
 import signal
 
 import jax
+import numpy as np
+import optax
 import pytest
 
 import faults
@@ -68,6 +70,46 @@ def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
   assert train.Checkpointer(str(workdir / "checkpoints")).steps == [STEPS - EVERY, STEPS]
 
 
+@pytest.mark.parametrize("algo", faults.METHODS)
+def test_program_and_reference_build_the_method_alike(algo, resumed_runs):
+  """The settings train.py used (its config.json) are those of the in-process reference."""
+  workdir, _ = resumed_runs[algo]
+  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()))
+
+
+def _per_worker_and_distinct(tree):
+  """Every leaf has a leading worker axis; some leaf is nonzero and differs across workers."""
+  leaves = [np.asarray(x) for x in jax.tree.leaves(faults.key_data(tree))]
+  assert leaves and all(x.shape[0] == faults.W for x in leaves)
+  return any(np.any(x != 0) and np.any(x != x[:1]) for x in leaves)
+
+
+def _changed(a, b):
+  return any(np.any(np.asarray(x) != np.asarray(y)) for x, y in zip(
+      jax.tree.leaves(faults.key_data(a)), jax.tree.leaves(faults.key_data(b)), strict=True))
+
+
+@pytest.mark.parametrize("algo", ["powersgd", "diloco", "compressed"])
+def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
+  """At the step it resumed from, each real method carries the state the resume must keep."""
+  _, start = resumed_runs[algo]
+  trainer, params, _, _ = faults.uninterrupted(algo, STEPS)
+  batch_fn = builders.make_task(faults.config(algo, STEPS))[3]
+  init = trainer.init(params)
+  state, _ = train.fit(trainer, init, batch_fn, start, progress=False)
+  get = lambda s, name: optax.tree_utils.tree_get(s.opt_state, name)
+  if algo == "powersgd":  # per-worker error memory; the warm-start Q moved on
+    assert _per_worker_and_distinct(get(state, "error"))
+    assert _changed(get(state, "q"), get(init, "q"))
+  elif algo == "diloco":  # mid-period: worker parameters apart, outer parameters synced before
+    assert start % faults.SYNC_EVERY != 0 and int(get(state, "count")) == start
+    assert _per_worker_and_distinct(state.params)
+    assert _changed(get(state, "outer_params"), get(init, "outer_params"))
+  else:  # per-worker error memory; the stochastic codec's key advanced
+    assert _per_worker_and_distinct(get(state, "memory"))
+    assert _changed(get(state, "key"), get(init, "key"))
+
+
 # ---------------------------------------------------------------- damaged checkpoints
 def _files(step_dir, pattern=""):
   return [os.path.join(d, f) for d, _, fs in os.walk(step_dir) for f in fs
@@ -109,9 +151,9 @@ def _mixed_up(step_dir):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
   """A run with per-worker state checkpointed at steps 2, 4, 6 (and its final state)."""
-  trainer, params, reference, _ = faults.uninterrupted("toy_ef", 6)
+  trainer, params, reference, _ = faults.uninterrupted("powersgd", 6)
   directory = str(tmp_path_factory.mktemp("ckpt"))
-  cfg = faults.config("toy_ef", 6)
+  cfg = faults.config("powersgd", 6)
   batch_fn = builders.make_task(cfg)[3]
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   state, _ = train.fit(trainer, trainer.init(params), batch_fn, 6, progress=False,
