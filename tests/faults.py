@@ -120,11 +120,24 @@ def assert_same_config(algo: str, steps: int, saved: dict) -> None:
     assert name in saved_extra, (algo, name)
 
 
+def _program(args: list[str]) -> tuple[list[str], dict]:
+  """The command line and environment of fault_runner.py (experiments/train.py)."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  return [sys.executable, RUNNER, *args], env
+
+
 def run_program(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
   """Runs fault_runner.py (experiments/train.py) on 8 emulated devices in a fresh process."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, RUNNER, *args], capture_output=True, text=True,
-                        timeout=timeout, cwd=ROOT, env=env, check=False)
+  cmd, env = _program(args)
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                        env=env, check=False)
+
+
+def start_program(args: list[str]) -> subprocess.Popen:
+  """Starts fault_runner.py like `run_program`, without waiting; stderr is a text pipe."""
+  cmd, env = _program(args)
+  return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT, env=env)
 
 
 @functools.lru_cache(maxsize=None)

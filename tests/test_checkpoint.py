@@ -1,5 +1,6 @@
-"""Checkpoints: a SIGKILLed run resumes bit for bit; a damaged or half-written checkpoint is
-skipped with a warning and the previous one is used.
+"""Checkpoints: a SIGKILLed run resumes bit for bit; a SIGTERMed one saves the step it is at
+and stops; a damaged or half-written checkpoint is skipped with a warning and the previous
+one is used.
 
 The subprocess tests run the real program (`experiments/train.py`, through
 `tests/fault_runner.py`) and compare with the same training done here, uninterrupted, on the
@@ -24,6 +25,7 @@ from experiments import builders
 from jaxcomm import train
 
 STEPS, EVERY = 12, 4
+PREEMPTED = 143  # experiments.train.PREEMPTED: the exit status of a run stopped by SIGTERM
 
 
 def kill_step(algo):
@@ -108,6 +110,62 @@ def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
   else:  # per-worker error memory; the stochastic codec's key advanced
     assert _per_worker_and_distinct(get(state, "memory"))
     assert _changed(get(state, "key"), get(init, "key"))
+
+
+TERM_AT = 6  # SIGTERM arrives before step 6 -> 7 runs: the run saves step 7, not only 4
+
+
+def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
+  algo = "diloco"  # per-worker parameters mid-period at step 7
+  proc = faults.start_program(faults.flag_args(algo, STEPS) + [
+      f"--workdir={tmp_path}", f"--checkpoint_every={EVERY}", "--log_every=1",
+      f"--term_at={TERM_AT}"])
+  try:
+    stderr = ""
+    for line in proc.stderr:  # the runner waits at step TERM_AT until the signal arrives
+      stderr += line
+      if f"waiting for SIGTERM at step {TERM_AT}" in line:
+        proc.send_signal(signal.SIGTERM)
+        break
+    stderr += proc.communicate(timeout=120)[1]
+  finally:
+    proc.kill()
+  assert proc.returncode == PREEMPTED, stderr[-3000:]
+  assert f"preempted at step {TERM_AT + 1} of {STEPS}" in stderr
+  checkpoints = str(tmp_path / "checkpoints")
+  assert train.Checkpointer(checkpoints).steps == [EVERY, TERM_AT + 1]  # nothing lost
+
+  trainer, params, reference, _ = faults.uninterrupted(algo, STEPS)
+  batch_fn = builders.make_task(faults.config(algo, STEPS))[3]
+  ckpt = train.Checkpointer(checkpoints, every=EVERY)
+  assert int(ckpt.restore(trainer, trainer.init(params))[0].step) == TERM_AT + 1
+  state, _ = train.fit(trainer, trainer.init(params), batch_fn, STEPS, progress=False,
+                       checkpointer=ckpt)
+  faults.assert_bitwise_equal(state, reference)
+
+
+def test_sigterm_in_fit_is_taken_only_with_a_checkpointer(saved_run, tmp_path):
+  """fit notes SIGTERM (and saves the step) only while it has a checkpointer to save with."""
+  trainer, params, batch_fn, _, _ = saved_run
+
+  def batch_fn_term(t):
+    if t == 2:  # arrives while step 2 -> 3 runs
+      os.kill(os.getpid(), signal.SIGTERM)
+    return batch_fn(t)
+
+  caught = []
+  ours = lambda signum, frame: caught.append(signum)
+  previous = signal.signal(signal.SIGTERM, ours)  # so a signal fit misses fails the test only
+  try:
+    ckpt = train.Checkpointer(str(tmp_path / "ckpt"), every=100)
+    state, _ = train.fit(trainer, trainer.init(params), batch_fn_term, 6, progress=False,
+                         checkpointer=ckpt)
+    assert int(state.step) == 3 and ckpt.steps == [3] and not caught
+    assert signal.getsignal(signal.SIGTERM) is ours  # fit put the handler back
+    state, _ = train.fit(trainer, trainer.init(params), batch_fn_term, 6, progress=False)
+    assert int(state.step) == 6 and caught == [signal.SIGTERM]
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------- damaged checkpoints
