@@ -14,6 +14,7 @@ import random
 import re
 import shutil
 import signal
+import threading
 
 import jax
 import numpy as np
@@ -120,6 +121,8 @@ def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
   proc = faults.start_program(faults.flag_args(algo, STEPS) + [
       f"--workdir={tmp_path}", f"--checkpoint_every={EVERY}", "--log_every=1",
       f"--term_at={TERM_AT}"])
+  deadline = threading.Timer(180, proc.kill)  # a runner that never gets there fails the test
+  deadline.start()
   try:
     stderr = ""
     for line in proc.stderr:  # the runner waits at step TERM_AT until the signal arrives
@@ -129,6 +132,7 @@ def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
         break
     stderr += proc.communicate(timeout=120)[1]
   finally:
+    deadline.cancel()
     proc.kill()
   assert proc.returncode == PREEMPTED, stderr[-3000:]
   assert f"preempted at step {TERM_AT + 1} of {STEPS}" in stderr
