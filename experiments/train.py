@@ -9,6 +9,11 @@ Checkpoints go to --workdir/checkpoints every --checkpoint_every steps and at th
 last --keep are kept); running the same command again resumes from the newest readable one,
 exactly (a different configuration in the same --workdir is refused).
 
+Preemption: on SIGTERM (one process; on several, JAX's preemption notice) the run finishes
+the step under way, saves a checkpoint of it, and exits with status `PREEMPTED` (143, the
+status of a process ended by SIGTERM, so schedulers see it was stopped, not finished);
+running the same command again resumes from that step.
+
 Multi-host: pass --coordinator=host:port --num_processes=N --process_id=i to every process
 (or run under SLURM / Open MPI / a Cloud TPU pod, where JAX reads them from the environment);
 --devices is then the number of emulated CPU devices of each process. On one machine,
@@ -20,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 import numpy as np
 from absl import app
@@ -175,6 +181,7 @@ EXTRA_FLAGS = (
     "zero_memory",
 )
 FLAGS = flags.FLAGS
+PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (143)
 
 
 def hierarchy_from_flag(spec):
@@ -288,6 +295,10 @@ def main(argv):
                        log_every=_LOG_EVERY.value, checkpointer=checkpointer)
   if checkpointer is not None:
     checkpointer.close()
+  if int(state.step) < cfg.steps:  # preempted: the checkpoint of this step is on disk
+    print(f"preempted at step {int(state.step)} of {cfg.steps}: saved a checkpoint in "
+          f"{checkpointer.directory}; run the same command to resume.", file=sys.stderr)
+    sys.exit(PREEMPTED)
   if jax.process_index() != 0:
     return
   # The whole run's record, across resumptions, is metrics.jsonl.

@@ -1,15 +1,20 @@
-r"""experiments/train.py with the fault tests' methods registered and a kill switch.
+r"""experiments/train.py with a kill switch and the fault tests' method settings.
 
-  python tests/fault_runner.py --algo=toy_ef --steps=12 --workdir=... --kill_at=7
-  python tests/fault_runner.py --algos=dp,toy_ef --steps=12 --workdir=...
+  python tests/fault_runner.py --algo=powersgd --rank=2 --steps=12 --workdir=... --kill_at=7
+  python tests/fault_runner.py --algos=dp,powersgd --steps=12 --workdir=...
+  python tests/fault_runner.py --algo=diloco --steps=12 --workdir=... --term_at=6
 
 Runs `experiments.train.main` unchanged (so the tests exercise the real program: flags,
-resume from --workdir, multi-host start-up, checkpoints) after registering the methods of
-`faults.py`. --algos runs several methods one after the other in one process (one
-start-up, one set of processes), each in --workdir/<algo>. With --kill_at=T, process --kill_process sends itself SIGKILL when it is
-about to take step T, once a checkpoint of an earlier step is complete on disk (a kill
-"after a checkpoint"; the save of a later one may still be in flight, which must not
-matter).
+resume from --workdir, multi-host start-up, checkpoints). --algos runs several methods one
+after the other in one process (one start-up, one set of processes), each in
+--workdir/<algo> with its settings from `faults.SETTINGS` (the flags' values from the
+command line otherwise).
+
+With --kill_at=T, process --kill_process sends itself SIGKILL when it is about to take step
+T, once a checkpoint of an earlier step is complete on disk (a kill "after a checkpoint";
+the save of a later one may still be in flight, which must not matter). With --term_at=T it
+stops before step T, says so on stderr and waits for the SIGTERM the test sends it from
+outside (a preemption notice arriving mid-run).
 """
 
 from __future__ import annotations
@@ -25,17 +30,38 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 from absl import app  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 
-import faults  # pylint: disable=wrong-import-position,unused-import
+import faults  # pylint: disable=wrong-import-position
 from experiments import builders  # pylint: disable=wrong-import-position
 from experiments import train  # pylint: disable=wrong-import-position
 
 _KILL_AT = flags.DEFINE_integer("kill_at", -1, "SIGKILL this process before step N.")
 _KILL_PROCESS = flags.DEFINE_integer("kill_process", 0, "Which process --kill_at kills.")
+_TERM_AT = flags.DEFINE_integer("term_at", -1, "Before step N, wait for a SIGTERM from outside.")
 _ALGOS = flags.DEFINE_list("algos", None, "Run these methods in turn, each in workdir/<algo>.")
 
 
 def _complete_checkpoint(directory: str) -> bool:
   return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def _wait_for_sigterm(step: int, timeout_s: float = 60) -> None:
+  """Announces step `step` on stderr and waits until SIGTERM has been handled (or timeout)."""
+  received = []
+  handler = signal.getsignal(signal.SIGTERM)  # fit's, which notes the request
+
+  def observe(signum, frame):
+    received.append(signum)
+    if callable(handler):
+      handler(signum, frame)
+    else:  # no handler to note it: die of it as usual
+      signal.signal(signum, handler)
+      signal.raise_signal(signum)
+
+  signal.signal(signal.SIGTERM, observe)
+  print(f"fault_runner: waiting for SIGTERM at step {step}", file=sys.stderr, flush=True)
+  deadline = time.monotonic() + timeout_s
+  while not received and time.monotonic() < deadline:
+    time.sleep(0.01)
 
 
 def _with_kill_switch(make_task):
@@ -45,6 +71,8 @@ def _with_kill_switch(make_task):
     checkpoints = os.path.join(flags.FLAGS.workdir, "checkpoints")
 
     def batch_fn_killing(step):
+      if step == _TERM_AT.value:
+        _wait_for_sigterm(step)
       if step == _KILL_AT.value and jax.process_index() == _KILL_PROCESS.value:
         deadline = time.monotonic() + (60 if flags.FLAGS.checkpoint_every else 0)
         while not _complete_checkpoint(checkpoints) and time.monotonic() < deadline:
@@ -62,8 +90,12 @@ def main(argv):
   if not _ALGOS.value:
     return train.main(argv)
   base = flags.FLAGS.workdir
+  names = {name for settings in faults.SETTINGS.values() for name in settings}
+  command_line = {name: flags.FLAGS[name].value for name in names}
   for i, algo in enumerate(_ALGOS.value):
     flags.FLAGS.algo, flags.FLAGS.workdir = algo, os.path.join(base, algo)
+    for name, value in {**command_line, **faults.SETTINGS[algo]}.items():
+      setattr(flags.FLAGS, name, value)
     if i:  # The device count is set once, before JAX starts its backend.
       flags.FLAGS.devices = 0
     train.main(argv)

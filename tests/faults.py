@@ -1,50 +1,61 @@
-"""The fault tests' methods (registered as `--algo` values) and shared helpers.
+"""The fault tests' methods and shared helpers.
 
 The fault tests hold that every kind of state survives a kill, a restore on another process
-count, and a skipped step. Besides exact DP they use three small test-local transforms that
-carry the kinds of state the real methods have:
+count, and a skipped step. They run the real registered methods (`--algo` values), each
+with the settings (`SETTINGS`) that make it carry the state in question:
 
-* `toy_ef`: a per-worker error memory (error feedback around a bf16 round trip).
-* `toy_schedule`: a DiLoCo-like schedule: per-worker parameters and inner momenta, a
-  replicated step counter, and replicated outer parameters and Nesterov momentum, synced
-  every `SYNC_EVERY` steps (checkpoints fall mid-period).
-* `toy_stochastic`: PRNG keys split every step: a replicated (shared) key drawing a random
-  mask and a per-worker key drawing dither noise.
+* `dp`: exact data parallelism (no state beyond the inner optimiser's momentum).
+* `powersgd`: rank 2 with error feedback: a per-worker error memory and a warm-start Q
+  (replicated) that changes every step.
+* `diloco`: synced every `SYNC_EVERY` = 3 steps, so the checkpoints (every 4) fall
+  mid-period: per-worker parameters and inner momenta, replicated outer parameters, outer
+  Nesterov momentum and step counter.
+* `compressed`: QSGD (a stochastic codec) with error feedback: a per-worker error memory
+  and a PRNG key split every step (each worker folds in its index).
 
-To run the fault tests on a real method, add its `--algo` name to `METHODS`,
-`MULTIHOST_METHODS` and/or `NONFINITE_METHODS` (and register a builder below if
-`experiments.builders` does not have one yet): every parametrised test picks it up. The
-experiment is `FLAGS` (a tiny MLP on digits); a method that needs settings of its own reads
-them from `cfg.extra` in its builder.
+To run the fault tests on another method, add its `--algo` name to `METHODS`,
+`MULTIHOST_METHODS` and/or `NONFINITE_METHODS` with its settings in `SETTINGS`: every
+parametrised test picks it up. The experiment is `FLAGS` (a tiny MLP on digits). The
+settings reach the subprocess runs as `--name=value` flags (experiments/train.py puts them
+in `cfg.extra`) and the in-process references in `Config.extra`; `assert_same_config`
+holds the two alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
 import subprocess
 import sys
-from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from jax import lax
 
 from experiments import builders
-from jaxcomm import codecs, comm, train
+from jaxcomm import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
 
-# Every method the resume / multi-host tests run (builders.ALGORITHMS names).
-METHODS = ("dp", "toy_ef", "toy_schedule", "toy_stochastic")
+W = 8  # workers: 8 emulated devices, in one process or two
+SYNC_EVERY = 3  # of diloco
+
+# Every method's settings of its own: experiments/train.py flags (the names in its
+# EXTRA_FLAGS), which reach the method's builder in `cfg.extra`.
+SETTINGS = {
+    "dp": {},
+    "powersgd": {"rank": 2, "memory": "ef"},
+    "diloco": {"sync_every": SYNC_EVERY},  # checkpoints every 4 steps fall mid-period
+    "compressed": {"codec": "qsgd", "bits": 4, "memory": "ef"},
+}
+# Every method the resume tests run (builders.ALGORITHMS names).
+METHODS = ("dp", "powersgd", "diloco", "compressed")
 # Methods whose multi-process run must equal the single-process one (within float error).
-MULTIHOST_METHODS = ("dp", "toy_schedule")
+MULTIHOST_METHODS = ("dp", "powersgd", "diloco")
 # Methods whose state must survive a skipped non-finite step untouched.
-NONFINITE_METHODS = ("dp", "toy_ef", "toy_schedule")
-SYNC_EVERY = 3
+NONFINITE_METHODS = ("dp", "powersgd", "diloco", "compressed")
 
 # The experiment the subprocess tests run, as experiments.train flags and as a Config.
 FLAGS = {"model": "mlp", "dataset": "digits", "optimizer": "momentum", "lr": 0.05,
@@ -52,18 +63,81 @@ FLAGS = {"model": "mlp", "dataset": "digits", "optimizer": "momentum", "lr": 0.0
 
 
 def config(algo: str, steps: int) -> builders.Config:
-  return builders.Config(algo=algo, steps=steps, **FLAGS)
+  """The Config experiments/train.py builds from `flag_args(algo, steps)` on W workers."""
+  # train.py also puts the worker count in extra (local methods size their masks with it).
+  return builders.Config(algo=algo, steps=steps, **FLAGS,
+                         extra={**SETTINGS[algo], "num_workers": W})
 
 
 def flag_args(algo: str, steps: int) -> list[str]:
-  return [f"--algo={algo}", f"--steps={steps}"] + [f"--{k}={v}" for k, v in FLAGS.items()]
+  return [f"--algo={algo}", f"--steps={steps}"] + [
+      f"--{k}={v}" for k, v in {**FLAGS, **SETTINGS[algo]}.items()]
+
+
+class _Reads(dict):
+  """A `cfg.extra` that records every setting read from it, with the value the reader got."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.read = {}
+
+  def get(self, key, default=None):
+    self.read[key] = super().get(key, default)
+    return self.read[key]
+
+  def __getitem__(self, key):
+    self.read[key] = super().__getitem__(key)
+    return self.read[key]
+
+
+def settings_read(algo: str, steps: int) -> dict:
+  """{setting: value} of every `cfg.extra` entry the task and method builders read."""
+  cfg = config(algo, steps)
+  cfg.extra = _Reads(cfg.extra)
+  builders.make_task(cfg)
+  builders.make_optimizer(cfg)
+  return cfg.extra.read
+
+
+def assert_same_config(algo: str, steps: int, saved: dict) -> None:
+  """`saved` (the config.json experiments/train.py wrote) builds what `config` builds.
+
+  Every field agrees; in `extra`, every setting the builders read has the value they read
+  here (train.py's flag defaults included), and every setting of `SETTINGS` is read.
+  """
+  saved = dict(saved)
+  ours = json.loads(json.dumps(dataclasses.asdict(config(algo, steps)), default=str))
+  ours.pop("steps")
+  saved.pop("skip_nonfinite", None)
+  saved_extra, extra = saved.pop("extra"), ours.pop("extra")
+  assert saved == ours
+  read = json.loads(json.dumps(settings_read(algo, steps), default=str))
+  unread = set(SETTINGS[algo]) - set(read)
+  assert not unread, f"{algo}'s builder does not read its settings {unread}"
+  for name, value in {**read, **extra}.items():
+    assert saved_extra.get(name, value) == value, (algo, name, saved_extra.get(name), value)
+  for name in extra:
+    assert name in saved_extra, (algo, name)
+
+
+def _program(args: list[str]) -> tuple[list[str], dict]:
+  """The command line and environment of fault_runner.py (experiments/train.py)."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  return [sys.executable, RUNNER, *args], env
 
 
 def run_program(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
   """Runs fault_runner.py (experiments/train.py) on 8 emulated devices in a fresh process."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, RUNNER, *args], capture_output=True, text=True,
-                        timeout=timeout, cwd=ROOT, env=env, check=False)
+  cmd, env = _program(args)
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                        env=env, check=False)
+
+
+def start_program(args: list[str]) -> subprocess.Popen:
+  """Starts fault_runner.py like `run_program`, without waiting; stderr is a text pipe."""
+  cmd, env = _program(args)
+  return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT, env=env)
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,121 +173,6 @@ def assert_bitwise_equal(a, b) -> None:
     x, y = np.asarray(x), np.asarray(y)
     assert path == path_b and x.dtype == y.dtype and x.shape == y.shape, path
     assert x.tobytes() == y.tobytes(), f"{jax.tree_util.keystr(path)} differs"
-
-
-# ------------------------------------------------------------------- error feedback
-class ToyEfState(NamedTuple):
-  error: Any             # per-worker error memory, shaped like the parameters
-  wire_bytes: jax.Array  # u32[]
-
-
-def toy_ef(axis_name) -> optax.GradientTransformation:
-  """Error feedback around a bf16 round trip, then the exact mean of what was sent."""
-  codec = codecs.cast("bfloat16")
-
-  def init_fn(params):
-    return ToyEfState(jax.tree.map(jnp.zeros_like, params), comm.zero_bytes())
-
-  def update_fn(updates, state, params=None):
-    del params
-    corrected = jax.tree.map(jnp.add, updates, state.error)
-    sent = jax.tree.map(lambda x: codec.roundtrip(x.ravel()).reshape(x.shape), corrected)
-    error = jax.tree.map(jnp.subtract, corrected, sent)
-    mean, nbytes = comm.mean(sent, axis_name, dtype=jnp.bfloat16)
-    return mean, ToyEfState(error, comm.add_bytes(state.wire_bytes, nbytes))
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-# ------------------------------------------------------------------- sync every H steps
-class ToyScheduleState(NamedTuple):
-  count: jax.Array       # i32[]: inner steps taken (replicated)
-  outer_params: Any      # replicated parameters of the last sync
-  outer_momentum: Any    # replicated Nesterov momentum of the outer step
-  inner_state: Any       # the inner optimiser's state (per-worker)
-  wire_bytes: jax.Array  # u32[]
-
-
-def toy_schedule(inner, axis_name, sync_every=SYNC_EVERY, outer_lr=0.7,
-                  momentum=0.9) -> optax.GradientTransformation:
-  """Local steps of `inner`; every `sync_every` steps a Nesterov outer step on the mean."""
-
-  def init_fn(params):
-    return ToyScheduleState(jnp.zeros((), jnp.int32), params,
-                             jax.tree.map(jnp.zeros_like, params), inner.init(params),
-                             comm.zero_bytes())
-
-  def update_fn(updates, state, params):
-    local, inner_state = inner.update(updates, state.inner_state, params)
-    worker = optax.apply_updates(params, local)
-
-    def outer_step():
-      mean, nbytes = comm.mean(worker, axis_name)
-      delta = jax.tree.map(jnp.subtract, state.outer_params, mean)
-      mom = jax.tree.map(lambda m, d: momentum * m + d, state.outer_momentum, delta)
-      outer = jax.tree.map(lambda o, m, d: o - outer_lr * (d + momentum * m),
-                           state.outer_params, mom, delta)
-      to_outer = comm.varying(jax.tree.map(jnp.subtract, outer, params), axis_name)
-      return to_outer, outer, mom, comm.add_bytes(state.wire_bytes, nbytes)
-
-    def local_step():
-      return (comm.varying(local, axis_name), state.outer_params, state.outer_momentum,
-              state.wire_bytes)
-
-    synced = (state.count + 1) % sync_every == 0
-    new_updates, outer, mom, nbytes = lax.cond(synced, outer_step, local_step)
-    return new_updates, ToyScheduleState(state.count + 1, outer, mom, inner_state, nbytes)
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-# ------------------------------------------------------------------- PRNG keys
-class ToyStochasticState(NamedTuple):
-  shared_key: jax.Array  # key[]: the same on every worker (the mask)
-  worker_key: jax.Array  # key[]: per worker (the dither)
-  wire_bytes: jax.Array  # u32[]
-
-
-def toy_stochastic(axis_name, keep=0.5, dither=1e-3) -> optax.GradientTransformation:
-  """Keeps a random half of the coordinates (shared mask, rescaled) plus per-worker dither."""
-
-  def init_fn(params):
-    del params
-    key = jax.random.key(42)
-    return ToyStochasticState(key, jax.random.fold_in(key, 1), comm.zero_bytes())
-
-  def update_fn(updates, state, params=None):
-    del params
-    shared_key, mask_key = jax.random.split(state.shared_key)
-    index = lax.axis_index(axis_name) if axis_name is not None else 0
-    worker_key, noise_key = jax.random.split(jax.random.fold_in(state.worker_key, index))
-    leaves, treedef = jax.tree.flatten(updates)
-    out = []
-    for i, g in enumerate(leaves):
-      mask = jax.random.bernoulli(jax.random.fold_in(mask_key, i), keep, g.shape)
-      noise = dither * jax.random.normal(jax.random.fold_in(noise_key, i), g.shape)
-      out.append(jnp.where(mask, g / keep, 0.0) + noise)
-    mean, nbytes = comm.mean(jax.tree.unflatten(treedef, out), axis_name)
-    return mean, ToyStochasticState(shared_key, worker_key,
-                                     comm.add_bytes(state.wire_bytes, nbytes))
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-# ------------------------------------------------------------------- registration
-@builders.algorithm("toy_ef")
-def _ef(cfg, inner):
-  return optax.chain(toy_ef(cfg.axis_name), inner)
-
-
-@builders.algorithm("toy_schedule")
-def _schedule(cfg, inner):
-  return toy_schedule(inner, cfg.axis_name)
-
-
-@builders.algorithm("toy_stochastic")
-def _stochastic(cfg, inner):
-  return optax.chain(toy_stochastic(cfg.axis_name), inner)
 
 
 assert all(m in builders.ALGORITHMS for m in METHODS), "register every method in METHODS"

@@ -1,5 +1,6 @@
-"""Checkpoints: a SIGKILLed run resumes bit for bit; a damaged or half-written checkpoint is
-skipped with a warning and the previous one is used.
+"""Checkpoints: a SIGKILLed run resumes bit for bit; a SIGTERMed one saves the step it is at
+and stops; a damaged or half-written checkpoint is skipped with a warning and the previous
+one is used.
 
 The subprocess tests run the real program (`experiments/train.py`, through
 `tests/fault_runner.py`) and compare with the same training done here, uninterrupted, on the
@@ -13,8 +14,11 @@ import random
 import re
 import shutil
 import signal
+import threading
 
 import jax
+import numpy as np
+import optax
 import pytest
 
 import faults
@@ -22,6 +26,7 @@ from experiments import builders
 from jaxcomm import train
 
 STEPS, EVERY = 12, 4
+PREEMPTED = 143  # experiments.train.PREEMPTED: the exit status of a run stopped by SIGTERM
 
 
 def kill_step(algo):
@@ -68,6 +73,105 @@ def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
   assert train.Checkpointer(str(workdir / "checkpoints")).steps == [STEPS - EVERY, STEPS]
 
 
+@pytest.mark.parametrize("algo", faults.METHODS)
+def test_program_and_reference_build_the_method_alike(algo, resumed_runs):
+  """The settings train.py used (its config.json) are those of the in-process reference."""
+  workdir, _ = resumed_runs[algo]
+  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()))
+
+
+def _per_worker_and_distinct(tree):
+  """Every leaf has a leading worker axis; some leaf is nonzero and differs across workers."""
+  leaves = [np.asarray(x) for x in jax.tree.leaves(faults.key_data(tree))]
+  assert leaves and all(x.shape[0] == faults.W for x in leaves)
+  return any(np.any(x != 0) and np.any(x != x[:1]) for x in leaves)
+
+
+def _changed(a, b):
+  return any(np.any(np.asarray(x) != np.asarray(y)) for x, y in zip(
+      jax.tree.leaves(faults.key_data(a)), jax.tree.leaves(faults.key_data(b)), strict=True))
+
+
+@pytest.mark.parametrize("algo", ["powersgd", "diloco", "compressed"])
+def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
+  """At the step it resumed from, each real method carries the state the resume must keep."""
+  _, start = resumed_runs[algo]
+  trainer, params, _, _ = faults.uninterrupted(algo, STEPS)
+  batch_fn = builders.make_task(faults.config(algo, STEPS))[3]
+  init = trainer.init(params)
+  state, _ = train.fit(trainer, init, batch_fn, start, progress=False)
+  get = lambda s, name: optax.tree_utils.tree_get(s.opt_state, name)
+  if algo == "powersgd":  # per-worker error memory; the warm-start Q moved on
+    assert _per_worker_and_distinct(get(state, "error"))
+    assert _changed(get(state, "q"), get(init, "q"))
+  elif algo == "diloco":  # mid-period: worker parameters apart, outer parameters synced before
+    assert start % faults.SYNC_EVERY != 0 and int(get(state, "count")) == start
+    assert _per_worker_and_distinct(state.params)
+    assert _changed(get(state, "outer_params"), get(init, "outer_params"))
+  else:  # per-worker error memory; the stochastic codec's key advanced
+    assert _per_worker_and_distinct(get(state, "memory"))
+    assert _changed(get(state, "key"), get(init, "key"))
+
+
+TERM_AT = 6  # SIGTERM arrives before step 6 -> 7 runs: the run saves step 7, not only 4
+
+
+def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
+  algo = "diloco"  # per-worker parameters mid-period at step 7
+  proc = faults.start_program(faults.flag_args(algo, STEPS) + [
+      f"--workdir={tmp_path}", f"--checkpoint_every={EVERY}", "--log_every=1",
+      f"--term_at={TERM_AT}"])
+  deadline = threading.Timer(180, proc.kill)  # a runner that never gets there fails the test
+  deadline.start()
+  try:
+    stderr = ""
+    for line in proc.stderr:  # the runner waits at step TERM_AT until the signal arrives
+      stderr += line
+      if f"waiting for SIGTERM at step {TERM_AT}" in line:
+        proc.send_signal(signal.SIGTERM)
+        break
+    stderr += proc.communicate(timeout=120)[1]
+  finally:
+    deadline.cancel()
+    proc.kill()
+  assert proc.returncode == PREEMPTED, stderr[-3000:]
+  assert f"preempted at step {TERM_AT + 1} of {STEPS}" in stderr
+  checkpoints = str(tmp_path / "checkpoints")
+  assert train.Checkpointer(checkpoints).steps == [EVERY, TERM_AT + 1]  # nothing lost
+
+  trainer, params, reference, _ = faults.uninterrupted(algo, STEPS)
+  batch_fn = builders.make_task(faults.config(algo, STEPS))[3]
+  ckpt = train.Checkpointer(checkpoints, every=EVERY)
+  assert int(ckpt.restore(trainer, trainer.init(params))[0].step) == TERM_AT + 1
+  state, _ = train.fit(trainer, trainer.init(params), batch_fn, STEPS, progress=False,
+                       checkpointer=ckpt)
+  faults.assert_bitwise_equal(state, reference)
+
+
+def test_sigterm_in_fit_is_taken_only_with_a_checkpointer(saved_run, tmp_path):
+  """fit notes SIGTERM (and saves the step) only while it has a checkpointer to save with."""
+  trainer, params, batch_fn, _, _ = saved_run
+
+  def batch_fn_term(t):
+    if t == 2:  # arrives while step 2 -> 3 runs
+      os.kill(os.getpid(), signal.SIGTERM)
+    return batch_fn(t)
+
+  caught = []
+  ours = lambda signum, frame: caught.append(signum)
+  previous = signal.signal(signal.SIGTERM, ours)  # so a signal fit misses fails the test only
+  try:
+    ckpt = train.Checkpointer(str(tmp_path / "ckpt"), every=100)
+    state, _ = train.fit(trainer, trainer.init(params), batch_fn_term, 6, progress=False,
+                         checkpointer=ckpt)
+    assert int(state.step) == 3 and ckpt.steps == [3] and not caught
+    assert signal.getsignal(signal.SIGTERM) is ours  # fit put the handler back
+    state, _ = train.fit(trainer, trainer.init(params), batch_fn_term, 6, progress=False)
+    assert int(state.step) == 6 and caught == [signal.SIGTERM]
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
 # ---------------------------------------------------------------- damaged checkpoints
 def _files(step_dir, pattern=""):
   return [os.path.join(d, f) for d, _, fs in os.walk(step_dir) for f in fs
@@ -109,9 +213,9 @@ def _mixed_up(step_dir):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
   """A run with per-worker state checkpointed at steps 2, 4, 6 (and its final state)."""
-  trainer, params, reference, _ = faults.uninterrupted("toy_ef", 6)
+  trainer, params, reference, _ = faults.uninterrupted("powersgd", 6)
   directory = str(tmp_path_factory.mktemp("ckpt"))
-  cfg = faults.config("toy_ef", 6)
+  cfg = faults.config("powersgd", 6)
   batch_fn = builders.make_task(cfg)[3]
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   state, _ = train.fit(trainer, trainer.init(params), batch_fn, 6, progress=False,

@@ -48,6 +48,7 @@ def two_process_run(tmp_path_factory):
 @pytest.mark.parametrize("algo", faults.MULTIHOST_METHODS)
 def test_two_processes_train_like_one(algo, two_process_run):
   workdir = two_process_run[algo]
+  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()))
   trainer, params, reference, history = faults.uninterrupted(algo, STEPS)
   # The checkpoint written by two processes restores in this single process on 8 devices.
   final = faults.restore(trainer, params, str(workdir / "checkpoints"))

@@ -56,13 +56,13 @@ def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
                          progress=False)
   bitwise(state.params, without.params)
   bitwise(state.opt_state.inner_state, without.opt_state.inner_state)
-  if algo == "toy_schedule":  # the sync period does not count the skipped step
+  if algo == "diloco":  # the sync period does not count the skipped step
     assert int(state.opt_state.inner_state.count) == STEPS - 1
 
 
 def test_without_the_wrapper_the_nan_spreads(mesh8):
   """What the wrapper prevents: one worker's NaN reaches the (replicated) parameters."""
-  cfg = faults.config("toy_ef", NAN_STEP + 1)
+  cfg = faults.config("dp", NAN_STEP + 1)
   _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
   trainer = train.Trainer(loss, builders.make_optimizer(cfg), mesh8, has_aux=has_aux)
   state, _ = train.fit(trainer, trainer.init(params), poisoned(batch_fn), NAN_STEP + 1,

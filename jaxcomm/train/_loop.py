@@ -12,6 +12,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxcomm.train import _preemption
 from jaxcomm.train import _validate
 from jaxcomm.train._checkpoint import Checkpointer
 from jaxcomm.train._step import Trainer, TrainState
@@ -41,8 +42,10 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     checkpointer: optional `Checkpointer`. The run first resumes from its newest readable
       checkpoint (if there is one, `state` only gives the structure and the metrics logged
       after that checkpoint are dropped from `metrics.jsonl`), then saves every
-      `checkpointer.every` steps and at the end. On a multi-host run it also saves and
-      returns early when JAX's preemption notice arrives (the returned step is then < steps).
+      `checkpointer.every` steps and at the end. When the run is preempted it saves the
+      step it is at and returns early (the returned step is then < steps): on one process
+      when SIGTERM arrives (caught while `fit` runs; the step under way is finished first),
+      on a multi-host run when JAX's preemption notice arrives.
 
   Returns:
     `(state, history)`: history is a list of metric dicts, one per logged step, with `step`,
@@ -70,41 +73,45 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     writer = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
   history, start = [], time.perf_counter()
   first = int(np.asarray(state.step))
-  try:
-    for t in range(first, steps):
-      state, m = trainer.step(state, trainer.shard_batch(batch_fn(t)))
-      sent = int(np.asarray(m["wire_bytes"]))
-      total_bytes += sent
-      if (t + 1) % log_every == 0 or t + 1 == steps:
-        row = {"step": t + 1, "wire_bytes": sent, "total_wire_bytes": total_bytes,
-               "time": time.perf_counter() - start}
-        row.update({k: _scalar(v) for k, v in m.items() if k not in ("wire_bytes", "per_worker")})
-        if eval_fn is not None:
-          row.update({k: _scalar(v) for k, v in eval_fn(state).items()})
-        history.append(row)
-        if writer:
-          writer.write(json.dumps(row) + "\n")
-          writer.flush()
-        if progress and jax.process_index() == 0:
-          done = (t + 1 - first) / max(steps - first, 1)
-          bar = "#" * int(30 * done)
-          print(f"\r[{bar:<30}] step {t + 1}/{steps} loss {row['loss']:.4f} "
-                f"bytes/step {sent:,}", end="", file=sys.stderr, flush=True)
+  # SIGTERM (one process): finish this step, save it, stop.
+  with _preemption.catch_sigterm(enabled=checkpointer is not None) as stop:
+    try:
+      for t in range(first, steps):
+        state, m = trainer.step(state, trainer.shard_batch(batch_fn(t)))
+        sent = int(np.asarray(m["wire_bytes"]))
+        total_bytes += sent
+        if (t + 1) % log_every == 0 or t + 1 == steps:
+          row = {"step": t + 1, "wire_bytes": sent, "total_wire_bytes": total_bytes,
+                 "time": time.perf_counter() - start}
+          row.update({k: _scalar(v) for k, v in m.items()
+                      if k not in ("wire_bytes", "per_worker")})
+          if eval_fn is not None:
+            row.update({k: _scalar(v) for k, v in eval_fn(state).items()})
+          history.append(row)
+          if writer:
+            writer.write(json.dumps(row) + "\n")
+            writer.flush()
+          if progress and jax.process_index() == 0:
+            done = (t + 1 - first) / max(steps - first, 1)
+            bar = "#" * int(30 * done)
+            print(f"\r[{bar:<30}] step {t + 1}/{steps} loss {row['loss']:.4f} "
+                  f"bytes/step {sent:,}", end="", file=sys.stderr, flush=True)
+        if checkpointer is not None:
+          info = {"total_wire_bytes": total_bytes}
+          checkpointer.save(state, force=stop.requested, info=info)
+          if stop.requested or checkpointer.reached_preemption(t + 1):
+            logger.warning("preempted: saved a checkpoint at step %d and stopped.", t + 1)
+            break
+      else:
+        if checkpointer is not None:
+          checkpointer.save(state, force=True, info={"total_wire_bytes": total_bytes})
+    finally:
+      if writer:
+        writer.close()
       if checkpointer is not None:
-        checkpointer.save(state, info={"total_wire_bytes": total_bytes})
-        if checkpointer.reached_preemption(t + 1):
-          logger.warning("preempted: saved a checkpoint at step %d and stopped.", t + 1)
-          break
-    else:
-      if checkpointer is not None:
-        checkpointer.save(state, force=True, info={"total_wire_bytes": total_bytes})
-  finally:
-    if writer:
-      writer.close()
-    if checkpointer is not None:
-      checkpointer.wait()
-    if progress and jax.process_index() == 0 and steps > first:
-      print(file=sys.stderr)
+        checkpointer.wait()
+      if progress and jax.process_index() == 0 and steps > first:
+        print(file=sys.stderr)
   return state, history
 
 
