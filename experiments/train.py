@@ -88,7 +88,7 @@ _START_ITER = flags.DEFINE_integer("start_iter", 0, "powersgd/lq_sgd: exact step
 _ALPHA = flags.DEFINE_float("alpha", 10.0, "lq_sgd: log-quantisation curvature.")
 _FREEZE = flags.DEFINE_integer("freeze_step", 100, "onebit_adam: exact Adam steps first.")
 _BETA = flags.DEFINE_float("beta", 0.999, "demo: momentum decay.")
-_K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per chunk.")
+_K = flags.DEFINE_integer("k", 32, "demo: DCT coefficients sent per tile.")
 
 
 # Layouts with a sequence or pipeline axis (experiments/layouts_sequence.py).

@@ -90,6 +90,46 @@ def test_exact_round_trips(vec):
   np.testing.assert_allclose(np.sum(err ** 2), np.sum(coef[8:] ** 2), rtol=1e-4)
 
 
+def test_tiled_dct_is_demo_transform(vec):
+  """DeMo's per-tensor tiling: each dimension in chunks of its largest divisor <= chunk, a
+  2-D DCT per tile of a matrix, the k largest coefficients per tile."""
+  shapes = [(12, 20), (20,), (2, 3, 5), ()]  # tiles 6 x 10; 1 x 10; 6 x 5; 1 x 1
+  n = sum(math.prod(s) for s in shapes)
+  x = vec[:n]
+  full = codecs.tiled_dct_top_k(shapes, chunk=10, k=100)
+  np.testing.assert_allclose(_rt(full, x), x, atol=1e-5 * float(jnp.max(jnp.abs(x))))
+  c = codecs.tiled_dct_top_k(shapes, chunk=10, k=3)
+  assert [codecs.largest_divisor(r, 10) for r in (12, 20, 6, 5, 1)] == [6, 10, 6, 5, 1]
+  # Reference: numpy 2-D DCT of each tile, keep the 3 largest, invert.
+  want, offset = [], 0
+  for shape, (a, b) in zip(shapes, [(6, 10), (1, 10), (6, 5), (1, 1)]):
+    size = math.prod(shape)
+    rows = size // (shape[-1] if shape else 1)
+    m = np.asarray(x[offset:offset + size], np.float64).reshape(rows, -1)
+    offset += size
+    da, db = codecs.dct_matrix(a).astype(np.float64), codecs.dct_matrix(b).astype(np.float64)
+    out = np.zeros_like(m)
+    for i in range(0, m.shape[0], a):
+      for j in range(0, m.shape[1], b):
+        coef = da @ m[i:i + a, j:j + b] @ db.T
+        keep = np.argsort(-np.abs(coef).ravel())[:min(3, a * b)]
+        kept = np.zeros(a * b)
+        kept[keep] = coef.ravel()[keep]
+        out[i:i + a, j:j + b] = da.T @ kept.reshape(a, b) @ db
+    want.append(out.ravel())
+  np.testing.assert_allclose(_rt(c, x), np.concatenate(want), atol=1e-4)
+  # Bytes: 3 (f32 value, u8 index) pairs per tile of 4 + 2 + 1 tiles, 1 for the scalar.
+  payload = c.encode(x, None)
+  assert [p.dtype for p in payload] == [jnp.float32, jnp.uint8]
+  assert comm.tree_bytes(payload) == c.payload_bytes(n) == (4 * 3 + 2 * 3 + 1 * 3 + 1) * 5
+  assert float(jnp.max(jnp.abs(_rt(c, x) - x))) <= float(c.error_bound(x))
+  with pytest.raises(ValueError, match="built for"):
+    c.encode(vec, None)
+  for bad, word in [(dict(chunk=0), "chunk"), (dict(k=0), "k")]:
+    with pytest.raises(ValueError, match=word):
+      codecs.tiled_dct_top_k(shapes, **{"chunk": 10, "k": 3, **bad})
+
+
 def test_top_k_and_random_k_select_what_they_say(vec):
   out = _rt(codecs.top_k(k=50), vec)
   kept = np.flatnonzero(np.asarray(out))

@@ -41,7 +41,7 @@ def test_bytes_counted_equal_inspect_and_formula(mesh8):
   n = _n(params)
   cases = [
       (sync.onebit_adam(0.01, freeze_step=0), sync.onebit_adam_bytes(n, W, True)),
-      (sync.demo(0.01, chunk=4, k=2), sync.demo_bytes(n, W, chunk=4, k=2)),
+      (sync.demo(0.01, chunk=4, k=2), sync.demo_bytes(params, W, chunk=4, k=2)),
       (optax.chain(sync.lq_sgd(1, bits=4, min_compression_rate=0), optax.sgd(0.1)),
        sync.lq_sgd_bytes(params, 1, W, bits=4, min_compression_rate=0)),
       (optax.chain(sync.lq_sgd(1, bits=4, min_compression_rate=0, collective="gather"),
@@ -115,7 +115,7 @@ def test_onebit_adam_after_freeze_variance_frozen_and_memories_exact(mesh8, task
 def test_demo_full_k_and_beta0_is_sign_sgd_on_exact_mean(mesh8, task):
   params, loss, batches = task
   lr = 0.01
-  trainer, state, _ = _run(mesh8, sync.demo(lr, beta=0.0, chunk=16, k=16), task, steps=1)
+  trainer, state, _ = _run(mesh8, sync.demo(lr, beta=0.0, chunk=16, k=256), task, steps=1)
   split = jax.tree.map(lambda x: x.reshape(W, -1, *x.shape[1:]), batches[0])
   g = np.asarray(jax.jit(jax.vmap(lambda b: codecs.flatten(jax.grad(loss)(params, b))[0]))(split))
   mean = g.mean(0)
@@ -134,7 +134,7 @@ def test_demo_momentum_keeps_what_was_not_sent(mesh8, task):
                            task, steps=1)
   split = jax.tree.map(lambda x: x.reshape(W, -1, *x.shape[1:]), batches[0])
   g = np.asarray(jax.jit(jax.vmap(lambda b: codecs.flatten(jax.grad(loss)(params, b))[0]))(split))
-  codec = codecs.dct_top_k(16, 2)
+  codec = codecs.tiled_dct_top_k([x.shape for x in jax.tree.leaves(params)], 16, 2)
   sent = np.stack([np.asarray(codec.roundtrip(jnp.asarray(0.01 * x))) for x in g])
   np.testing.assert_allclose(np.asarray(state.opt_state.delta), 0.01 * g - sent, atol=1e-7)
   want = -0.01 * np.sign(sent.mean(0)) - 0.01 * 0.1 * _flat(params)
@@ -162,7 +162,7 @@ def test_bad_input_fails_when_built():
       (lambda: sync.lq_sgd(2, collective="psum"), "collective"),
       (lambda: sync.onebit_adam(0.1, freeze_step=-1), "freeze_step"),
       (lambda: sync.onebit_adam(0.1, freeze_step=1, b1=1.0), "b1"),
-      (lambda: sync.demo(0.1, chunk=0), "chunk"), (lambda: sync.demo(0.1, chunk=8, k=9), "k"),
+      (lambda: sync.demo(0.1, chunk=0), "chunk"), (lambda: sync.demo(0.1, chunk=8, k=65), "k"),
       (lambda: sync.demo(0.1, beta=1.0), "beta")]:
     with pytest.raises(ValueError, match=word):
       make()

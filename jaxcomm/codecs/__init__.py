@@ -10,6 +10,8 @@ from jaxcomm.codecs._bits import packed_bytes
 from jaxcomm.codecs._bits import unpack_bits
 from jaxcomm.codecs._dct import dct_matrix
 from jaxcomm.codecs._dct import dct_top_k
+from jaxcomm.codecs._dct import largest_divisor
+from jaxcomm.codecs._dct import tiled_dct_top_k
 from jaxcomm.codecs._quantize import fp4
 from jaxcomm.codecs._quantize import fp8
 from jaxcomm.codecs._quantize import log_quant
@@ -30,6 +32,7 @@ __all__ = (
     "fp8",
     "identity",
     "index_dtype",
+    "largest_divisor",
     "log_quant",
     "pack_bits",
     "packed_bytes",
@@ -37,6 +40,7 @@ __all__ = (
     "random_k",
     "rtop_k",
     "sign",
+    "tiled_dct_top_k",
     "top_k",
     "uniform",
     "unpack_bits",

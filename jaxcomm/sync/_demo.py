@@ -19,14 +19,25 @@ class DemoState(NamedTuple):
   wire_bytes: jax.Array  # u32[]: cumulative bytes sent by this device (mod 2**32)
 
 
-def demo_bytes(n: int, w: int, chunk: int = 64, k: int = 32) -> float:
-  """Wire bytes per device of one step: all-gather of k (value, index) pairs per chunk.
+def _codec(params, chunk: int, k: int) -> codecs.Codec:
+  return codecs.tiled_dct_top_k([jnp.shape(x) for x in jax.tree.leaves(params)], chunk, k)
+
+
+def demo_bytes(params, w: int, chunk: int = 64, k: int = 32) -> float:
+  """Wire bytes per device of one step: all-gather of k (value, index) pairs per tile.
+
+  Args:
+    params: the parameters (arrays or `jax.ShapeDtypeStruct`s): only shapes are read.
+    w: workers.
+    chunk: the largest tile side.
+    k: coefficients sent per tile.
 
   Example:
-    >>> demo_bytes(1024, 8)  # 16 chunks x 32 (value, index) pairs, gathered from 7 peers
-    17920.0
+    >>> demo_bytes({"w": jnp.zeros((128, 64))}, 8)  # 2 tiles of 64 x 64, 32 (f32, u16) each
+    2688.0
   """
-  return comm.compressed_bytes(codecs.dct_top_k(chunk, k), n, w, "gather")
+  n = sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(params))
+  return comm.compressed_bytes(_codec(params, chunk, k), n, w, "gather")
 
 
 def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int = 64,
@@ -34,23 +45,21 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
          axis_name: comm.AxisName = "data") -> optax.GradientTransformationExtraArgs:
   """DeMo: each worker keeps its own momentum and sends only its top DCT components.
 
-  Per update, on worker w with local gradient g_w (all vectors flattened):
-  delta <- beta delta + lr g_w; q = top-k DCT-II coefficients of every chunk of delta
-  (`codecs.dct_top_k(chunk, k)`); delta <- delta - D(q) (the momentum is the error memory);
-  all-gather every worker's (value, index) pairs, decode each and average; the update is
-  -lr sign(mean) - lr wd theta (decoupled weight decay).
-
-  Deviation from the paper, on purpose: the DCT runs over fixed chunks of the concatenated
-  flat gradient (the codec contract is a flat vector), not per tensor with the largest
-  divisor <= 64 of each dimension and a 2-D DCT per tile of a matrix; chunks may span
-  tensor boundaries. Selection and wire format (k float32 values and uint8 indices per chunk)
-  are otherwise DeMo's.
+  Per update, on worker w with local gradient g_w: delta <- beta delta + lr g_w; q = the k
+  largest DCT-II coefficients of every tile of delta, DeMo's transform
+  (`codecs.tiled_dct_top_k`: per tensor, each dimension split into chunks of its largest
+  divisor <= `chunk`, a 2-D DCT per tile of a matrix, 1-D per chunk of a vector);
+  delta <- delta - D(q) (the momentum is the error memory); all-gather every worker's
+  (value, index) pairs, decode each and average; the update is -lr sign(mean) - lr wd theta
+  (decoupled weight decay). Wire format: k float32 values and tile-local indices (uint16
+  for 64 x 64 tiles) per tile, from all W workers: (W - 1) x that per device.
 
   Args:
     learning_rate: a float or an optax schedule of the update count.
     beta: momentum decay in [0, 1) (DeMo: 0.999).
-    chunk: DCT length, >= 1 (DeMo: 64).
-    k: coefficients sent per chunk, 1..chunk (DeMo: 32).
+    chunk: the largest tile side, >= 1 (DeMo: 64).
+    k: coefficients sent per tile, 1..chunk**2 (DeMo: 32); a tile smaller than k sends all
+      of its coefficients.
     weight_decay: decoupled weight decay, >= 0 (needs `params` in update).
     axis_name: the data axis; None for one device.
 
@@ -70,13 +79,12 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
   """
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
     raise ValueError(f"chunk must be an int >= 1, got {chunk!r}.")
-  if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= chunk:
-    raise ValueError(f"k must be an int in 1..chunk ({chunk}), got {k!r}.")
+  if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= chunk * chunk:
+    raise ValueError(f"k must be an int in 1..chunk**2 ({chunk * chunk}), got {k!r}.")
   if not 0.0 <= beta < 1.0:
     raise ValueError(f"beta must be in [0, 1), got {beta!r}.")
   if not weight_decay >= 0.0:
     raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}.")
-  codec = codecs.dct_top_k(chunk, k)
   lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 
   def init_fn(params):
@@ -89,7 +97,7 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
     g, unflatten = codecs.flatten(updates)
     rate = lr(state.count)
     delta = beta * state.delta + rate * g
-    out, nbytes = comm.compressed_sum(delta, codec, axis_name, "gather")
+    out, nbytes = comm.compressed_sum(delta, _codec(updates, chunk, k), axis_name, "gather")
     step = -rate * jnp.sign(out.total / comm.axis_size(axis_name))
     if weight_decay:
       if params is None:
