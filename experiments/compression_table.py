@@ -72,7 +72,10 @@ def sync_bytes(tx, params, mesh, axis_name="data"):
   def local(grads_block):
     grads = jax.tree.map(lambda x: x[0], grads_block)
     zeros = jax.tree.map(jnp.zeros_like, grads)
-    state = tx.init(zeros)
+    # The barrier keeps XLA from folding the initial state's constants into the update: a
+    # frozen variance of zeros would mask 1-bit Adam's whole momentum and let XLA drop the
+    # collectives that a real step (state read from memory) runs.
+    state = jax.lax.optimization_barrier(tx.init(zeros))
     updates, new_state = tx.update(grads, state, zeros)
     sent = comm.counted_bytes(new_state) - comm.counted_bytes(state)
     return updates, sent
