@@ -297,7 +297,7 @@ from jaxcomm import comm, data, models, parallel, sync, train
 # Exact comparisons below: float32 matmuls everywhere (TPUs and recent GPUs default to
 # bf16 / TF32 passes for float32 matmuls, which differ more than the layouts do).
 jax.config.update("jax_default_matmul_precision", "highest")
-SIZES = dict(d_model=32, num_layers=2, num_heads=4, d_ff=128, max_len=32)
+SIZES = dict(d_model=32, num_layers=1, num_heads=4, d_ff=128, max_len=32)
 SEQ, BATCH = 32, 16
 corpus = data.pydoc_text()
 batches = [corpus.batch(step, BATCH, seq_len=SEQ) for step in range(STEPS)]
@@ -357,9 +357,11 @@ rel = np.max(np.abs(np.subtract(sharded, single)) / np.abs(single))
 print(f"largest relative difference over {len(batches)} steps: {rel:.1e}")
 np.testing.assert_allclose(sharded, single, rtol=1e-4)'''),
     md("Every collective of that compiled step: the tensor axis carries the sequence-parallel "
-       "all-gathers and reduce-scatters (forward and backward) and one all-reduce of the "
-       "replicated parameters' gradient pieces (norms, biases); the data axis carries the "
-       "gradient mean, whose bytes the optimiser also counts in its state (`wire_bytes`)."),
+       "all-gathers and reduce-scatters (forward and backward) and one combined all-reduce "
+       "(the gradients of the norms and output biases, which each device computes on its "
+       "slice of the sequence, and the backward of taking that slice); the data axis "
+       "carries the gradient mean, whose bytes the optimiser also counts in its state "
+       "(`wire_bytes`)."),
     code('''\
 batch = trainer.shard_batch(batches[-1])
 report = comm.inspect(trainer.step_fn(state, batch), state, batch)
@@ -413,9 +415,9 @@ ax.legend(title="mesh axis"); plt.tight_layout(); plt.show()'''),
        "sequence shards for head shards with two all-to-alls; for linear attention "
        "(decayed, as in RetNet / Lightning attention) LASP-2 all-gathers one Dk x Dv state "
        "per device and All-Scan passes it along a pipelined scan. Each kernel's output "
-       "equals one-device attention; the bytes of forward + backward, read from the "
-       "compiled program, match the formulas `parallel.*_bytes`. "
-       "`tests/test_sequence_parallel.py` holds the gradients too; "
+       "equals one-device attention; the forward bytes, read from the compiled program, "
+       "match the formulas `parallel.*_bytes`, which also give the backward pass's "
+       "(`tests/test_sequence_parallel.py` holds gradients and backward bytes too); "
        "`experiments/layouts_sequence.py` trains the LM with them "
        "(`--mesh=data=2,sequence=4 --attention=ring`)."),
     code('''\
@@ -433,35 +435,23 @@ VARIANTS = {  # name: (kernel on one sequence block, one-device reference, bytes
     "All-Scan (linear)": (functools.partial(parallel.linear_attention_allscan, decay=DECAY),
                           linear, parallel.linear_attention_allscan_bytes),
 }
-
-
-def attention_step(kernel):
-  """jit(value_and_grad) of a loss on the sequence-sharded attention output."""
-  spec = P("data", "sequence")
-  sharded = jax.shard_map(functools.partial(kernel, axis_name="sequence"), mesh=seq_mesh,
-                          in_specs=(spec,) * 3, out_specs=spec)
-
-  def loss(q, k, v):  # (loss, output): the output comes back as the auxiliary value
-    out = sharded(q, k, v)
-    return 0.5 * jnp.sum(out ** 2), out
-
-  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-
-
+spec = P("data", "sequence")
 seq_bytes = {}
 for name, (kernel, reference, formula) in VARIANTS.items():
-  step, seq_bytes[name] = attention_step(kernel), []
+  sharded = jax.jit(jax.shard_map(functools.partial(kernel, axis_name="sequence"),
+                                  mesh=seq_mesh, in_specs=(spec,) * 3, out_specs=spec))
+  seq_bytes[name] = []
   for t in SEQ_LENS:
     q, k, v = 0.5 * np.random.default_rng(t).standard_normal((3, B, t, H, DH), np.float32)
-    (_, out), _ = step(q, k, v)
-    err = np.max(np.abs(np.asarray(out) - np.asarray(reference(q, k, v))))
+    err = np.max(np.abs(np.asarray(sharded(q, k, v)) - np.asarray(reference(q, k, v))))
     assert err < 1e-4, (name, t, err)
-    sent = comm.inspect(step, q, k, v, mesh=seq_mesh).wire_bytes(axes=("sequence",))
-    expected = formula((B // 2, t // W, H, DH), W)
-    assert sent == expected["forward"] + expected["backward"], (name, t, sent, expected)
+    sent = comm.inspect(sharded, q, k, v, mesh=seq_mesh).wire_bytes(axes=("sequence",))
+    expected = formula((B // 2, t // W, H, DH), W)   # one device's block [B/2, T/W, H, Dh]
+    assert sent == expected["forward"], (name, t, sent, expected)
     seq_bytes[name].append(sent)
-  print(f"{name:18s} max |out - one device| {err:.1e}   bytes/device (fwd+bwd) by T "
-        + ", ".join(f"{t}: {n:,.0f}" for t, n in zip(SEQ_LENS, seq_bytes[name])))
+  print(f"{name:18s} max |out - one device| {err:.1e}   forward bytes/device by T: "
+        + ", ".join(f"{t}: {n:,.0f}" for t, n in zip(SEQ_LENS, seq_bytes[name]))
+        + f"   (backward at T={t}: {expected['backward']:,.0f})")
 # Softmax variants move K/V (or Q/K/V/O): linear in T. Linear attention moves states: flat.
 assert seq_bytes["ring"][-1] == seq_bytes["ring"][0] * SEQ_LENS[-1] / SEQ_LENS[0]
 assert len(set(seq_bytes["LASP-2 (linear)"])) == 1'''),
@@ -471,7 +461,7 @@ for name, sent in seq_bytes.items():
   ax.plot(SEQ_LENS, np.array(sent) / 1024, "o-", label=name)
 ax.set_xticks(SEQ_LENS)
 ax.set_xlabel("sequence length T (W = 4 devices on the sequence axis)")
-ax.set_ylabel("wire KiB per device (fwd + bwd)")
+ax.set_ylabel("wire KiB per device (forward)")
 ax.set_title("one attention layer, sequence-parallel"); ax.legend(); plt.tight_layout(); plt.show()'''),
 ]
 
