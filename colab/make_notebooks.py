@@ -271,11 +271,206 @@ b.set_xlabel("simulated time on a WAN (s)"); b.set_ylabel("training loss"); b.se
 a.legend(fontsize=8); plt.tight_layout(); plt.show()'''),
 ]
 
+LAYOUTS = [
+    md("# Layouts: data, tensor and sequence parallelism on one mesh\n\nThe same small "
+       "transformer LM laid out three ways at once on 8 devices (data x tensor with Megatron "
+       "sequence parallelism), checked against the one-device model; the bytes each layout "
+       "puts on every mesh axis per training step, read from the compiled program; and the "
+       "sequence-parallel attention kernels (ring, Ulysses, LASP-2 and All-Scan for linear "
+       "attention) side by side.\n\n"
+       "Where things live: meshes `parallel.make_mesh` (`jaxcomm/parallel/_mesh.py`), logical "
+       "axis rules `parallel.make_rules` / `param_specs` (`_rules.py`), `parallel.Layout` "
+       "(`_layout.py`), Megatron layers `dense_column` / `dense_row` / `mlp_tp` "
+       "(`_tensor.py`), `parallel.zero` (`_zero.py`), the attention kernels "
+       "(`_ring_attention.py`, `_ulysses.py`, `_linear_attention.py`); the LM "
+       "`models.TransformerLM(layout=...)` (`jaxcomm/models/_transformer.py`); "
+       "`comm.inspect` (`jaxcomm/comm/_inspect.py`)."),
+    code(SETUP),
+    code(PARAMS.format(steps=20)),
+    code('''\
+import functools
+import jax.numpy as jnp, numpy as np, optax
+import matplotlib.pyplot as plt
+from jax.sharding import PartitionSpec as P
+from jaxcomm import comm, data, models, parallel, sync, train
+
+# Exact comparisons below: float32 matmuls everywhere (TPUs and recent GPUs default to
+# bf16 / TF32 passes for float32 matmuls, which differ more than the layouts do).
+jax.config.update("jax_default_matmul_precision", "highest")
+SIZES = dict(d_model=32, num_layers=1, num_heads=4, d_ff=128, max_len=32)
+SEQ, BATCH = 32, 16
+corpus = data.pydoc_text()
+batches = [corpus.batch(step, BATCH, seq_len=SEQ) for step in range(STEPS)]
+# init always returns the whole parameters, the same for every layout.
+params = jax.jit(models.TransformerLM(**SIZES).init)(jax.random.key(0),
+                                                     jnp.zeros((1, SEQ), jnp.int32))
+
+
+def lm_trainer(mesh_shape, zero_stage=0, **options):
+  """A Trainer for the LM laid out on `mesh_shape` (AdamW; ZeRO-1 or ZeRO-3 when asked)."""
+  layout = parallel.Layout(parallel.make_mesh(mesh_shape, devices=DEVICES[:8]), **options)
+  lm = models.TransformerLM(**SIZES, layout=layout)
+  # Logical names (embed, heads, mlp, ...) -> mesh axes by the layout's rules.
+  specs = layout.param_specs(lm.param_axes(), params, max_replicated=1.0)
+  inner = optax.adamw(3e-3)
+  if layout.gather_axes:  # parameters stored sharded over `fsdp`: ZeRO-3
+    inner = parallel.zero(inner, 3, layout.gather_axes, param_specs=specs,
+                          regather=lm.param_regather())
+  rest = tuple(a for a in layout.batch_axes if a not in layout.gather_axes) or None
+  tx = parallel.zero(inner, 1, rest) if zero_stage == 1 else optax.chain(sync.mean(rest), inner)
+  trainer = train.Trainer(models.lm_loss(lm), tx, layout.mesh, axis_name=layout.batch_axes,
+                          param_specs=specs)
+  return trainer, specs'''),
+    md("## 1. DP x TP x SP: the sharded LM trains like the one-device LM\n\nA mesh "
+       "`data=2 x tensor=4`: the batch is split over `data`; each block's heads and MLP "
+       "columns over `tensor` (Megatron); with `sequence_parallel=True` the activations "
+       "between blocks are split along the sequence over `tensor` too, so each block's "
+       "all-reduce becomes an all-gather before it and a reduce-scatter after it. We train "
+       "it and the plain one-device model from the same parameters on the same batches "
+       "and compare the losses step by step."),
+    code('''\
+trainer, specs = lm_trainer({"data": 2, "tensor": 4}, sequence_parallel=True)
+print("block0 specs:", {k: jax.tree.map(str, v, is_leaf=lambda x: isinstance(x, P))
+                        for k, v in specs["params"]["block0"].items() if k in ("qkv", "fc_in")})
+state = trainer.init(params)
+sharded = []
+for b in batches:
+  state, m = trainer.step(state, trainer.shard_batch(b))
+  sharded.append(float(m["loss"]))
+
+reference, opt = models.TransformerLM(**SIZES), optax.adamw(3e-3)
+
+@jax.jit
+def step_one_device(p, o, batch):
+  loss, grads = jax.value_and_grad(models.lm_loss(reference))(p, batch)
+  updates, o = opt.update(grads, o, p)
+  return optax.apply_updates(p, updates), o, loss
+
+p = jax.device_put(params, DEVICES[0])   # the reference runs on one of the mesh's devices
+o, single = opt.init(p), []
+for b in batches:
+  p, o, loss = step_one_device(p, o, b)
+  single.append(float(loss))
+for t in sorted({0, len(batches) // 2, len(batches) - 1}):
+  print(f"step {t:3d}  loss data x tensor + SP {sharded[t]:.6f}   one device {single[t]:.6f}")
+rel = np.max(np.abs(np.subtract(sharded, single)) / np.abs(single))
+print(f"largest relative difference over {len(batches)} steps: {rel:.1e}")
+np.testing.assert_allclose(sharded, single, rtol=1e-4)'''),
+    md("Every collective of that compiled step: the tensor axis carries the sequence-parallel "
+       "all-gathers and reduce-scatters (forward and backward) and one combined all-reduce "
+       "(the gradients of the norms and output biases, which each device computes on its "
+       "slice of the sequence, and the backward of taking that slice); the data axis "
+       "carries the gradient mean, whose bytes the optimiser also counts in its state "
+       "(`wire_bytes`)."),
+    code('''\
+batch = trainer.shard_batch(batches[-1])
+report = comm.inspect(trainer.step_fn(state, batch), state, batch)
+print(report.table())
+assert report.wire_bytes() - report.wire_bytes(axes=("tensor",)) == int(m["wire_bytes"])'''),
+    md("## 2. Bytes per mesh axis, layout by layout\n\nOne training step of the same LM "
+       "and global batch under each layout, compiled and read with `comm.inspect(...)"
+       ".by_axis()`: per-device wire bytes on each mesh axis. ZeRO-1 sends what DP sends "
+       "(a reduce-scatter and an all-gather instead of an all-reduce) but keeps 1/8 of the "
+       "optimiser state per device; ZeRO-3 stores 1/8 of the parameters too and gathers "
+       "them layer by layer, in the forward and again in the backward pass. "
+       "Tensor parallelism shrinks the data-axis traffic (each device all-reduces only its "
+       "quarter of the block weights' gradient, over 2 data workers instead of 8) and adds "
+       "activation traffic on `tensor`; sequence parallelism splits the activations between "
+       "blocks (less memory) for a few more bytes: the gather before the head and the "
+       "all-reduce of the norm and bias gradients, which each device now computes on its "
+       "slice of the sequence. "
+       "`benchmarks/layouts.py` prints the larger table (pipeline and sequence axes, "
+       "per-device memory)."),
+    code('''\
+LAYOUTS = {
+    "DP (data 8)": dict(mesh_shape={"data": 8}),
+    "ZeRO-1 (data 8)": dict(mesh_shape={"data": 8}, zero_stage=1),
+    "ZeRO-3 (fsdp 8)": dict(mesh_shape={"fsdp": 8}),
+    "data 2 x tensor 4": dict(mesh_shape={"data": 2, "tensor": 4}),
+}
+by_layout = {}
+for name, kwargs in LAYOUTS.items():
+  tr, _ = lm_trainer(**kwargs)
+  st, b = tr.init(params), tr.shard_batch(batches[0])
+  by_layout[name] = comm.inspect(tr.step_fn(st, b), st, b).by_axis()
+by_layout["data 2 x tensor 4 + SP"] = report.by_axis()   # section 1's step
+AXIS_NAMES = ("data", "fsdp", "tensor")
+assert all(len(k) == 1 and k[0] in AXIS_NAMES for r in by_layout.values() for k in r)
+print(f"{'layout':<24}" + "".join(f"{a:>10}" for a in AXIS_NAMES) + f"{'total':>10}")
+for name, r in by_layout.items():
+  print(f"{name:<24}" + "".join(f"{r.get((a,), 0):>10,.0f}" for a in AXIS_NAMES)
+        + f"{sum(r.values()):>10,.0f}")'''),
+    code('''\
+fig, ax = plt.subplots(figsize=(7, 3))
+names, left = list(by_layout)[::-1], np.zeros(len(by_layout))
+for i, axis in enumerate(AXIS_NAMES):
+  width = np.array([by_layout[n].get((axis,), 0) / 1024 for n in names])
+  ax.barh(names, width, left=left, label=axis, color=f"C{i}")
+  left += width
+ax.set_xlabel("wire KiB per device per training step"); ax.set_ylabel("layout")
+ax.legend(title="mesh axis"); plt.tight_layout(); plt.show()'''),
+    md("## 3. Sequence-parallel attention: ring, Ulysses, LASP-2, All-Scan\n\nOn a "
+       "`data=2 x sequence=4` mesh each device holds a contiguous quarter of the sequence. "
+       "Ring attention passes K/V blocks around the ring (W-1 hops); Ulysses swaps "
+       "sequence shards for head shards with two all-to-alls; for linear attention "
+       "(decayed, as in RetNet / Lightning attention) LASP-2 all-gathers one Dk x Dv state "
+       "per device and All-Scan passes it along a pipelined scan. Each kernel's output "
+       "equals one-device attention; the forward bytes, read from the compiled program, "
+       "match the formulas `parallel.*_bytes`, which also give the backward pass's "
+       "(`tests/test_sequence_parallel.py` holds gradients and backward bytes too); "
+       "`experiments/layouts_sequence.py` trains the LM with them "
+       "(`--mesh=data=2,sequence=4 --attention=ring`)."),
+    code('''\
+W, B, H, DH = 4, 2, 4, 8
+SEQ_LENS = (32, 64, 128)
+seq_mesh = parallel.make_mesh({"data": 2, "sequence": W}, devices=DEVICES[:8])
+DECAY = np.linspace(0.6, 1.0, H).astype(np.float32)   # per-head decay of linear attention
+linear = functools.partial(parallel.linear_attention, decay=DECAY)
+VARIANTS = {  # name: (kernel on one sequence block, one-device reference, bytes formula)
+    "ring": (parallel.attention_ring, models.causal_attention, parallel.attention_ring_bytes),
+    "Ulysses": (parallel.attention_ulysses, models.causal_attention,
+                parallel.attention_ulysses_bytes),
+    "LASP-2 (linear)": (functools.partial(parallel.linear_attention_lasp2, decay=DECAY), linear,
+                        parallel.linear_attention_lasp2_bytes),
+    "All-Scan (linear)": (functools.partial(parallel.linear_attention_allscan, decay=DECAY),
+                          linear, parallel.linear_attention_allscan_bytes),
+}
+spec = P("data", "sequence")
+seq_bytes = {}
+for name, (kernel, reference, formula) in VARIANTS.items():
+  sharded = jax.jit(jax.shard_map(functools.partial(kernel, axis_name="sequence"),
+                                  mesh=seq_mesh, in_specs=(spec,) * 3, out_specs=spec))
+  seq_bytes[name] = []
+  for t in SEQ_LENS:
+    q, k, v = 0.5 * np.random.default_rng(t).standard_normal((3, B, t, H, DH), np.float32)
+    err = np.max(np.abs(np.asarray(sharded(q, k, v)) - np.asarray(reference(q, k, v))))
+    assert err < 1e-4, (name, t, err)
+    sent = comm.inspect(sharded, q, k, v, mesh=seq_mesh).wire_bytes(axes=("sequence",))
+    expected = formula((B // 2, t // W, H, DH), W)   # one device's block [B/2, T/W, H, Dh]
+    assert sent == expected["forward"], (name, t, sent, expected)
+    seq_bytes[name].append(sent)
+  print(f"{name:18s} max |out - one device| {err:.1e}   forward bytes/device by T: "
+        + ", ".join(f"{t}: {n:,.0f}" for t, n in zip(SEQ_LENS, seq_bytes[name]))
+        + f"   (backward at T={t}: {expected['backward']:,.0f})")
+# Softmax variants move K/V (or Q/K/V/O): linear in T. Linear attention moves states: flat.
+assert seq_bytes["ring"][-1] == seq_bytes["ring"][0] * SEQ_LENS[-1] / SEQ_LENS[0]
+assert len(set(seq_bytes["LASP-2 (linear)"])) == 1'''),
+    code('''\
+fig, ax = plt.subplots(figsize=(5.5, 3.5))
+for name, sent in seq_bytes.items():
+  ax.plot(SEQ_LENS, np.array(sent) / 1024, "o-", label=name)
+ax.set_xticks(SEQ_LENS)
+ax.set_xlabel("sequence length T (W = 4 devices on the sequence axis)")
+ax.set_ylabel("wire KiB per device (forward)")
+ax.set_title("one attention layer, sequence-parallel"); ax.legend(); plt.tight_layout(); plt.show()'''),
+]
+
 
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_compression.ipynb": COMPRESSION,
     "03_local_updates.ipynb": LOCAL,
+    "04_layouts.ipynb": LAYOUTS,
     "05_gossip_heterogeneous.ipynb": GOSSIP,
 }
 # Notebooks whose APIs are not merged yet are left out until they are.
