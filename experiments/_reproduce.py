@@ -132,6 +132,11 @@ def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
   return {"heldout_loss": float(out)}
 
 
+# (config, scale, workers) -> record: a run two sweeps share (DP as every reference, the
+# 8-worker DiLoCo of both DiLoCo sweeps) trains once per process. Runs are deterministic.
+_DONE: dict[str, dict] = {}
+
+
 def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
   """Trains `cfg` (built by builders.make_optimizer) for scale.steps on `workers` workers.
 
@@ -139,8 +144,16 @@ def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
   train loss, mean and peak bytes per step, exact DP's all-reduce bytes for the same
   parameters), and the held-out metrics of the parameters averaged over workers (the
   parameters themselves where they are replicated; DiLoCo's workers all hold θ_out right
-  after a sync). `info` is copied into the record (the swept setting, e.g. H).
+  after a sync). `info` is copied into the record (the swept setting, e.g. H). A run
+  already made in this process with the same config, scale and workers is not repeated.
   """
+  key = repr((cfg, scale, workers))
+  if key not in _DONE:
+    _DONE[key] = _train(cfg, scale, workers, label)
+  return {**_DONE[key], "label": label, **info}
+
+
+def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import builders  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm, sim, train  # pylint: disable=import-outside-toplevel
@@ -159,10 +172,10 @@ def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
                        per_worker, state.params)
   losses = np.array([row["loss"] for row in history])
   step_bytes = np.array([row["wire_bytes"] for row in history], dtype=np.float64)
-  record = {
-      "label": label, "algo": cfg.algo, "optimizer": cfg.optimizer, "lr": cfg.lr,
+  return {
+      "algo": cfg.algo, "optimizer": cfg.optimizer, "lr": cfg.lr,
       "extra": {k: v for k, v in cfg.extra.items() if isinstance(v, (int, float, str))},
-      "workers": workers, "steps": scale.steps, "batch_size": cfg.batch_size, **info,
+      "workers": workers, "steps": scale.steps, "batch_size": cfg.batch_size,
       "final_train_loss": float(sim.smooth(losses, scale.smooth)[-1]),
       "bytes_per_step": float(step_bytes.mean()),
       "peak_bytes_per_step": float(step_bytes.max()),
@@ -172,7 +185,6 @@ def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
       "curve": {"loss": losses.tolist(), "wire_bytes": step_bytes.tolist()},
       **evaluate(loss_fn, has_aux, final, held_out),
   }
-  return record
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

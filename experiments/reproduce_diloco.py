@@ -45,13 +45,10 @@ def run(scale: rep.Scale, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4,
   """Both sweeps; writes results.md, results.json and diloco.png into workdir."""
   dp8 = _dp(scale, 8, scale.batch_size)
   by_h = [_diloco(scale, h, 8, scale.batch_size) for h in hs]
-  by_w = []
-  for w in workers:
-    if w == 8 and per_worker_batch * w == scale.batch_size and h_fixed in hs:
-      by_w.append((by_h[list(hs).index(h_fixed)], dp8))  # the same run as in the H sweep
-    else:
-      by_w.append((_diloco(scale, h_fixed, w, per_worker_batch * w),
-                   _dp(scale, w, per_worker_batch * w)))
+  # At 8 workers with per_worker_batch * 8 == batch_size these are the H sweep's runs
+  # (train_run does not repeat them).
+  by_w = [(_diloco(scale, h_fixed, w, per_worker_batch * w), _dp(scale, w, per_worker_batch * w))
+          for w in workers]
 
   h_rows = [["DP (AdamW)", "every step", dp8["final_train_loss"], dp8["heldout_loss"],
              dp8["bytes_per_step"], 1.0]]
