@@ -188,7 +188,7 @@ def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-  """A GitHub markdown table; floats are written with 4 significant decimals."""
+  """A GitHub markdown table: floats with 4 decimals, from 1,000 up as whole numbers."""
   def cell(x):
     if isinstance(x, int) and not isinstance(x, bool):
       return f"{x:,}"
@@ -231,7 +231,7 @@ def save_figure(path: str, panels: Sequence[dict]) -> str:
       ax.set_xscale("log")
       ticks = sorted({float(x) for _, xs, _ in panel["lines"] for x in xs})
       if len(ticks) <= 12:  # label the swept values themselves, not powers of ten
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_xticks(ticks, [_short(t) for t in ticks])
         ax.minorticks_off()
     if panel.get("logy"):
       ax.set_yscale("log")
@@ -244,6 +244,14 @@ def save_figure(path: str, panels: Sequence[dict]) -> str:
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
+
+
+def _short(x: float) -> str:
+  """A tick label: 75040 -> '75k', 2401280 -> '2.4M', 25 -> '25'."""
+  for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    if abs(x) >= size:
+      return f"{x / size:.3g}{suffix}"
+  return f"{x:g}"
 
 
 def curve_lines(records: Sequence[dict], smooth: int) -> list:
