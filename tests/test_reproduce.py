@@ -91,14 +91,14 @@ def test_topk(tmp_path):
 
 def test_demo(tmp_path):
   workdir = str(tmp_path)
-  s = reproduce_demo.run(TINY, workdir, ks=(32, 4))
+  s = reproduce_demo.run(TINY, workdir, ks=(4,))  # one DeMo run keeps the test cheap
   _check_outputs(workdir, s, s["runs"], "demo.png")
-  dp, k32, k4 = s["runs"]
+  dp, k4 = s["runs"]
   n = _num_params("lm")
-  assert k32["bytes_per_step"] == sync.demo_bytes(n, 8, 64, 32)
-  assert k4["bytes_per_step"] == sync.demo_bytes(n, 8, 64, 4)
-  # Gathering 32 of 64 (value, index) pairs from 7 peers costs more than the all-reduce.
-  assert k32["bytes_per_step"] > dp["bytes_per_step"] > k4["bytes_per_step"]
+  assert k4["bytes_per_step"] == sync.demo_bytes(n, 8, 64, 4) < dp["bytes_per_step"]
+  # The paper's k 32: gathering 32 of 64 (value, index) pairs from 7 peers costs more than
+  # the all-reduce that DP's run counted (the reproduction's default run trains it).
+  assert sync.demo_bytes(n, 8, 64, 32) > dp["bytes_per_step"]
 
 
 def test_streaming(tmp_path):
