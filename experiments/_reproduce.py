@@ -1,0 +1,277 @@
+"""What every paper reproduction (`experiments/reproduce_*.py`) shares.
+
+* the flags (`--workdir`, `--steps`, sizes) and the `Scale` they build: every reproduction
+  runs the same task sizes, so a flag means the same thing in each;
+* `train_run`: one method for N steps on W emulated workers, built through
+  `experiments/builders.py` and `jaxcomm.train`, returning its loss curve, the wire bytes
+  counted at every step (mean, peak) and its loss (and accuracy) on a held-out split the
+  training batches never touch;
+* `write_results`: `results.md` (the markdown table), `results.json` (every number) and the
+  figures into the workdir.
+
+Numbers in the tables are read from these records; nothing is typed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from absl import flags
+
+# Flags every reproduction takes: (kind, default, help). They are defined only when a
+# program runs (`define_flags` under `if __name__ == "__main__"`), so that importing the
+# reproductions in tests registers nothing that could clash with another program's flags.
+COMMON_FLAGS = {
+    "workdir": ("string", None, "Where results.md, results.json and the figure go "
+                "(default: runs/<program name>)."),
+    "steps": ("integer", None, "Training steps per method (default: the program's)."),
+    "d_model": ("integer", 64, "LM width."),
+    "num_layers": ("integer", 2, "LM layers."),
+    "seq_len": ("integer", 64, "LM sequence length."),
+    "batch_size": ("integer", 32, "Global batch of the 8-worker runs."),
+    "devices": ("integer", 8, "Emulated CPU devices."),
+    "seed": ("integer", 0, "Seed of parameters and batches."),
+}
+
+
+def define_flags(**program_flags) -> None:
+  """Defines COMMON_FLAGS and the program's own {name: (kind, default, help)}; a flag that
+  an imported module already defined (compression_table's --devices) is reused."""
+  for name, (kind, default, help_text) in {**COMMON_FLAGS, **program_flags}.items():
+    if name not in flags.FLAGS:
+      getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """Task sizes and run lengths shared by every method of a reproduction."""
+  steps: int = 150
+  batch_size: int = 32
+  seq_len: int = 64
+  d_model: int = 64
+  num_layers: int = 2
+  num_heads: int = 4
+  d_ff: int = 256
+  hidden: tuple = (64,)     # the digits MLP
+  eval_batch: int = 256     # held-out LM sequences (digits: the whole held-out split)
+  smooth: int = 10          # steps in the trailing mean reported as "final train loss"
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("steps", "batch_size", "seq_len", "d_model", "num_layers", "num_heads",
+                 "d_ff", "eval_batch", "smooth"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+
+
+def scale_from_flags(default_steps: int, **overrides) -> Scale:
+  """The Scale the command line asks for (the program's step default unless --steps)."""
+  f = flags.FLAGS
+  steps = f.steps if f.steps is not None else default_steps
+  return Scale(steps=steps, batch_size=f.batch_size, seq_len=f.seq_len, d_model=f.d_model,
+               num_layers=f.num_layers, seed=f.seed, **overrides)
+
+
+def workdir_from_flags(program: str) -> str:
+  return flags.FLAGS.workdir or os.path.join("runs", program)
+
+
+def start_devices() -> None:
+  """Emulated CPU devices (--devices), set before JAX starts a backend."""
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
+
+
+def config(scale: Scale, model: str, algo: str, **overrides):
+  """A builders.Config for `model` ("lm" on pydoc, "mlp" on digits) at this scale."""
+  from experiments import builders  # pylint: disable=import-outside-toplevel
+  fields = dict(model=model, dataset="pydoc" if model == "lm" else "digits", algo=algo,
+                steps=scale.steps, batch_size=scale.batch_size, seq_len=scale.seq_len,
+                seed=scale.seed, d_model=scale.d_model, num_layers=scale.num_layers,
+                num_heads=scale.num_heads, d_ff=scale.d_ff, hidden=scale.hidden)
+  return builders.Config(**{**fields, **overrides})
+
+
+def heldout_task(cfg, eval_batch: int):
+  """(loss_fn, params, batch_fn, has_aux, eval batch) with training batches drawn only from
+  the train split (TextDataset/ArrayDataset.split) and the eval batch from the test split."""
+  from experiments import builders  # pylint: disable=import-outside-toplevel
+  from jaxcomm import data  # pylint: disable=import-outside-toplevel
+  _, loss_fn, params, _, has_aux = builders.make_task(cfg)
+  train_ds, test_ds = data.load(cfg.dataset).split()
+  if cfg.model == "lm":
+    batch_fn = lambda t: train_ds.batch(t, cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed)
+    held_out = test_ds.batch(0, eval_batch, seq_len=cfg.seq_len, seed=cfg.seed + 1)
+  else:
+    batch_fn = lambda t: train_ds.batch(t, cfg.batch_size, seed=cfg.seed)
+    held_out = test_ds.all()
+  return loss_fn, params, batch_fn, has_aux, held_out
+
+
+def mesh_of(workers: int):
+  """A {"data": workers} mesh on the first `workers` devices."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  return train.make_mesh({"data": workers}, devices=jax.devices()[:workers])
+
+
+def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
+  """Held-out loss (and accuracy for classifiers) of `params` on one device."""
+  import jax  # pylint: disable=import-outside-toplevel
+  out = jax.jit(loss_fn)(params, held_out)
+  if has_aux:
+    loss, aux = out
+    return {"heldout_loss": float(loss), "heldout_accuracy": float(aux["accuracy"])}
+  return {"heldout_loss": float(out)}
+
+
+# (config, scale, workers) -> record: a run two sweeps share (DP as every reference, the
+# 8-worker DiLoCo of both DiLoCo sweeps) trains once per process. Runs are deterministic.
+_DONE: dict[str, dict] = {}
+
+
+def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
+  """Trains `cfg` (built by builders.make_optimizer) for scale.steps on `workers` workers.
+
+  Returns a record: the loss and wire bytes of every step, their summaries (final smoothed
+  train loss, mean and peak bytes per step, exact DP's all-reduce bytes for the same
+  parameters), and the held-out metrics of the parameters averaged over workers (the
+  parameters themselves where they are replicated; DiLoCo's workers all hold θ_out right
+  after a sync). `info` is copied into the record (the swept setting, e.g. H). A run
+  already made in this process with the same config, scale and workers is not repeated.
+  """
+  key = repr((cfg, scale, workers))
+  if key not in _DONE:
+    _DONE[key] = _train(cfg, scale, workers, label)
+  return {**_DONE[key], "label": label, **info}
+
+
+def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
+  import jax  # pylint: disable=import-outside-toplevel
+  from experiments import builders  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm, sim, train  # pylint: disable=import-outside-toplevel
+  print(f"training {label} ({scale.steps} steps, {workers} workers)...", file=sys.stderr,
+        flush=True)
+  loss_fn, params, batch_fn, has_aux, held_out = heldout_task(cfg, scale.eval_batch)
+  trainer = train.Trainer(loss_fn, builders.make_optimizer(cfg), mesh_of(workers),
+                          axis_name="data", has_aux=has_aux)
+  state = trainer.init(params)
+  start = time.perf_counter()
+  state, history = train.fit(trainer, state, batch_fn, scale.steps, log_every=1,
+                             progress=False)
+  seconds = time.perf_counter() - start
+  per_worker = trainer.layout.params
+  final = jax.tree.map(lambda pw, x: np.asarray(x).mean(0) if pw else np.asarray(x),
+                       per_worker, state.params)
+  losses = np.array([row["loss"] for row in history])
+  step_bytes = np.array([row["wire_bytes"] for row in history], dtype=np.float64)
+  return {
+      "algo": cfg.algo, "optimizer": cfg.optimizer, "lr": cfg.lr,
+      "extra": {k: v for k, v in cfg.extra.items() if isinstance(v, (int, float, str))},
+      "workers": workers, "steps": scale.steps, "batch_size": cfg.batch_size,
+      "final_train_loss": float(sim.smooth(losses, scale.smooth)[-1]),
+      "bytes_per_step": float(step_bytes.mean()),
+      "peak_bytes_per_step": float(step_bytes.max()),
+      "total_bytes": float(step_bytes.sum()),
+      "dp_bytes_per_step": float(comm.allreduce_bytes(comm.tree_bytes(params), workers)),
+      "train_seconds": seconds,
+      "curve": {"loss": losses.tolist(), "wire_bytes": step_bytes.tolist()},
+      **evaluate(loss_fn, has_aux, final, held_out),
+  }
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A GitHub markdown table: floats with 4 decimals, from 1,000 up as whole numbers."""
+  def cell(x):
+    if isinstance(x, int) and not isinstance(x, bool):
+      return f"{x:,}"
+    if isinstance(x, float):
+      return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4f}"
+    return str(x)
+  lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+  lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def method_table(records: Sequence[dict], reference: dict, smooth: int, *,
+                 accuracy: bool = False, peak: bool = False) -> str:
+  """One row per record: losses (and held-out accuracy), bytes per step (and the peak of a
+  single step), and `reference`'s bytes per step divided by the record's."""
+  headers = ["method", f"train loss (mean of last {smooth})", "held-out loss"]
+  headers += ["held-out accuracy"] * accuracy + ["bytes/step/device"]
+  headers += ["peak bytes in one step"] * peak + [f"{reference['label']} bytes / bytes"]
+  rows = []
+  for r in records:
+    ratio = reference["bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else "inf"
+    rows.append([r["label"], r["final_train_loss"], r["heldout_loss"]]
+                + [r.get("heldout_accuracy")] * accuracy + [r["bytes_per_step"]]
+                + [r["peak_bytes_per_step"]] * peak + [ratio])
+  return markdown_table(headers, rows)
+
+
+def save_figure(path: str, panels: Sequence[dict]) -> str:
+  """One row of panels; each panel: title, xlabel, ylabel, lines [(label, x, y)], and
+  optionally logx / logy. Every panel gets labelled axes and a legend."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+  for ax, panel in zip(axes[0], panels):
+    for label, x, y in panel["lines"]:
+      ax.plot(x, y, marker="o" if len(x) <= 12 else None, label=label)
+    if panel.get("logx"):
+      ax.set_xscale("log")
+      ticks = sorted({float(x) for _, xs, _ in panel["lines"] for x in xs})
+      if len(ticks) <= 12:  # label the swept values themselves, not powers of ten
+        ax.set_xticks(ticks, [_short(t) for t in ticks])
+        ax.minorticks_off()
+    if panel.get("logy"):
+      ax.set_yscale("log")
+    ax.set_title(panel["title"])
+    ax.set_xlabel(panel["xlabel"])
+    ax.set_ylabel(panel["ylabel"])
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
+def _short(x: float) -> str:
+  """A tick label: 75040 -> '75k', 2401280 -> '2.4M', 25 -> '25'."""
+  for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    if abs(x) >= size:
+      return f"{x / size:.3g}{suffix}"
+  return f"{x:g}"
+
+
+def curve_lines(records: Sequence[dict], smooth: int) -> list:
+  """(label, step, smoothed train loss) of each record, for save_figure."""
+  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
+  return [(r["label"], np.arange(1, len(r["curve"]["loss"]) + 1),
+           sim.smooth(r["curve"]["loss"], smooth)) for r in records]
+
+
+def write_results(workdir: str, title: str, sections: Sequence[tuple[str, str]],
+                  scale: Scale, summary: dict) -> dict:
+  """Writes results.md (title, then each (heading, markdown table)) and results.json
+  (the scale, summary and the markdown), prints the markdown, returns the summary."""
+  os.makedirs(workdir, exist_ok=True)
+  text = f"# {title}\n\n" + "\n\n".join(f"## {head}\n\n{table}" for head, table in sections)
+  summary = {"scale": dataclasses.asdict(scale), **summary, "markdown": text}
+  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(text + "\n")
+  with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=1)
+  print(text)
+  print(f"\nwrote {workdir}/results.md, results.json and {', '.join(summary.get('figures', []))}")
+  return summary
