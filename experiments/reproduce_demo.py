@@ -4,10 +4,11 @@ r"""DeMo (arXiv 2411.19870) against AdamW data parallelism: loss and bytes per s
 
 The claim: DeMo sends up to 85x less data per GPU than AdamW-DDP at comparable loss (300M
 and 1B models). The byte-level LM on 8 workers: exact DP with AdamW against DeMo (each worker
-keeps its momentum, sends the top k DCT-II coefficients of every chunk of 64 as float32
-values and uint8 indices, all-gathered; sign update) at the paper's k = 32 and at sparser k
-(--ks). The all-gather's bytes grow with the workers: at chunk 64 / k 32 on 8 workers DeMo
-sends more than the ring all-reduce of float32 gradients; only smaller k send less.
+keeps its momentum, splits every tensor into tiles of up to 64 x 64 (each dimension in
+chunks of its largest divisor <= 64), sends the top k 2-D DCT-II coefficients of every tile
+as float32 values and uint16 indices, all-gathered; sign update) at the paper's k = 32 and
+at other k (--ks). The all-gather's bytes grow with the workers (W - 1 copies), the ring
+all-reduce's do not.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ STEPS = 150
 CHUNK = 64
 
 
-def run(scale: rep.Scale, workdir: str, ks=(32, 8, 4, 1), demo_lr: float = 1e-3,
+def run(scale: rep.Scale, workdir: str, ks=(128, 32, 8), demo_lr: float = 1e-3,
         workers: int = 8) -> dict:
   dp = rep.train_run("DP (AdamW)", rep.config(scale, "lm", "dp"), scale, workers)
   runs = [dp] + [rep.train_run(f"DeMo chunk {CHUNK}, k {k}",
@@ -55,6 +56,6 @@ def main(argv):
 
 if __name__ == "__main__":
   rep.define_flags(
-      ks=("list", ["32", "8", "4", "1"], "DCT coefficients kept per chunk of 64."),
+      ks=("list", ["128", "32", "8"], "DCT coefficients kept per tile of up to 64 x 64."),
       demo_lr=("float", 1e-3, "DeMo's learning rate (sign updates)."))
   app.run(main)
