@@ -159,8 +159,8 @@ def test_dp_bf16_builder_reduces_in_bfloat16(mesh8):
   grads = 1.0 + (jnp.arange(W, dtype=jnp.float32)[:, None] + 1) * 2.0 ** -12 * jnp.ones((W, 5))
 
   def update_of(label):
-    cfg = dataclasses.replace(compare._config(TINY, *compare.METHODS[label], "data"),  # pylint: disable=protected-access
-                              optimizer="sgd", lr=1.0)
+    cfg = compare._config(TINY, *compare.METHODS[label], "data")  # pylint: disable=protected-access
+    cfg = dataclasses.replace(cfg, optimizer="sgd", lr=1.0)
     tx = builders.make_optimizer(cfg)
 
     def body(g):  # g: f32[1, 5], this worker's gradient
