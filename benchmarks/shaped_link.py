@@ -22,9 +22,10 @@ and their ratio, and the same for a bare all-reduce of the parameters.
 Methods: exact data parallelism (`sync.mean`: one all-reduce per leaf, combined by XLA
 into one tuple all-reduce that gloo runs leaf by leaf), the same with the gradients in one
 flat buffer (`dp_bucketed`, like DDP's buckets), the bf16 mean (two-phase all-to-all +
-all-gather), and periodic parameter averaging every H steps as one flat buffer (local SGD:
-DiLoCo with outer SGD at lr 1). HOOK: `REGISTRY_METHODS` below runs PowerSGD and DiLoCo through
-experiments/builders.py's registry once those are merged; until then they are skipped.
+all-gather), periodic parameter averaging every H steps as one flat buffer (local SGD:
+DiLoCo with outer SGD at lr 1), and, through experiments/builders.py's registry
+(`registry_methods`), PowerSGD rank 4 with error feedback and DiLoCo with the same H (its
+outer all-reduce is one psum per parameter leaf, like `dp`'s).
 """
 
 from __future__ import annotations
@@ -50,14 +51,18 @@ NETNS_ETC = "/etc/netns"
 LATENCY_ARRAYS = 32
 TCP_PAYLOAD_FRACTION = 1448 / 1514  # TCP payload per Ethernet frame at MTU 1500
 
-# HOOK (issue 12, after merging the compression and local-update branches): methods built
-# through experiments/builders.py's registry: (label, algo, Config overrides). A method
-# whose algo is not registered on this branch is skipped with a note. The setting names in
-# `extra` must match what those builders read.
-REGISTRY_METHODS = (
-    ("powersgd_r4", "powersgd", {"extra": {"rank": 4}}),
-    ("diloco_h8", "diloco", {"extra": {"sync_every": 8}}),
-)
+# Methods built through experiments/builders.py's registry: (label, algo, Config overrides,
+# period in steps). The `extra` entries are every setting those builders read
+# (experiments/algos_lowrank.py, experiments/algos_local.py); DiLoCo's H is --sync_every.
+# A method whose algo is not registered on this branch is skipped with a note.
+def registry_methods(sync_every: int) -> tuple:
+  return (
+      ("powersgd_r4", "powersgd", {"extra": {"rank": 4, "memory": "ef", "start_iter": 0}}, 1),
+      (f"diloco_h{sync_every}", "diloco",
+       {"extra": {"sync_every": sync_every, "outer_lr": 0.7, "outer_momentum": 0.9,
+                  "outer_codec": None, "outer_memory": False, "participation": None}},
+       sync_every),
+  )
 
 
 # ------------------------------------------------------------------------------ the network
@@ -265,8 +270,8 @@ def bucketed_mean(axis_name):
 def periodic_average(inner, sync_every: int, axis_name: str):
   """Local SGD: `inner` steps on each worker, parameters averaged every `sync_every` steps.
 
-  Benchmark-local (DiLoCo with outer SGD at lr 1 is this); the library's DiLoCo replaces it
-  through REGISTRY_METHODS once merged. The parameters travel as one flat buffer.
+  Benchmark-local (DiLoCo with outer SGD at lr 1 is this, with one flat buffer on the wire
+  where the library's DiLoCo, also timed, sends one psum per leaf).
   """
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -353,17 +358,18 @@ def worker(args) -> None:
   goodput = args.rate_mbit * 1e6 / 8 * TCP_PAYLOAD_FRACTION
   link = comm.Link(goodput, latency, name=f"tbf {args.rate_mbit} Mbit/s")
 
+  # (label, axis -> transform, period: steps over which a method's traffic repeats)
   methods = [
-      ("dp", lambda axis: optax.chain(sync.mean(axis), optax.adamw(cfg.lr))),
-      ("dp_bucketed", lambda axis: optax.chain(bucketed_mean(axis), optax.adamw(cfg.lr))),
+      ("dp", lambda axis: optax.chain(sync.mean(axis), optax.adamw(cfg.lr)), 1),
+      ("dp_bucketed", lambda axis: optax.chain(bucketed_mean(axis), optax.adamw(cfg.lr)), 1),
       ("dp_bf16", lambda axis: optax.chain(sync.mean(axis, dtype=jnp.bfloat16),
-                                           optax.adamw(cfg.lr))),
+                                           optax.adamw(cfg.lr)), 1),
       (f"localsgd_h{args.sync_every}",
        lambda axis: periodic_average(optax.adamw(cfg.lr), args.sync_every, axis)
-       if axis else optax.adamw(cfg.lr)),
+       if axis else optax.adamw(cfg.lr), args.sync_every),
   ]
   notes = []
-  for label, algo, overrides in REGISTRY_METHODS:  # HOOK: see REGISTRY_METHODS
+  for label, algo, overrides, period in registry_methods(args.sync_every):
     if algo not in builders.ALGORITHMS:
       notes.append(f"{label}: skipped, algo {algo!r} is not registered on this branch.")
       continue
@@ -373,7 +379,7 @@ def worker(args) -> None:
       return builders.make_optimizer(dataclasses.replace(cfg, algo=algo, axis_name=axis,
                                                          **overrides))
 
-    methods.append((label, build))
+    methods.append((label, build, period))
 
   # Calibration: the bare all-reduce of the parameters, as a tree of leaves (what the DP
   # step compiles to) and as one flat buffer of the same bytes, measured and predicted.
@@ -403,7 +409,7 @@ def worker(args) -> None:
 
   wanted = None if args.methods == "all" else set(filter(None, args.methods.split(",")))
   rows = []
-  for label, make_tx in methods:
+  for label, make_tx, period in methods:
     if wanted is not None and label not in wanted:
       continue
     trainer = train.Trainer(loss_fn, make_tx("data"), mesh)
@@ -436,12 +442,9 @@ def worker(args) -> None:
       start = time.perf_counter()
       jax.block_until_ready(local_step(params, local_state, local_batches[2 + t]))
       compute_s.append(time.perf_counter() - start)
-    # Median over whole periods (a period is H steps for local SGD, 1 otherwise), per step:
-    # robust to other programs taking the CPU for a moment.
-    # Per step, over whole periods (a period is H steps for local SGD, 1 otherwise). Two
-    # readings of the same runs: the median, and the fastest period beside the fastest
-    # compute call (the least disturbed by other programs on a shared machine).
-    period = args.sync_every if label.startswith("localsgd") else 1
+    # Per step, over whole periods (a period is H steps for local SGD and DiLoCo, 1
+    # otherwise). Two readings of the same runs: the median, and the fastest period beside
+    # the fastest compute call (the least disturbed by other programs on a shared machine).
     periods = np.reshape(step_s, (-1, period)).sum(1) / period
     # The compiled step's collectives on the shaped link, on the simulated clock.
     report = comm.inspect(step_fn, state, batches[0], mesh=mesh)
@@ -459,7 +462,8 @@ def worker(args) -> None:
                  "wire_bytes_per_step": float(np.mean(sent)), "steps": args.steps,
                  "measured_step_s_each": step_s, "compute_s_each": compute_s,
                  "load_average": os.getloadavg(), "collectives": report.table()})
-    print(f"[{jax.process_index()}] {label}: measured {measured:.4f} s/step, predicted "
+    print(f"[{jax.process_index()}] {label}: measured {rows[-1]['measured_step_s']:.4f} "
+          f"s/step, predicted "
           f"{rows[-1]['predicted_step_s']:.4f}", flush=True)
 
   if jax.process_index() == 0:
@@ -478,7 +482,7 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--rate_mbit", type=int, default=RATE_MBIT, help="tbf rate, Mbit/s.")
   parser.add_argument("--steps", type=int, default=16, help="timed steps per method.")
-  parser.add_argument("--sync_every", type=int, default=4, help="H of local SGD.")
+  parser.add_argument("--sync_every", type=int, default=4, help="H of local SGD and DiLoCo.")
   parser.add_argument("--local_batch", type=int, default=4, help="sequences per worker.")
   parser.add_argument("--methods", default="all",
                       help="comma-separated method labels to time, 'all', or '' (only the "
