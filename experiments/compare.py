@@ -68,10 +68,9 @@ METHODS: dict[str, tuple[str, dict]] = {
     "qsgd4_ef": ("compressed", {"extra": {"codec": "qsgd", "bits": 4, "fraction": 0.01,
                                           "chunk": 64, "memory": "ef",
                                           "collective": "two_phase"}}),
-    # DeMo (arXiv 2411.19870): a sign update, so a smaller lr than AdamW's; k = 4 of every
-    # 64 DCT coefficients (DeMo's 32 of 64 would send more than DP's all-reduce at W = 8,
-    # since its chunks here are 1-D: see sync.demo).
-    "demo": ("demo", {"lr": 1e-3, "extra": {"beta": 0.999, "chunk": 64, "k": 4}}),
+    # DeMo (arXiv 2411.19870) as in the paper: k = 32 of every tile of up to 64 x 64 DCT
+    # coefficients; a sign update, so a smaller lr than AdamW's.
+    "demo": ("demo", {"lr": 1e-3, "extra": {"beta": 0.999, "chunk": 64, "k": 32}}),
     # DiLoCo (arXiv 2311.08105): inner AdamW, outer Nesterov SGD lr 0.7 momentum 0.9.
     "diloco_h10": ("diloco", {"extra": {"sync_every": 10, "outer_lr": 0.7,
                                         "outer_momentum": 0.9, "outer_codec": None,
