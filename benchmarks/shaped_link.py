@@ -14,9 +14,10 @@ collectives), builds a 2-worker data mesh across the link and times real trainin
 a small transformer LM for each method. For each method it predicts the step time with
 `jaxcomm.sim`: compute measured in the same process (one worker's step with no
 communication) plus the communication of the compiled step (`comm.inspect` -> `comm.cost`)
-on a `Link` of the shaped rate (as TCP payload) whose per-message latency is measured by
-tiny all-reduces over the link, charged as gloo runs them (ring, one collective per operand
-of a combined collective). It prints measured and predicted seconds per step side by side
+on a `Link` of the shaped rate (as TCP payload) whose per-message cost is measured over the
+link (the parameters' all-reduce as a tree of arrays against one flat buffer of the same
+bytes), charged as gloo runs them (ring, one collective per operand of a combined
+collective). It prints measured and predicted seconds per step side by side
 and their ratio, and the same for a bare all-reduce of the parameters.
 
 Methods: exact data parallelism (`sync.mean`: one all-reduce per leaf, combined by XLA
@@ -48,7 +49,6 @@ ADDRESSES = ("10.213.77.1", "10.213.77.2")  # private, only inside the two names
 PORT = 47312
 RATE_MBIT = 100
 NETNS_ETC = "/etc/netns"
-LATENCY_ARRAYS = 32
 TCP_PAYLOAD_FRACTION = 1448 / 1514  # TCP payload per Ethernet frame at MTU 1500
 
 # Methods built through experiments/builders.py's registry: (label, algo, Config overrides,
@@ -206,7 +206,7 @@ def orchestrate(args) -> int:
 def _print_table(result: dict) -> None:
   link = result["link"]
   print(f"\nshaped link: {link['rate_mbit']} Mbit/s tbf each direction (TCP payload "
-        f"{link['bandwidth_bytes_per_s'] / 1e6:.2f} MB/s), latency per message (measured) "
+        f"{link['bandwidth_bytes_per_s'] / 1e6:.2f} MB/s), latency per message (fitted: tree vs flat all-reduce) "
         f"{link['latency'] * 1e3:.3f} ms; 2 processes x 1 CPU device, gloo ring; "
         f"load average {result['load_average'][0]:.1f}")
   print(f"workers' niceness {result.get('nice', 0)}")
@@ -341,22 +341,9 @@ def worker(args) -> None:
                                 process_index=jax.process_index(), process_count=2)
                    for t in range(args.steps + 2)]
 
-  # The link's latency per message, measured: an all-reduce of K tiny arrays runs K gloo
-  # all-reduces of 2 ring messages each; the difference from one array cancels the cost of
-  # launching the program. (These are microbenchmarks, not the training steps.)
-  def tiny_psum(k):
-    tree = [np.ones(1, np.float32) for _ in range(k)]
-    spec = [P()] * k
-    fn = jax.jit(jax.shard_map(lambda t: comm.sum(comm.varying(t, "data"), "data")[0],
-                               mesh=mesh, in_specs=(spec,), out_specs=spec))
-    arg = jax.device_put(tree, jax.sharding.NamedSharding(mesh, P()))
-    return sim.measure_seconds(fn, arg, repeats=21, warmup=3)
-
-  latency = max(tiny_psum(LATENCY_ARRAYS + 1) - tiny_psum(1), 0.0) / (LATENCY_ARRAYS * 2)
   # tbf meters whole Ethernet frames: with MTU 1500 and TCP timestamps a 1514-byte frame
   # carries 1448 payload bytes, so the payload rate is that fraction of the shaped rate.
   goodput = args.rate_mbit * 1e6 / 8 * TCP_PAYLOAD_FRACTION
-  link = comm.Link(goodput, latency, name=f"tbf {args.rate_mbit} Mbit/s")
 
   # (label, axis -> transform, period: steps over which a method's traffic repeats)
   methods = [
@@ -399,13 +386,23 @@ def worker(args) -> None:
     fn = jax.jit(jax.shard_map(lambda t, body=body: body(comm.varying(t, "data")),
                                mesh=mesh, in_specs=(spec,), out_specs=out_spec))
     arg = jax.device_put(tree, jax.sharding.NamedSharding(mesh, P()))
-    measured = sim.measure_seconds(fn, arg, repeats=5, warmup=1)
-    report = comm.inspect(fn, arg, mesh=mesh)
     calibration.append({"what": label, "arrays": len(jax.tree.leaves(tree)),
-                        "wire_bytes": report.wire_bytes(), "measured_s": measured,
-                        "predicted_s": _cost(report, link).seconds()})
-    print(f"[{jax.process_index()}] {label}: measured {measured:.4f} s, predicted "
-          f"{calibration[-1]['predicted_s']:.4f}", flush=True)
+                        "measured_s": sim.measure_seconds(fn, arg, repeats=5, warmup=1),
+                        "report": comm.inspect(fn, arg, mesh=mesh)})
+  # The link's cost per message, measured: the parameters as a tree of K arrays and as one
+  # flat buffer are the same bytes, but gloo runs K all-reduces of 2 ring messages each
+  # instead of one. (Tiny all-reduces measure ~0: the cost is paid by messages of the sizes
+  # that training sends, in TCP and the shaper, not by the network's round trip.) The bare
+  # tree all-reduce is then matched by construction; the training steps below are not.
+  tree, flat_row = calibration[0], calibration[1]
+  latency = max(tree["measured_s"] - flat_row["measured_s"], 0.0) / (
+      2 * max(tree["arrays"] - 1, 1))
+  link = comm.Link(goodput, latency, name=f"tbf {args.rate_mbit} Mbit/s")
+  for c in calibration:
+    report = c.pop("report")
+    c.update(wire_bytes=report.wire_bytes(), predicted_s=_cost(report, link).seconds())
+    print(f"[{jax.process_index()}] {c['what']}: measured {c['measured_s']:.4f} s, predicted "
+          f"{c['predicted_s']:.4f}", flush=True)
 
   wanted = None if args.methods == "all" else set(filter(None, args.methods.split(",")))
   rows = []
