@@ -422,7 +422,7 @@ ax.legend(title="mesh axis"); plt.tight_layout(); plt.show()'''),
        "(`--mesh=data=2,sequence=4 --attention=ring`)."),
     code('''\
 W, B, H, DH = 4, 2, 4, 8
-SEQ_LENS = (32, 64, 128)
+SEQ_LENS = (32, 128)
 seq_mesh = parallel.make_mesh({"data": 2, "sequence": W}, devices=DEVICES[:8])
 DECAY = np.linspace(0.6, 1.0, H).astype(np.float32)   # per-head decay of linear attention
 linear = functools.partial(parallel.linear_attention, decay=DECAY)
