@@ -18,9 +18,10 @@ A codec's payload (see `jaxcomm.codecs.Codec`) can be summed over workers in thr
 
 Payload leaves that are floats narrower than float32 travel as their bit patterns
 (`to_bits`), so every byte counted is a byte on the wire; a payload of several leaves
-(values, indices, scales) travels packed into one uint8 buffer, one collective per phase. `compressed_sum` dispatches on a
-collective name and also returns what this device's own payload decodes to (what error
-feedback subtracts). Every function returns `(result, wire_bytes)` like the rest of comm.
+(values, indices, scales) travels packed into one uint8 buffer, one collective per phase.
+`compressed_sum` dispatches on a collective name and also returns what this device's own
+payload decodes to (what error feedback subtracts). Every function returns
+`(result, wire_bytes)` like the rest of comm.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcomm.codecs import Codec
-from jaxcomm.comm._collectives import (_BITS, AxisName, _axes, all_gather, all_gather_bytes,
-                                       all_to_all, all_to_all_bytes, allreduce_bytes, axis_size,
-                                       from_bits, sum as _sum, to_bits)
+from jaxcomm.comm._collectives import (AxisName, _axes, all_gather, all_gather_bytes, all_to_all,
+                                       all_to_all_bytes, allreduce_bytes, axis_size, from_bits,
+                                       sum as _sum, to_bits)
 
 COLLECTIVES = ("psum", "gather", "two_phase")
 
@@ -64,7 +65,7 @@ def _pack(payload, lead: int):
   if len(leaves) == 1:
     return to_bits(leaves[0])
   shape = leaves[0].shape[:lead]
-  return jnp.concatenate([lax.bitcast_convert_type(to_bits(x), jnp.uint8).reshape(*shape, -1)
+  return jnp.concatenate([lax.bitcast_convert_type(x, jnp.uint8).reshape(*shape, -1)
                           for x in leaves], axis=-1)
 
 
@@ -80,9 +81,8 @@ def _unpack(wire, like, lead: int):
     nbytes = math.prod(inner) * size
     part = wire[..., offset:offset + nbytes]
     offset += nbytes
-    bits = _BITS.get(size, jnp.uint8) if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
     part = part.reshape(*shape, *inner, size) if size > 1 else part.reshape(*shape, *inner)
-    out.append(from_bits(lax.bitcast_convert_type(part, bits), x.dtype))
+    out.append(lax.bitcast_convert_type(part, x.dtype))
   return jax.tree.unflatten(treedef, out)
 
 
