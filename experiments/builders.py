@@ -80,6 +80,13 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
   return ALGORITHMS[cfg.algo](cfg, inner_optimizer(cfg))
 
 
+def task_loss(cfg: Config, loss_fn: Callable) -> Callable:
+  """The loss the Trainer differentiates for `cfg.algo`: the builder's `wrap_loss` applied
+  (e.g. ACCO's mean over a worker's micro-batches), or `loss_fn` itself."""
+  wrap_loss = getattr(ALGORITHMS[cfg.algo], "wrap_loss", None)
+  return loss_fn if wrap_loss is None else wrap_loss(cfg, loss_fn)
+
+
 def make_task(cfg: Config):
   """(model, loss_fn, init params, batch_fn(step) -> global numpy batch, has_aux, eval_fn)."""
   if cfg.model not in MODELS:

@@ -176,14 +176,6 @@ def resolve_methods(labels: list | None, catalog: dict | None = None) -> tuple[l
   return run, notes
 
 
-def _task_loss(cfg, loss_fn):
-  """The loss the Trainer differentiates: the builder's `wrap_loss` (e.g. ACCO's mean over a
-  worker's micro-batches) applied as experiments/train.py does, or `loss_fn` itself."""
-  from experiments import builders  # pylint: disable=import-outside-toplevel
-  wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
-  return loss_fn if wrap_loss is None else wrap_loss(cfg, loss_fn)
-
-
 def _local_step(settings: Settings, algo: str, overrides: dict, loss_fn, params, batch):
   """One worker's step (gradient, transform, update) with no communication: the method
   built for one device (axis_name=None), as a jitted function and its arguments."""
@@ -193,7 +185,7 @@ def _local_step(settings: Settings, algo: str, overrides: dict, loss_fn, params,
 
   cfg = _config(settings, algo, overrides, None)
   tx = builders.make_optimizer(cfg)
-  loss_fn = _task_loss(cfg, loss_fn)
+  loss_fn = builders.task_loss(cfg, loss_fn)
 
   def step(p, s, b):
     g = jax.grad(loss_fn)(p, b)
@@ -237,7 +229,7 @@ def train_method(label: str, algo: str, overrides: dict, settings: Settings,
 
   cfg = _config(settings, algo, overrides, "data")
   _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-  trainer = train.Trainer(_task_loss(cfg, loss_fn), builders.make_optimizer(cfg), mesh,
+  trainer = train.Trainer(builders.task_loss(cfg, loss_fn), builders.make_optimizer(cfg), mesh,
                           axis_name="data", has_aux=has_aux)
   state = trainer.init(params)
   batch0 = trainer.shard_batch(batch_fn(0))

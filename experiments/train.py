@@ -265,16 +265,12 @@ def main(argv):
     tx = sync.skip_nonfinite(tx, layout.batch_axes if isinstance(layout, parallel.Layout)
                              else cfg.axis_name)
   if isinstance(layout, parallel.Layout):
-    wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
-    if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
-      loss_fn = wrap_loss(cfg, loss_fn)
+    loss_fn = builders.task_loss(cfg, loss_fn)  # e.g. acco: over a worker's micro-batches
     trainer = train.Trainer(loss_fn, tx, mesh, axis_name=layout.batch_axes, param_specs=specs,
                             has_aux=has_aux)
   elif layout is None:
     _, loss_fn, params, batch_fn, has_aux = builders.make_task(cfg)
-    wrap_loss = getattr(builders.ALGORITHMS[cfg.algo], "wrap_loss", None)
-    if wrap_loss is not None:  # e.g. acco: a worker's loss over its micro-batches
-      loss_fn = wrap_loss(cfg, loss_fn)
+    loss_fn = builders.task_loss(cfg, loss_fn)  # e.g. acco: over a worker's micro-batches
     trainer = train.Trainer(loss_fn, tx, mesh, axis_name=cfg.axis_name, has_aux=has_aux)
     if _LABEL_SKEW.value:  # each worker's slice of the batch from its own skewed shard
       skewed = data.label_skew(data.load(cfg.dataset), trainer.num_workers, _LABEL_SKEW.value,
