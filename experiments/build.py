@@ -209,12 +209,14 @@ def mesh_shape(spec: str, num_devices: int) -> dict:
   return shape
 
 
-def build(config: ml_collections.ConfigDict, devices=None) -> Run:
+def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = False) -> Run:
   """The run `config` describes, checked before anything compiles.
 
   Args:
     config: the settings (experiments/config.py's tree).
     devices: the devices of the mesh (default: all).
+    abstract: give the parameters as `jax.ShapeDtypeStruct`s (nothing is initialised or
+      compiled: for checking settings and for planning real model sizes).
 
   Raises:
     ValueError: one line naming the setting that is wrong.
@@ -235,7 +237,7 @@ def build(config: ml_collections.ConfigDict, devices=None) -> Run:
                 num_workers=math.prod(shape[a] for a in method_axes), mesh_shape=shape,
                 key=jax.random.key(config.seed))
   optimizer = make_optimizer(config, ctx)  # the method's settings fail before any compile
-  task = _task(config, shape, layout)
+  task = _task(config, shape, layout, abstract)
   if gather:  # parameters stored sharded over fsdp: the inner optimiser is ZeRO-3 there
     ctx = dataclasses.replace(ctx, inner=parallel.zero(
         ctx.inner, stage=3, axis_name=gather, param_specs=task["specs"],
@@ -306,6 +308,15 @@ def inner_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransfor
 
 
 # ---------------------------------------------------------------- models and data
+def model_task(config: ml_collections.ConfigDict, workers: int = 1) -> tuple:
+  """(model, loss_fn, has_aux, params, batches) of config.model / config.data without a
+  mesh or layout: for programs that build their own steps (benchmarks, the planner).
+  `workers` only sizes a label-skewed split."""
+  _config.check(config)
+  task = _task(config, {"data": workers}, None)
+  return task["model"], task["loss_fn"], task["has_aux"], task["params"], task["batches"]
+
+
 def _batches(dataset, c, **kwargs) -> Callable[[int], dict]:
   pi, pc = jax.process_index(), jax.process_count()
   return lambda t: dataset.batch(t, c.data.batch_size, seed=c.seed, process_index=pi,
@@ -328,10 +339,11 @@ def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
   return None
 
 
-def _task(c: ml_collections.ConfigDict, shape: dict, layout) -> dict:
+def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = False) -> dict:
   """model, loss_fn, has_aux, params, batches, and the layout's specs where it has one."""
   dataset = _dataset(c)
   key = jax.random.key(c.seed)
+  init = (lambda fn: functools.partial(jax.eval_shape, fn)) if abstract else jax.jit
   if c.model.name == "mlp":
     if not isinstance(dataset, data.ArrayDataset):
       raise ValueError(f"config.model.name 'mlp' needs an array dataset (digits), got "
@@ -340,7 +352,7 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout) -> dict:
       raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
                        "'lm' or a mesh of batch axes.")
     model = models.MLP(hidden=tuple(c.model.hidden), num_classes=dataset.num_classes)
-    params = jax.jit(model.init)(key, jnp.zeros((1, dataset.x.shape[1])))
+    params = init(model.init)(key, jnp.zeros((1, dataset.x.shape[1])))
     if c.data.label_skew:  # each worker's slice of the batch from its own skewed shard
       workers = math.prod(n for a, n in shape.items() if a not in MODEL_AXES)
       dataset = data.label_skew(dataset, workers, c.data.label_skew, seed=c.seed)
@@ -356,27 +368,31 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout) -> dict:
   tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
   batches = _batches(dataset, c, seq_len=c.data.seq_len)
   if "sequence" in shape:
-    return _sequence_task(c, shape, sizes, key, tokens, batches)
+    return _sequence_task(c, shape, sizes, lambda: init(models.TransformerLM(**sizes).init)(
+        key, tokens), batches)
   if "pipeline" in shape:
-    return _pipeline_task(c, shape, sizes, key, tokens, batches)
+    return _pipeline_task(c, shape, sizes, init, key, tokens, batches)
   if layout is not None:
     model = models.TransformerLM(**sizes, layout=layout)
-    params = jax.jit(model.init)(key, tokens)
+    params = init(model.init)(key, tokens)
     return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False, params=params,
                 batches=batches, specs=layout.param_specs(model.param_axes(), params))
   model = models.TransformerLM(**sizes)
   return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False,
-              params=jax.jit(model.init)(key, tokens), batches=batches)
+              params=init(model.init)(key, tokens), batches=batches)
 
 
 def _dataset(c):
   try:
-    return data.load(c.data.name)
+    dataset = data.load(c.data.name)
   except ValueError as e:
     raise ValueError(f"config.data.name: {e}") from None
+  if c.data.split == "all":
+    return dataset
+  return dataset.split()[0 if c.data.split == "train" else 1]
 
 
-def _sequence_task(c, shape, sizes, key, tokens, batches) -> dict:
+def _sequence_task(c, shape, sizes, make_params, batches) -> dict:
   """The LM with its sequence split over the `sequence` axis (sequence-parallel attention)."""
   w, kind = shape["sequence"], c.model.attention
   try:
@@ -384,7 +400,7 @@ def _sequence_task(c, shape, sizes, key, tokens, batches) -> dict:
   except ValueError as e:
     raise ValueError(f"config.model.attention / data.seq_len: {e}") from None
   model = models.TransformerLM(**sizes, attention_fn=models.sequence_attention(kind))
-  params = jax.jit(models.TransformerLM(**sizes).init)(key, tokens)
+  params = make_params()
   zigzag = kind == "ring_zigzag"
   return dict(model=model, loss_fn=models.lm_loss_sequence(model), has_aux=False,
               params=params, batch_specs=P(tuple(a for a in shape if a not in MODEL_AXES),
@@ -393,7 +409,7 @@ def _sequence_task(c, shape, sizes, key, tokens, batches) -> dict:
                                                          zigzag=zigzag))
 
 
-def _pipeline_task(c, shape, sizes, key, tokens, batches) -> dict:
+def _pipeline_task(c, shape, sizes, init, key, tokens, batches) -> dict:
   """The LM with its layers split into stages over the `pipeline` axis."""
   stages = shape["pipeline"]
   if c.model.schedule not in SCHEDULES:
@@ -413,7 +429,6 @@ def _pipeline_task(c, shape, sizes, key, tokens, batches) -> dict:
   except ValueError as e:
     raise ValueError(f"config.model.schedule: {e}") from None
   model = models.TransformerLM(**sizes)
-  params = jax.jit(model.init)(key, tokens)
-  staged = models.lm_stage_params(params, stages)
+  staged = init(lambda k, t: models.lm_stage_params(model.init(k, t), stages))(key, tokens)
   return dict(model=model, loss_fn=models.lm_loss_pipeline(model, schedule), has_aux=False,
               params=staged, batches=batches, specs=models.lm_stage_specs(staged))

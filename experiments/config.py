@@ -34,6 +34,7 @@ from ml_collections import config_dict
 
 MODELS = ("lm", "mlp")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
+SPLITS = ("all", "train", "test")
 
 
 # ---------------------------------------------------------------- settings from signatures
@@ -121,6 +122,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
       microbatches=0))       # pipeline micro-batches per worker (0: one per stage)
   c.data = ml_collections.ConfigDict(dict(
       name="pydoc", batch_size=32, seq_len=64,
+      split="all",           # all | train | test (the dataset's own held-out split)
       label_skew=0.0))       # MLP: Dirichlet alpha of a label-skewed split (0: iid)
   c.optimizer = ml_collections.ConfigDict(dict(name="adamw", lr=3e-3, weight_decay=0.0))
   c.method = build.method_defaults(method)
@@ -276,6 +278,9 @@ def check(c: ml_collections.ConfigDict) -> None:
   if c.model.d_model % c.model.num_heads:
     raise ValueError(f"config.model.d_model ({c.model.d_model}) must be divisible by "
                      f"config.model.num_heads ({c.model.num_heads}).")
+  if c.data.split not in SPLITS:
+    raise ValueError(f"config.data.split {c.data.split!r} is unknown; allowed: "
+                     f"{', '.join(SPLITS)}.")
   if c.optimizer.name not in OPTIMIZERS:
     raise ValueError(f"config.optimizer.name {c.optimizer.name!r} is unknown; allowed: "
                      f"{', '.join(OPTIMIZERS)}.")

@@ -75,10 +75,18 @@ def main(argv):
   # First, before any computation: joins the other processes of a multi-process run.
   train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           heartbeat_timeout_s=_HEARTBEAT.value)
-  from experiments import build  # pylint: disable=import-outside-toplevel
 
   workdir = _WORKDIR.value
-  config = run_config(workdir)
+  status = execute(run_config(workdir), workdir)
+  if status:
+    sys.exit(status)
+
+
+def execute(config, workdir: str) -> int:
+  """Builds, trains (resuming from `workdir`) and summarises one run; returns the exit
+  status: 0, or PREEMPTED when the run saved a checkpoint and stopped early."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from experiments import build  # pylint: disable=import-outside-toplevel
   try:
     run = build.build(config)
     record_config(workdir, config)
@@ -89,9 +97,10 @@ def main(argv):
   if steps_done < run.steps:  # preempted: the checkpoint of this step is on disk
     print(f"preempted at step {steps_done} of {run.steps}: saved a checkpoint in "
           f"{workdir}/checkpoints; run the same command to resume.", file=sys.stderr)
-    sys.exit(PREEMPTED)
+    return PREEMPTED
   if jax.process_index() == 0:
     summarize(run, trainer, state, workdir)
+  return 0
 
 
 def train_run(run, workdir: str):

@@ -717,30 +717,3 @@ def test_hierarchical_builds_or_raises_value_error(inner, h, worker_steps, weigh
 def test_label_skew_builds_or_raises_value_error(num_workers, alpha):
   builds_or_value_error(lambda: data.label_skew(data.digits(), num_workers, alpha),
                         lambda ds: ds.batch(0, 8 * num_workers))
-
-
-def test_experiment_builders_register_the_methods():
-  from experiments import algos_local, builders  # pylint: disable=import-outside-toplevel
-  extra = {"sync_every": 4, "num_workers": W, "participation": "drop:2,5@1",
-           "outer_codec": "bf16", "outer_memory": True, "fragments": 2, "overlap": 1,
-           "merge_alpha": 0.5,
-           "slow_axis": "slow", "fast_axis": "fast", "num_slow": 2, "worker_steps": [4, 2],
-           "weighting": "steps"}
-  for algo in ("local_sgd", "diloco", "streaming_diloco", "sparseloco", "dreamddp",
-               "scaffold", "hierarchical"):
-    extra_algo = {**extra, "num_workers": 2} if algo == "hierarchical" else extra
-    if algo == "hierarchical":
-      extra_algo = {**extra_algo, "participation": "drop:1@1"}
-    tx = builders.make_optimizer(builders.Config(algo=algo, steps=20, extra=extra_algo))
-    assert callable(tx.init) and callable(tx.update)
-  mask = algos_local.participation_mask("drop:2,5@1", W, 3)
-  assert mask.sum(1).tolist() == [W, W - 2, W] and not mask[1, [2, 5]].any()
-  rand = algos_local.participation_mask("random:0.5", W, 50, seed=1)
-  assert rand.any(1).all() and 0.3 < rand.mean() < 0.7
-  for bad in ("drop:9@0", "drop:x", "random:1.5", "sometimes"):
-    with pytest.raises(ValueError, match="participation"):
-      algos_local.participation_mask(bad, W, 3)
-  with pytest.raises(ValueError, match="codec"):
-    builders.make_optimizer(builders.Config(algo="diloco", extra={"outer_codec": "zip"}))
-  with pytest.raises(ValueError, match="hierarchical"):
-    builders.make_optimizer(builders.Config(algo="hierarchical", extra={}))
