@@ -42,7 +42,8 @@ import time
 import numpy as np
 from absl import app
 from absl import flags
-from ml_collections import config_flags
+
+from experiments import config as _config
 
 # label -> the method and its settings (experiments/methods/<method>.py; every setting not
 # named keeps the library factory's default), and optionally "optimizer" overrides.
@@ -80,11 +81,10 @@ METHODS: dict[str, dict] = {
 _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "Where results and plots go.")
 _METHODS = flags.DEFINE_list("methods", None, "Method labels to compare (default: all of "
                              "METHODS).")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
-                           "compare.py"),
+_CONFIG = _config.define_config_flag(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "compare.py"),
     "What every method shares (model, data, optimizer, steps) and how results are read "
-    "(config.compare); `configs/compare.py:long` for the longer run.", lock_config=True)
+    "(config.compare); `configs/compare.py:long` for the longer run.")
 _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
 
 

@@ -24,6 +24,7 @@ setting (`check`).
 from __future__ import annotations
 
 import inspect
+import sys
 import math
 import numbers
 from typing import Any, Callable
@@ -31,6 +32,8 @@ from typing import Any, Callable
 import ml_collections
 import numpy as np
 from ml_collections import config_dict
+
+from experiments import methods
 
 MODELS = ("lm", "mlp")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
@@ -106,7 +109,6 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   method of your own: experiments/methods/README in the module docstring of
   `experiments.build.load_method`).
   """
-  from experiments import build  # pylint: disable=import-outside-toplevel
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.steps = 200
@@ -125,7 +127,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
       split="all",           # all | train | test (the dataset's own held-out split)
       label_skew=0.0))       # MLP: Dirichlet alpha of a label-skewed split (0: iid)
   c.optimizer = ml_collections.ConfigDict(dict(name="adamw", lr=3e-3, weight_decay=0.0))
-  c.method = build.method_defaults(method)
+  c.method = methods.method_defaults(method)
   c.method.name = method
   c.method.update(method_settings)
   return c
@@ -133,8 +135,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
 
 def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
   """`method`'s settings subtree (its defaults, then `settings`), with its name."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  c = build.method_defaults(method)
+  c = methods.method_defaults(method)
   c.name = method
   c.update(settings)
   return c
@@ -337,3 +338,17 @@ def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
   a, b = _flat(saved), _flat(now)
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
           if k not in ignore and a.get(k) != b.get(k)}
+
+
+def define_config_flag(default: str, help_text: str):
+  """`--config` (`ml_collections.config_flags`, locked: overrides must name an existing
+  setting). config_flags reads the command line's `--config.<path>` overrides when the flag
+  is defined; a path that names no setting is reported as one line instead of a traceback."""
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  try:
+    return config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
+  except (AttributeError, KeyError) as e:
+    wrong = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
+    why = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\'", "'")
+    name, _, hint = why.strip("'\"").partition("'")
+    sys.exit(f"error: {wrong}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")

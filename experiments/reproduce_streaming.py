@@ -50,7 +50,7 @@ def run(base, workdir: str, h: int = 20, fragments: int = 4, overlap: int = 1,
                  for r in runs[1:]]},
   ])
   return rep.write_results(workdir, "Streaming DiLoCo: peak bandwidth and loss "
-                           "(arXiv 2501.18512)", sections,
+                           "(arXiv 2501.18512)", sections, base,
                            {"runs": runs, "figures": [figure]})
 
 

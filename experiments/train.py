@@ -34,13 +34,13 @@ import sys
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
+
+from experiments import config as _config
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "dp.py")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "The run's config file (experiments/configs/*.py; "
-    "default.py:NAME for any method); override fields with --config.<path>=<value>.",
-    lock_config=True)
+_CONFIG = _config.define_config_flag(
+    _DEFAULT_CONFIG, "The run's config file (experiments/configs/*.py; default.py:NAME for "
+    "any method); override fields with --config.<path>=<value>.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Where config, metrics, checkpoints "
                                "and the summary go.")
 _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (CPU runs only).")

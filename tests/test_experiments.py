@@ -281,3 +281,10 @@ def test_the_command_line_error_is_one_line(tmp_path):
   assert lines == ["error: config.method (diloco): sync_every must be an integer in "
                    "[1, 1073741824], got 0."], result.stderr[-2000:]
   assert not os.path.exists(tmp_path / "config.json")  # nothing written either
+  typo = subprocess.run([sys.executable, "-m", "experiments.train", "--config.stepz=3"],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+                        check=False)
+  assert typo.returncode == 1
+  assert typo.stderr.strip().splitlines()[-1] == ("error: --config.stepz=3: no such setting "
+                                                  "'stepz'. Did you mean \"steps\" instead "
+                                                  "of \"stepz\"?")
