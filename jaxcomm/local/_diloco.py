@@ -139,7 +139,7 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
       outer_params = optax.apply_updates(outer_params, step)
       return outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes)
 
-    new_local, outer_params, outer_state, mem, key, wire = _core.cond(
+    new_local, outer_params, outer_state, mem, key, wire = comm.cond(
         phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.outer_params,
         state.outer_state, state.memory, state.key, state.wire_bytes)
     return _core.updates_to(new_local, params), DilocoState(

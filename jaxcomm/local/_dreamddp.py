@@ -96,7 +96,7 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
       return sync
 
     branches = [lambda *ops: ops] + [sync_group(g) for g in groups]
-    leaves, wire = _core.switch(phases.slot(t) + 1, branches, leaves, state.wire_bytes)
+    leaves, wire = comm.switch(phases.slot(t) + 1, branches, leaves, state.wire_bytes)
     local = jax.tree.unflatten(treedef, leaves)
     return _core.updates_to(local, params), DreamddpState(t, inner_state, wire)
 

@@ -103,7 +103,7 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
       return avg, comm.add_bytes(wire, nbytes)
 
     wire = comm.add_bytes(state.wire_bytes, fast_bytes)
-    local, wire = _core.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local, wire)
+    local, wire = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local, wire)
     return _core.updates_to(local, params), HierarchicalState(t, inner_state, wire)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -70,7 +70,7 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
       avg, nbytes = _core.masked_average(local, mine, n_live, axis_name)
       return avg, comm.add_bytes(wire, nbytes)
 
-    new_local, wire = _core.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local,
+    new_local, wire = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local,
                                  state.wire_bytes)
     return _core.updates_to(new_local, params), LocalSgdState(t, inner_state, wire)
 

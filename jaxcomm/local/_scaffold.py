@@ -92,7 +92,7 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
       grad_sum = jax.tree.map(jnp.zeros_like, grad_sum)
       return local, control, global_control, grad_sum, comm.add_bytes(wire, nbytes)
 
-    local, control, global_control, grad_sum, wire = _core.cond(
+    local, control, global_control, grad_sum, wire = comm.cond(
         phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.control,
         state.global_control, grad_sum, state.wire_bytes)
     return _core.updates_to(local, params), ScaffoldState(

@@ -193,10 +193,10 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     return unflatten(_unfragment(mat, vec.shape[0]))
 
   def update_plain(t, local, state):
-    outer_params, outer_state, key, wire = _core.cond(
+    outer_params, outer_state, key, wire = comm.cond(
         phases.slot(t) >= 0, lambda *ops: sync(t, local, *ops), lambda *ops: ops,
         state.outer_params, state.outer_state, state.key, state.wire_bytes)
-    local = _core.cond(phases.slot(t - overlap) >= 0,
+    local = comm.cond(phases.slot(t - overlap) >= 0,
                        lambda x: merge(t, x, lambda q, *_: outer_params[q]), lambda x: x,
                        local)
     return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire)
@@ -211,7 +211,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       p, grad, frag_local, key, wire = send(t, local, state.outer_params, key, wire)
       return key, wire, in_flight.at[p].set(grad), sent.at[p].set(frag_local)
 
-    key, wire, in_flight, sent = _core.cond(phases.slot(t) >= 0, store, keep, state.key,
+    key, wire, in_flight, sent = comm.cond(phases.slot(t) >= 0, store, keep, state.key,
                                             state.wire_bytes, state.in_flight,
                                             state.sent_params)
 
@@ -231,7 +231,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
 
       return merge(t, x, target), new_params, new_state
 
-    local, outer_params, outer_state = _core.cond(
+    local, outer_params, outer_state = comm.cond(
         phases.slot(t - overlap) >= 0, arrive, keep, local, state.outer_params,
         state.outer_state)
     return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire,

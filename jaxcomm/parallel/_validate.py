@@ -9,20 +9,18 @@ import jax.numpy as jnp
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs
+from jaxcomm import comm
 
 MEMORIES = (None, "ef")
 
 
 def mesh_axes(name: str, value: Any, allowed: tuple) -> tuple:
   """A mesh axis, tuple of mesh axes, or None, each one of `allowed`: as a tuple."""
-  if value is None:
-    return ()
-  axes = (value,) if isinstance(value, str) else value
-  if not isinstance(axes, (tuple, list)) or not all(isinstance(a, str) for a in axes) or \
-     any(a not in allowed for a in axes):
+  axes = comm.axis_names(value)
+  if not all(isinstance(a, str) for a in axes) or any(a not in allowed for a in axes):
     raise ValueError(f"{name} maps to unknown mesh axis name(s) {value!r}; allowed: "
                      f"{', '.join(allowed)}, a tuple of them, or None.")
-  return tuple(axes)
+  return axes
 
 
 def rules_table(rules: Any) -> dict:

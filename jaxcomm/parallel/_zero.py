@@ -36,7 +36,6 @@ from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel._fsdp import gather_dims
-from jaxcomm.parallel._rules import _mesh_axes
 
 MEMORIES = _validate.MEMORIES
 
@@ -52,30 +51,6 @@ class ZeroState(NamedTuple):
   count: jax.Array        # i32[]: micro-batches seen
   key: Any                # u32[2]: PRNG key of a stochastic codec
   wire_bytes: jax.Array   # u32[]: cumulative bytes sent (mod 2**32)
-
-
-def _vma(x) -> frozenset:
-  mat = getattr(x, "manual_axis_type", None)
-  return frozenset(mat.varying) if mat is not None else comm.varying_axes(x)
-
-
-def _cond(pred, true_fn, false_fn, operand):
-  """`lax.cond` whose branches may differ in which leaves vary between devices.
-
-  shard_map requires both branches to return the same varying axes per leaf: each output
-  leaf is cast to vary over the union of what the two branches give it.
-  """
-  true_out, false_out = jax.eval_shape(true_fn, operand), jax.eval_shape(false_fn, operand)
-  t_leaves, treedef = jax.tree.flatten(true_out)
-  vmas = [tuple(sorted(_vma(a) | _vma(b)))
-          for a, b in zip(t_leaves, treedef.flatten_up_to(false_out))]
-
-  def matched(fn):
-    def run(op):
-      leaves = treedef.flatten_up_to(fn(op))
-      return treedef.unflatten([comm.varying(x, v) if v else x for x, v in zip(leaves, vmas)])
-    return run
-  return lax.cond(pred, matched(true_fn), matched(false_fn), operand)
 
 
 def _flat_padded(tree, w):
@@ -141,7 +116,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       raise ValueError("stage 3 reduce-scatters inside the model's backward pass: codec and "
                        "accumulate_steps are for stages 1 and 2.")
     return _zero3(inner, axis_name, param_specs, regather)
-  axes = _mesh_axes(axis_name)
+  axes = comm.axis_names(axis_name)
   k = accumulate_steps
   raw_key = optax.EmptyState() if key is None else (
       jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
@@ -219,7 +194,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       # Fresh zeros (not zeros_like the local gradient, which would vary per worker).
       return jnp.zeros(g.shape, g.dtype), pending, error, inner_state, counter
 
-    u_vec, pending, error, inner_state, counter = _cond(
+    u_vec, pending, error, inner_state, counter = comm.cond(
         count % k == 0, step, wait, (pending, error, state.inner_state, counter))
     return unflatten(u_vec), ZeroState(inner_state, error, pending, count, new_key, counter)
 
@@ -227,7 +202,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
 
 
 def _zero3(inner, axis_name, param_specs, regather):
-  axes = _mesh_axes(axis_name)
+  axes = comm.axis_names(axis_name)
   spec_leaves = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, P))
   if not all(isinstance(s, P) for s in spec_leaves):
     raise ValueError(f"param_specs must be a tree of PartitionSpecs, got {param_specs!r}.")

@@ -28,12 +28,6 @@ from jaxcomm import comm
 from jaxcomm.sync._topology import GossipGraph, gossip_graph
 
 
-def _axes(axis_name: comm.AxisName) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 def _check_axis(graph: GossipGraph, axes: tuple) -> None:
   size = comm.axis_size(axes)
   if size != graph.num_workers:
@@ -85,7 +79,7 @@ def gossip(tree: Any, graph: GossipGraph, axis_name: comm.AxisName,
   >>> out["w"], nbytes
   (Array([1., 1., 1.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return tree, 0.0
   _check_axis(graph, axes)
@@ -134,7 +128,7 @@ def consensus_distance(tree: Any, axis_name: comm.AxisName) -> tuple[jax.Array, 
     >>> consensus_distance(jnp.ones(3), None)[1]  # one worker: nothing sent
     0.0
   """
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return jnp.zeros((), jnp.float32), 0.0
   mean, b1 = comm.mean(tree, axes)
@@ -217,7 +211,7 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
   (Array([-0.5, -0.5], dtype=float32), 1)
   """
   graph = _resolve(graph, num_workers)
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
 
   def init_fn(params):
     return DpsgdState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
@@ -297,7 +291,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     raise ValueError(f"codec must be a jaxcomm.codecs.Codec, got {type(codec).__name__}.")
   if not 0.0 < consensus_step <= 1.0:
     raise ValueError(f"consensus_step must be in (0, 1], got {consensus_step}.")
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   key = v.key("key", key)
 
   def init_fn(params):

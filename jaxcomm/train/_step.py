@@ -54,12 +54,6 @@ def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = No
                        devices=devices)
 
 
-def _axes(axis_name) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
   """Which leaves of the train state are per-worker (boolean trees like params/opt_state)."""
@@ -155,11 +149,11 @@ class Trainer:
 
   def _worker_axes(self, spec) -> set:
     """Data axes over which a leaf with this base spec can be per-worker (not sharded)."""
-    return set(self.axes) - {a for entry in spec for a in _axes(entry)}
+    return set(self.axes) - {a for entry in spec for a in comm.axis_names(entry)}
 
   def _resize(self, shape, spec, grow: bool) -> tuple:
     """Global shape from a local one (grow) or the reverse, for a leaf with this spec."""
-    sizes = [math.prod(self.mesh.shape[a] for a in _axes(e)) for e in spec]
+    sizes = [math.prod(self.mesh.shape[a] for a in comm.axis_names(e)) for e in spec]
     sizes += [1] * (len(shape) - len(sizes))
     return tuple(n * k if grow else n // k for n, k in zip(shape, sizes))
 
@@ -303,8 +297,7 @@ class Trainer:
     specs = jax.tree.leaves(self.batch_spec(batch), is_leaf=lambda x: isinstance(x, P))
     for x, spec in zip(jax.tree.leaves(batch), specs):
       for dim, axes in enumerate(spec):
-        names = () if axes is None else tuple(axes) if isinstance(axes, tuple) else (axes,)
-        size = math.prod(self.mesh.shape[a] for a in names)
+        size = math.prod(self.mesh.shape[a] for a in comm.axis_names(axes))
         n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
           kind = "data" if set(names) <= set(self.axes) else "mesh"

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jaxcomm import _validate as v
+from jaxcomm import comm
 
 
 def mesh_shape(shape: Any, axis_names: Any, num_devices: int) -> tuple[tuple, tuple]:
@@ -47,7 +48,7 @@ def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
     raise ValueError("axis_name must name at least one mesh axis; for one device use a "
                      "mesh of size 1 or call the transform directly.")
   axis_name = v.axis_name("axis_name", axis_name, allow_none=False)
-  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  axes = comm.axis_names(axis_name)
   if any(a not in mesh.axis_names for a in axes):
     raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
                      f"{tuple(mesh.axis_names)}.")
