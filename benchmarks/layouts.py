@@ -9,8 +9,8 @@ on the wire per mesh axis (every collective of the optimised program), and the c
 program's memory analysis gives the per-device bytes of temporaries and of arguments
 (parameters, optimiser state and the batch shard).
 
-Layouts are registered with `@layout(name)`; a builder returns a Trainer ready to step.
-Issue 7's layouts (ZeRO 1/2/3, TP, TP+SP, data x fsdp x tensor) are registered the same way.
+Layouts are registered with `@layout(name)`; a builder returns a Trainer ready to step: DP,
+ZeRO 1/2/3, TP, TP+SP and data x fsdp x tensor.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ _ONLY = flags.DEFINE_string("only", None, "Comma-separated layout names to run."
 _OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
 
 LAYOUTS: dict[str, Callable] = {}
-# Issue 7 (ZeRO 1/2/3, tensor parallel, TP + sequence parallel): builders register here.
-_ISSUE7_ROWS = ("zero1", "zero2", "zero3", "tp", "tp_sp")
 
 
 def layout(name: str):
@@ -147,9 +145,6 @@ def _table(rows) -> str:
           f"{'total':>12}{'temp KiB':>10}{'args KiB':>10}")
   out = [head, "-" * len(head)]
   for r in rows:
-    if "absent" in r:
-      out.append(f"{r['layout']:<18}{r['absent']}")
-      continue
     mesh = "x".join(f"{k[0]}{v}" for k, v in r["mesh"].items())
     cells = "".join(f"{r['wire_bytes_by_axis'].get(a, 0):>15,.0f}" for a in axes)
     out.append(f"{r['layout']:<18}{mesh:<16}{r['seq_len']:>5}{cells}"
@@ -173,8 +168,6 @@ def main(argv):
     for name in names:
       rows.append(measure(name, cfg))
       print(_table(rows[-1:]).splitlines()[-1], flush=True)
-  rows += [{"layout": n, "absent": "(issue 7 layout: not on this branch)"}
-           for n in _ISSUE7_ROWS if n not in LAYOUTS]
   print()
   print(f"LM d_model={_D_MODEL.value} layers={_LAYERS.value} heads={_HEADS.value} "
         f"batch={_BATCH.value}, AdamW, 8 emulated devices; wire bytes per device per step "

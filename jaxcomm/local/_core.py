@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 
 from jaxcomm import _validate as v
@@ -30,8 +31,13 @@ Participation = Any
 
 def schedule_args(inner: Any, sync_every: Any, axis_name: Any, participation: Any,
                   axis_arg: str = "axis_name") -> tuple:
-  """The checked arguments every schedule shares: (inner, H, axis_name, live_fn)."""
-  return (v.transform("inner", inner), v.integer("sync_every", sync_every, low=1, high=2**30),
+  """The checked arguments every schedule shares: (inner, H, axis_name, live_fn).
+
+  `inner` comes back wrapped by `optax.with_extra_args_support`, so a schedule passes any
+  extra arguments of its own `update` on to it.
+  """
+  return (optax.with_extra_args_support(v.transform("inner", inner)),
+          v.integer("sync_every", sync_every, low=1, high=2**30),
           v.axis_name(axis_arg, axis_name), resolve_participation(participation))
 
 

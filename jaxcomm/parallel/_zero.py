@@ -107,6 +107,8 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
   """
   stage, axis_name, memory, accumulate_steps = _validate.zero_args(
       inner, stage, axis_name, codec, memory, accumulate_steps, key)
+  # Extra arguments of `update` (other than params) are handed on to `inner` as they are.
+  inner = optax.with_extra_args_support(inner)
   stochastic = codec is not None and codec.stochastic
   if stage == 3:
     if param_specs is None:
@@ -151,26 +153,25 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     out, nbytes = comm.reduce_scatter_encoded(vec, codec, axes or None, key=enc_key)
     return out.chunk, (vec - out.own if memory else error), nbytes
 
-  def optimise(chunk_mean, inner_state, params):
+  def optimise(chunk_mean, inner_state, params, extra):
     """Inner step on this device's chunk, then all-gather the updates: (vec, state, bytes)."""
     w = size()
     p_chunk = None
     if params is not None:
       pvec, _ = _flat_padded(params, w)
       p_chunk = my_chunk(pvec, pvec.shape[0] // w)
-    u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk)
+    u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk, **extra)
     u_vec, nbytes = comm.all_gather(u_chunk, axes or None, tiled=True)
     return u_vec, inner_state, nbytes
 
   def update_fn(updates, state, params=None, **extra):
-    del extra
     w = size()
     g, unflatten = _flat_padded(updates, w)
     count = state.count + 1
     new_key, enc_key = (jax.random.split(state.key) if stochastic else (state.key, None))
     if k == 1:
       chunk, error, nb1 = scatter(g, state.error, enc_key)
-      u_vec, inner_state, nb2 = optimise(chunk / w, state.inner_state, params)
+      u_vec, inner_state, nb2 = optimise(chunk / w, state.inner_state, params, extra)
       return unflatten(u_vec), ZeroState(inner_state, error, state.accumulated, count,
                                          new_key, comm.add_bytes(state.wire_bytes, nb1 + nb2))
     counter = state.wire_bytes
@@ -185,7 +186,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       chunk, nb1 = pending, 0.0
       if stage == 1:
         chunk, error, nb1 = scatter(pending, error, enc_key)
-      u_vec, inner_state, nb2 = optimise(chunk / (w * k), inner_state, params)
+      u_vec, inner_state, nb2 = optimise(chunk / (w * k), inner_state, params, extra)
       return (u_vec, jnp.zeros_like(pending), error, inner_state,
               comm.add_bytes(counter, nb1 + nb2))
 
@@ -233,7 +234,6 @@ def _zero3(inner, axis_name, param_specs, regather):
     return g, nbytes + nb
 
   def update_fn(updates, state, params=None, **extra):
-    del extra
     leaves, treedef = jax.tree.flatten(updates)
     if len(leaves) != len(dims):
       raise ValueError(f"zero(stage=3): {len(leaves)} gradient leaves but {len(dims)} "
@@ -247,7 +247,7 @@ def _zero3(inner, axis_name, param_specs, regather):
     else:
       means = leaves
     updates, inner_state = inner.update(jax.tree.unflatten(treedef, means), state.inner_state,
-                                        params)
+                                        params, **extra)
     return updates, state._replace(inner_state=inner_state, count=state.count + 1,
                                    wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
 

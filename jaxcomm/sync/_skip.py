@@ -5,10 +5,10 @@ step, before anything stateful happens (an error memory absorbing a NaN is corru
 good; a DiLoCo outer step averaging a NaN poisons every worker), and the workers have to
 agree on it, which takes a collective. A wrapper around the whole chain does both with the
 same tools as every other stage: one 4-byte all-reduce through `jaxcomm.comm`, counted in its
-state, then a conditional (`comm.cond`), so that a skipped step sends nothing else and changes nothing
-(including the inner counters of schedules: a skipped step does not count as a step of a
-sync period). optax's `apply_if_finite` decides per worker and keeps going on the others,
-which would let per-worker and replicated state drift apart.
+state, then a conditional (`comm.cond`), so that a skipped step sends nothing else and
+changes nothing (including the inner counters of schedules: a skipped step does not count as
+a step of a sync period). optax's `apply_if_finite` decides per worker and keeps going on the
+others, which would let per-worker and replicated state drift apart.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class SkipNonfiniteState(NamedTuple):
 
 
 def skip_nonfinite(inner: optax.GradientTransformation,
-                   axis_name: comm.AxisName = "data") -> optax.GradientTransformation:
+                   axis_name: comm.AxisName = "data") -> optax.GradientTransformationExtraArgs:
   """Runs `inner` only when every worker's gradient is finite; otherwise skips the step.
 
   Each worker checks its local gradient; one int32 all-reduce over `axis_name` counts the
@@ -48,7 +48,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
     axis_name: the data axis (or tuple of axes) the workers agree over; None for one device.
 
   Returns:
-    An `optax.GradientTransformation` with state `SkipNonfiniteState`.
+    An `optax.GradientTransformationExtraArgs` with state `SkipNonfiniteState`.
 
   >>> import jax.numpy as jnp, optax
   >>> tx = skip_nonfinite(optax.sgd(1.0), axis_name=None)
@@ -57,7 +57,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
   >>> updates["w"], int(state.skipped_steps)
   (Array([0., 0.], dtype=float32), 1)
   """
-  inner = _validate.inner(inner)
+  inner = optax.with_extra_args_support(_validate.inner(inner))
   axis_name = _validate.axis_name(axis_name)
 
   def init_fn(params):
@@ -65,7 +65,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
                               skipped_steps=jnp.zeros((), jnp.int32),
                               wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
     finite = jnp.asarray(True)
     for g in jax.tree.leaves(updates):
       finite = finite & jnp.all(jnp.isfinite(g))
@@ -73,10 +73,11 @@ def skip_nonfinite(inner: optax.GradientTransformation,
     take = bad_workers == 0
     # The zero updates of a skipped step have the shapes and dtypes of the inner updates
     # (traced once more for its output types, without running it).
-    out_updates = jax.eval_shape(inner.update, updates, state.inner_state, params)[0]
+    out_updates = jax.eval_shape(inner.update, updates, state.inner_state, params,
+                                 **extra_args)[0]
 
     def apply():
-      return inner.update(updates, state.inner_state, params)
+      return inner.update(updates, state.inner_state, params, **extra_args)
 
     def skip():
       return (jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_updates),
@@ -89,7 +90,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
         skipped_steps=state.skipped_steps + jnp.logical_not(take).astype(jnp.int32),
         wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def skipped_steps(state: Any) -> jax.Array | None:

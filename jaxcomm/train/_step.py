@@ -9,8 +9,8 @@ local (varying) gradient until the set of varying leaves stops growing. Per-work
 stored with a leading worker axis of size W sharded over the data axis; replicated leaves are
 stored once. Nothing per-worker is averaged or dropped at a step boundary.
 
-Meshes are built with `AxisType.Auto` axes (see `make_mesh`): the classic shard_map model, in
-which inputs are resharded to `in_specs` as needed.
+Meshes are built with `AxisType.Auto` axes (see `jaxcomm.parallel.make_mesh`): the classic
+shard_map model, in which inputs are resharded to `in_specs` as needed.
 """
 
 from __future__ import annotations
@@ -38,22 +38,6 @@ class TrainState(NamedTuple):
   opt_state: Any    # optimiser state; per-worker leaves carry a leading worker axis
 
 
-def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = None,
-              devices=None) -> jax.sharding.Mesh:
-  """A mesh with `AxisType.Auto` axes, e.g. `make_mesh({"data": 8})`.
-
-  Auto axes give classic shard_map semantics (inputs are resharded to `in_specs`); the
-  default Explicit axes of `jax.make_mesh` would require callers to pre-shard everything.
-
-  >>> dict(make_mesh({"data": 4, "tensor": 2}).shape)
-  {'data': 4, 'tensor': 2}
-  """
-  n = len(devices) if devices is not None else jax.device_count()
-  shape, axis_names = _validate.mesh_shape(shape, axis_names, n)
-  return jax.make_mesh(shape, axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
-                       devices=devices)
-
-
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
   """Which leaves of the train state are per-worker (boolean trees like params/opt_state)."""
@@ -73,7 +57,7 @@ class Trainer:
     loss_fn: the per-worker loss.
     optimizer: an `optax.GradientTransformation` (e.g. `optax.chain(sync.mean("data"),
       optax.adamw(1e-3))`).
-    mesh: the device mesh (see `make_mesh`).
+    mesh: the device mesh (see `jaxcomm.parallel.make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
     param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards and
       pipeline stages over non-data axes, ZeRO-3 shards over a data axis); replicated by
@@ -86,6 +70,7 @@ class Trainer:
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
+  >>> from jaxcomm.parallel import make_mesh
   >>> mesh = make_mesh({"data": 8})
   >>> loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
   >>> trainer = Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh)
