@@ -463,11 +463,11 @@ def test_streaming_default_codec_bytes_in_compiled_program(task):
   trainer, state, sent = run_trainer(loss, tx, params, batches, 4)
   m = math.ceil(n / 2)
   report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
-  codec = local._streaming.default_codec()
-  if codec.linear:  # bf16: two-phase of the fragment, padded to a multiple of W
-    formula = comm.allreduce_bytes(codec.payload_bytes(m + (-m % W)), W)
-  else:  # a non-linear fp4 codec travels by gather
-    formula = comm.all_gather_bytes(codec.payload_bytes(m), W)
+  # "auto" is fp4 (E2M1), not linear: each worker's payload of one fragment is all-gathered,
+  # so a device sends its payload to each of the W - 1 others.
+  codec = codecs.fp4()
+  assert not codec.linear
+  formula = (W - 1) * codec.payload_bytes(m)
   assert [s for s in sent if s] == [formula] * 2
   assert report.wire_bytes(conditional=True) == formula
   assert report.wire_bytes(conditional=False) == 0

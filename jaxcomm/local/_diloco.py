@@ -57,7 +57,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
            sync_every: int, axis_name: comm.AxisName = "data", *,
            codec: codecs.Codec | None = None, memory: str | None = None,
            participation: _core.Participation = None, key: jax.Array | None = None
-           ) -> optax.GradientTransformation:
+           ) -> optax.GradientTransformationExtraArgs:
   """DiLoCo: H inner steps per worker, then one outer step on the averaged progress.
 
   The state keeps the outer parameters θ_out and the outer optimiser's state. On every H-th
@@ -86,7 +86,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
       `jax.random.key(0)`.
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Douillard et al., DiLoCo, arXiv 2311.08105.
@@ -111,7 +111,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          live_fn, key: jax.Array, name: str) -> optax.GradientTransformation:
+          live_fn, key: jax.Array, name: str) -> optax.GradientTransformationExtraArgs:
   """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data."""
   phases = _core.Phases(sync_every, [0])
 
@@ -124,9 +124,9 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
         key=key,
         wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
     _core.require_params(params, name)
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params)
+    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)
     t = state.count + 1
 
@@ -139,10 +139,10 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
       outer_params = optax.apply_updates(outer_params, step)
       return outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes)
 
-    new_local, outer_params, outer_state, mem, key, wire = _core.cond(
+    new_local, outer_params, outer_state, mem, key, wire = comm.cond(
         phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.outer_params,
         state.outer_state, state.memory, state.key, state.wire_bytes)
     return _core.updates_to(new_local, params), DilocoState(
         t, inner_state, outer_params, outer_state, mem, key, wire)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -45,12 +45,8 @@ def _key_data(key):
 
 def _split_axes(axis_name) -> tuple[tuple, tuple]:
   """(fast axes reduced exactly, slow axes compressed)."""
-  if axis_name is None:
-    return (), ()
-  if isinstance(axis_name, (tuple, list)):
-    axes = tuple(axis_name)
-    return (axes[:1], axes[1:]) if len(axes) > 1 else ((), axes)
-  return (), (axis_name,)
+  axes = comm.axis_names(axis_name)
+  return (axes[:1], axes[1:]) if len(axes) > 1 else ((), axes)
 
 
 class _FastShard:

@@ -28,12 +28,6 @@ from jaxcomm import comm
 from jaxcomm.sync._topology import GossipGraph, gossip_graph
 
 
-def _axes(axis_name: comm.AxisName) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 def _check_axis(graph: GossipGraph, axes: tuple) -> None:
   size = comm.axis_size(axes)
   if size != graph.num_workers:
@@ -85,7 +79,7 @@ def gossip(tree: Any, graph: GossipGraph, axis_name: comm.AxisName,
   >>> out["w"], nbytes
   (Array([1., 1., 1.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return tree, 0.0
   _check_axis(graph, axes)
@@ -134,7 +128,7 @@ def consensus_distance(tree: Any, axis_name: comm.AxisName) -> tuple[jax.Array, 
     >>> consensus_distance(jnp.ones(3), None)[1]  # one worker: nothing sent
     0.0
   """
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return jnp.zeros((), jnp.float32), 0.0
   mean, b1 = comm.mean(tree, axes)
@@ -188,7 +182,7 @@ class DpsgdState(NamedTuple):
 
 def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
           num_workers: int | None = None, axis_name: comm.AxisName = "data",
-          measure_consensus: bool = False) -> optax.GradientTransformation:
+          measure_consensus: bool = False) -> optax.GradientTransformationExtraArgs:
   """D-PSGD: x_i <- sum_j M[i, j] x_j + inner(g_i), with g_i the local gradient at x_i.
 
   Gossip of the current parameters and the local step are computed from the same x_i, as
@@ -203,7 +197,7 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
       state (one extra parameter all-reduce per step, counted in `wire_bytes`).
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Lian et al., Can decentralized algorithms outperform centralized algorithms?,
@@ -216,18 +210,19 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
   >>> updates["w"], int(state.count)
   (Array([-0.5, -0.5], dtype=float32), 1)
   """
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
   graph = _resolve(graph, num_workers)
-  axes = _axes(axis_name)
+  axes = comm.axis_names(v.axis_name("axis_name", axis_name))
 
   def init_fn(params):
     return DpsgdState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                       consensus_distance=jnp.zeros((), jnp.float32) if measure_consensus
                       else None, wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
     if params is None:
       raise ValueError("dpsgd needs params in update (it gossips the parameters).")
-    local, inner_state = inner.update(updates, state.inner_state, params)
+    local, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     mixed, counter = _mix_counted(params, graph, axes, state.count, state.wire_bytes)
     new_params = jax.tree.map(lambda m, u: m + u.astype(m.dtype), mixed, local)
     dist, counter = _maybe_measure(measure_consensus, new_params, axes, counter)
@@ -235,7 +230,7 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
     return out, DpsgdState(count=state.count + 1, inner_state=inner_state,
                            consensus_distance=dist, wire_bytes=counter)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 class ChocoState(NamedTuple):
@@ -252,7 +247,7 @@ class ChocoState(NamedTuple):
 def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
           codec: codecs.Codec, *, consensus_step: float = 1.0, num_workers: int | None = None,
           axis_name: comm.AxisName = "data", key: jax.Array | None = None,
-          measure_consensus: bool = False) -> optax.GradientTransformation:
+          measure_consensus: bool = False) -> optax.GradientTransformationExtraArgs:
   """CHOCO-SGD: gossip of compressed differences, converging with any compressor.
 
   x_half = x_i + inner(g_i); q_i = C(x_half - x_hat_i) travels to every neighbour (one
@@ -275,7 +270,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     measure_consensus: as in `dpsgd`.
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Koloskova, Stich, Jaggi, Decentralized stochastic optimization and gossip algorithms
@@ -289,6 +284,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
   >>> updates["w"], state.public
   (Array([-0.5, -0.5], dtype=float32), Array([0.5, 0.5], dtype=float32))
   """
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
   graph = _resolve(graph, num_workers)
   if graph.period != 1:
     raise ValueError(f"choco needs a static graph (each worker tracks its neighbours' public "
@@ -297,7 +293,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     raise ValueError(f"codec must be a jaxcomm.codecs.Codec, got {type(codec).__name__}.")
   if not 0.0 < consensus_step <= 1.0:
     raise ValueError(f"consensus_step must be in (0, 1], got {consensus_step}.")
-  axes = _axes(axis_name)
+  axes = comm.axis_names(v.axis_name("axis_name", axis_name))
   key = v.key("key", key)
 
   def init_fn(params):
@@ -326,10 +322,10 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
       counter = comm.add_bytes(counter, nbytes)
     return mix, counter
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
     if params is None:
       raise ValueError("choco needs params in update (it gossips the parameters).")
-    local, inner_state = inner.update(updates, state.inner_state, params)
+    local, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     half = jax.tree.map(lambda p, u: p + u.astype(p.dtype), params, local)
     flat_half, unflatten = codecs.flatten(half)
     key, sub = jax.random.split(state.key)
@@ -346,4 +342,4 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
                            neighbour_mix=neighbour_mix, key=key, consensus_distance=dist,
                            wire_bytes=counter)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -7,7 +7,7 @@ from jaxcomm.train._loop import fit
 from jaxcomm.train._step import StateLayout
 from jaxcomm.train._step import TrainState
 from jaxcomm.train._step import Trainer
-from jaxcomm.train._step import make_mesh
+from jaxcomm.parallel import make_mesh  # the one mesh builder, re-exported
 
 __all__ = (
     "Checkpointer",

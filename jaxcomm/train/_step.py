@@ -9,8 +9,8 @@ local (varying) gradient until the set of varying leaves stops growing. Per-work
 stored with a leading worker axis of size W sharded over the data axis; replicated leaves are
 stored once. Nothing per-worker is averaged or dropped at a step boundary.
 
-Meshes are built with `AxisType.Auto` axes (see `make_mesh`): the classic shard_map model, in
-which inputs are resharded to `in_specs` as needed.
+Meshes are built with `AxisType.Auto` axes (see `jaxcomm.parallel.make_mesh`): the classic
+shard_map model, in which inputs are resharded to `in_specs` as needed.
 """
 
 from __future__ import annotations
@@ -38,28 +38,6 @@ class TrainState(NamedTuple):
   opt_state: Any    # optimiser state; per-worker leaves carry a leading worker axis
 
 
-def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = None,
-              devices=None) -> jax.sharding.Mesh:
-  """A mesh with `AxisType.Auto` axes, e.g. `make_mesh({"data": 8})`.
-
-  Auto axes give classic shard_map semantics (inputs are resharded to `in_specs`); the
-  default Explicit axes of `jax.make_mesh` would require callers to pre-shard everything.
-
-  >>> dict(make_mesh({"data": 4, "tensor": 2}).shape)
-  {'data': 4, 'tensor': 2}
-  """
-  n = len(devices) if devices is not None else jax.device_count()
-  shape, axis_names = _validate.mesh_shape(shape, axis_names, n)
-  return jax.make_mesh(shape, axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
-                       devices=devices)
-
-
-def _axes(axis_name) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
   """Which leaves of the train state are per-worker (boolean trees like params/opt_state)."""
@@ -79,7 +57,7 @@ class Trainer:
     loss_fn: the per-worker loss.
     optimizer: an `optax.GradientTransformation` (e.g. `optax.chain(sync.mean("data"),
       optax.adamw(1e-3))`).
-    mesh: the device mesh (see `make_mesh`).
+    mesh: the device mesh (see `jaxcomm.parallel.make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
     param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards and
       pipeline stages over non-data axes, ZeRO-3 shards over a data axis); replicated by
@@ -92,6 +70,7 @@ class Trainer:
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
+  >>> from jaxcomm.parallel import make_mesh
   >>> mesh = make_mesh({"data": 8})
   >>> loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
   >>> trainer = Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh)
@@ -155,11 +134,11 @@ class Trainer:
 
   def _worker_axes(self, spec) -> set:
     """Data axes over which a leaf with this base spec can be per-worker (not sharded)."""
-    return set(self.axes) - {a for entry in spec for a in _axes(entry)}
+    return set(self.axes) - {a for entry in spec for a in comm.axis_names(entry)}
 
   def _resize(self, shape, spec, grow: bool) -> tuple:
     """Global shape from a local one (grow) or the reverse, for a leaf with this spec."""
-    sizes = [math.prod(self.mesh.shape[a] for a in _axes(e)) for e in spec]
+    sizes = [math.prod(self.mesh.shape[a] for a in comm.axis_names(e)) for e in spec]
     sizes += [1] * (len(shape) - len(sizes))
     return tuple(n * k if grow else n // k for n, k in zip(shape, sizes))
 
@@ -303,8 +282,7 @@ class Trainer:
     specs = jax.tree.leaves(self.batch_spec(batch), is_leaf=lambda x: isinstance(x, P))
     for x, spec in zip(jax.tree.leaves(batch), specs):
       for dim, axes in enumerate(spec):
-        names = () if axes is None else tuple(axes) if isinstance(axes, tuple) else (axes,)
-        size = math.prod(self.mesh.shape[a] for a in names)
+        size = math.prod(self.mesh.shape[a] for a in comm.axis_names(axes))
         n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
           kind = "data" if set(names) <= set(self.axes) else "mesh"
