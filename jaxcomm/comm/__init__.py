@@ -16,6 +16,7 @@ from jaxcomm.comm._collectives import mean
 from jaxcomm.comm._collectives import ppermute
 from jaxcomm.comm._collectives import reduce_scatter
 from jaxcomm.comm._collectives import reduce_scatter_bytes
+from jaxcomm.comm._collectives import require_varying
 from jaxcomm.comm._collectives import shift
 from jaxcomm.comm._collectives import sum  # pylint: disable=redefined-builtin
 from jaxcomm.comm._collectives import to_bits
@@ -93,6 +94,7 @@ __all__ = (
     "reduce_scatter",
     "reduce_scatter_bytes",
     "reduce_scatter_encoded",
+    "require_varying",
     "shift",
     "sum",
     "to_bits",

@@ -78,6 +78,8 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
                              wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None):
+    comm.require_varying(updates, _core.axes_of(fast_axis) + _core.axes_of(slow_axis),
+                         "local.hierarchical")
     _core.require_params(params, "hierarchical")
     grads, fast_bytes = comm.mean(updates, fast_axis)
     inner_updates, inner_state = inner.update(grads, state.inner_state, params)

@@ -72,19 +72,17 @@ def codec_sum(codec: codecs.Codec, vec: jax.Array, key: jax.Array, mine: jax.Arr
   if not codec.linear:
     key = jax.random.fold_in(key, _core.worker_index(axis_name))
   payload = tuple(codec.encode(vec, key))
-  own = codec.decode(payload, n).astype(jnp.float32)
+  own = codec.decode_with(payload, n, key).astype(jnp.float32)
   if not _core.axes_of(axis_name):
     return own * mine, own, 0.0
   if codec.linear:
     masked = tuple(p * mine.astype(p.dtype) for p in payload)
     summed, nbytes = _linear_sum(masked, axis_name)
-    return codec.decode(summed, n).astype(jnp.float32), own, nbytes
+    return codec.decode_with(summed, n, key).astype(jnp.float32), own, nbytes
   total, nbytes = _nonlinear_sum(codec, payload, n, row, axis_name)
   return total, own, nbytes
 
 
 def check_codec(codec, name: str = "codec"):
-  if codec is not None and not isinstance(codec, codecs.Codec):
-    raise ValueError(f"{name} must be a jaxcomm.codecs.Codec (e.g. codecs.identity(), "
-                     f"codecs.cast('bfloat16')) or None, got {codec!r}.")
-  return codec
+  """None, a `Codec` or a factory `shapes -> Codec` (ValueError naming `name` otherwise)."""
+  return codecs.validate(codec, name, allow_none=True)
