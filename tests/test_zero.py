@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm, data, models, parallel, sync, train
-from tests import contract
+from jaxcomm import codecs, comm, data, models, parallel, sync, testing, train
 
 W = 8
 LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=8)
@@ -252,7 +251,7 @@ def test_accumulation_stage1_vs_stage2(mesh8):
                                     dict(stage=3, param_specs={"w": P(), "b": P()})],
                          ids=["stage1", "stage2_accumulate", "stage1_int8_ef", "stage3"])
 def test_zero_contract_one_device(kwargs):
-  contract.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
+  testing.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
 
 
 @pytest.mark.parametrize("kwargs", [dict(stage=1, codec=codecs.uniform(8), memory="ef"),
@@ -261,7 +260,7 @@ def test_zero_contract_one_device(kwargs):
                          ids=["stage1_int8_ef", "stage1_accumulate", "stage2_accumulate"])
 def test_zero_contract_on_mesh(mesh8, kwargs):
   # Compiles once, keeps the state's types, counts exactly what comm.inspect reads.
-  contract.check_on_mesh(parallel.zero(optax.sgd(0.1), axis_name="data", **kwargs), mesh8)
+  testing.check_on_mesh(parallel.zero(optax.sgd(0.1), axis_name="data", **kwargs), mesh8)
 
 
 def test_zero_bad_input():

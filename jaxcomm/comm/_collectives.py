@@ -178,6 +178,7 @@ def require_varying(tree: Any, axis_name: AxisName, where: str) -> None:
   axes = [a for a in _axes(axis_name) if _tracks_varying(a)]
   if not axes:
     return
+  shown = _axes(axis_name)[0] if len(_axes(axis_name)) == 1 else _axes(axis_name)
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     missing = [a for a in axes if a not in varying_axes(leaf)]
     if missing:
@@ -187,7 +188,7 @@ def require_varying(tree: Any, axis_name: AxisName, where: str) -> None:
           f"{tuple(missing)} (invariant in shard_map's types). Inside your own shard_map, "
           f"jax.grad with respect to replicated parameters returns the SUM over the workers "
           f"(JAX's transpose inserts a psum), which this would then average again. "
-          f"Differentiate with respect to jaxcomm.comm.varying(params, {axis_name!r}) to get "
+          f"Differentiate with respect to jaxcomm.comm.varying(params, {shown!r}) to get "
           f"the local gradient (jaxcomm.train.Trainer does this).")
 
 
