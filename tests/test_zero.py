@@ -306,15 +306,17 @@ def test_zero_builds_and_runs_or_raises_value_error(mesh8, stage, axis_name, cod
   except ValueError:
     return
 
-  def update(p):
-    return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+  def update(p):  # each worker's own gradient (varying), as the Trainer passes it
+    grads = jax.tree.map(lambda x: x + 1, comm.varying(p, "data" if axis_name else None))
+    return tx.update(grads, tx.init(p), p)[0]
 
   if axis_name is None:
     out = update(params)
   else:
     in_specs = (specs,) if stage == 3 else (P(),)
-    out = jax.jit(jax.shard_map(update, mesh=mesh8, in_specs=in_specs,
-                                out_specs=in_specs[0]))(params)
+    stack = lambda out: jax.tree.map(lambda x: comm.varying(x, "data")[None], out)
+    out = jax.jit(jax.shard_map(lambda p: stack(update(p)), mesh=mesh8, in_specs=in_specs,
+                                out_specs=P("data")))(params)
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
 
 

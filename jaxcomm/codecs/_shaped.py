@@ -12,6 +12,7 @@ chunks refuse it (`splittable`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, Callable, Union
 
@@ -41,11 +42,23 @@ def validate(value: Any, name: str = "codec", *, allow_none: bool = False) -> An
   """
   if value is None and allow_none:
     return None
-  if isinstance(value, Codec) or (callable(value) and not isinstance(value, (str, type))):
+  if isinstance(value, Codec) or (callable(value) and not isinstance(value, (str, type))
+                                  and _takes_one_argument(value)):
     return value
   none = " or None" if allow_none else ""
   raise ValueError(f"{name} must be a jaxcomm.codecs.Codec (e.g. codecs.top_k(0.01)) or a "
                    f"factory from the parameter shapes to a Codec{none}, got {value!r}.")
+
+
+def _takes_one_argument(fn: Callable) -> bool:
+  """Whether `fn(shapes)` binds (True when Python cannot tell, as for some builtins)."""
+  try:
+    inspect.signature(fn).bind([])
+  except TypeError:
+    return False
+  except ValueError:
+    return True
+  return True
 
 
 def splittable(codec: CodecLike) -> bool:
@@ -86,12 +99,17 @@ def payload_spec(codec: Codec, n: int) -> tuple:
   try:
     return jax.eval_shape(encode, jax.ShapeDtypeStruct((n,), jnp.float32))
   except TypeError as e:
-    if codec.stochastic:
+    # jax.random says "unexpected PRNG key type NoneType"; indexing None says "NoneType".
+    if codec.stochastic or not any(w in str(e) for w in ("PRNG key", "NoneType")):
       raise
     raise ValueError(
         f"codec {codec.name!r} is not stochastic, so its encode is called with key=None, and "
         f"encode raised TypeError: {e}. If encode draws random numbers, build the Codec with "
         f"stochastic=True (the transform then passes it a PRNG key).") from e
+
+
+def _brief(shapes: list) -> str:
+  return f"[{', '.join(map(str, shapes[:4]))}{', ...' if len(shapes) > 4 else ''}]"
 
 
 def for_tree(codec: CodecLike, tree: Any) -> Codec:
@@ -120,11 +138,16 @@ def for_tree(codec: CodecLike, tree: Any) -> Codec:
   shapes = [tuple(jnp.shape(x)) for x in jax.tree.leaves(tree)]
   n = sum(math.prod(s) for s in shapes)
   if not isinstance(codec, Codec):
-    made = codec(shapes)
+    try:
+      made = codec(shapes)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"the codec factory {codec!r}, called with the leaf shapes "
+                       f"{_brief(shapes)}, raised {type(e).__name__}: {e} (a factory takes the "
+                       f"shapes and returns a Codec; pass codecs.top_k(0.01), not "
+                       f"codecs.top_k).") from e
     if not isinstance(made, Codec):
       raise ValueError(f"the codec factory {codec!r} must return a jaxcomm.codecs.Codec for "
-                       f"the shapes {shapes[:4]}{'...' if len(shapes) > 4 else ''}, got "
-                       f"{made!r}.")
+                       f"the shapes {_brief(shapes)}, got {made!r}.")
     codec = made if made.length is not None else dataclasses.replace(made, length=n)
   if codec.length is not None and codec.length != n:
     raise ValueError(f"codec {codec.name!r} was built for vectors of {codec.length} elements, "
