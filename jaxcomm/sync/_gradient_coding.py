@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
 
@@ -105,9 +106,9 @@ def fractional_repetition(num_workers: int, stragglers: int) -> FractionalRepeti
   >>> code.num_groups, code.partitions(5)
   (4, [4, 5])
   """
-  for name, v in (("num_workers", num_workers), ("stragglers", stragglers)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-      raise ValueError(f"{name} must be an int, got {v!r}.")
+  for name, value in (("num_workers", num_workers), ("stragglers", stragglers)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise ValueError(f"{name} must be an int, got {value!r}.")
   if num_workers < 1:
     raise ValueError(f"num_workers must be >= 1, got {num_workers}.")
   if not 0 <= stragglers < num_workers:
@@ -178,7 +179,7 @@ class GradientCodingState(NamedTuple):
 def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "data",
                     num_stragglers: int | None = None, approximate: bool = False,
                     codec: codecs.CodecLike | None = None,
-                    seed: int = 0) -> optax.GradientTransformation:
+                    key: jax.Array | None = None) -> optax.GradientTransformation:
   """Replaces each worker's coded gradient by the decoded full-batch mean gradient.
 
   Feed the Trainer batches placed with `code.place(batch)`; each step draws a uniformly
@@ -193,7 +194,8 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
     codec: send coded gradients quantised with this codec (by all-gather), or with the
       codec a factory `shapes -> Codec` makes for the gradient's leaf shapes; None sends
       them exactly (all-reduce of the weighted gradients).
-    seed: seed of the straggler patterns (and of a stochastic codec).
+    key: PRNG key of the straggler patterns (and of a stochastic codec); None is the fixed
+      default `jax.random.key(0)`.
 
   Returns:
     An `optax.GradientTransformation` (chain it before the optimiser, like `sync.mean`).
@@ -218,11 +220,12 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
                      "decoding is impossible; pass approximate=True.")
   codecs.validate(codec, allow_none=True)
   n = code.num_workers
+  key = v.key("key", key)
 
   def init_fn(params):
     if codec is not None:
       codecs.for_tree(codec, params)  # a bad codec or factory fails here, before any step
-    return GradientCodingState(key=jax.random.PRNGKey(seed), stragglers=jnp.zeros((n,), bool),
+    return GradientCodingState(key=key, stragglers=jnp.zeros((n,), bool),
                                recovered=jnp.asarray(code.num_groups, jnp.float32),
                                wire_bytes=comm.zero_bytes())
 
