@@ -315,8 +315,8 @@ def _check_unbiased(codec, x, draws, variance):
 def example_params(dtype: Any = jnp.float32) -> dict:
   """The small parameter tree (two leaves, 16 elements) every transform check uses.
 
-  >>> {k: v.shape for k, v in example_params().items()}
-  {'b': (4,), 'w': (3, 4)}
+  >>> [x.shape for x in jax.tree.leaves(example_params())]  # flat order: b, w
+  [(4,), (3, 4)]
   """
   return {"w": jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4).astype(dtype),
           "b": jnp.linspace(0.5, -0.5, 4, dtype=jnp.float32).astype(dtype)}
