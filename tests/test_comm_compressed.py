@@ -9,11 +9,10 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm
-from tests import contract
+from jaxcomm import codecs, comm, testing
 
 W, N = 8, 1003  # odd length: the two-phase padding travels and is counted
-ZOO = contract.codec_zoo()
+ZOO = testing.codec_zoo()
 
 
 def _psum_ok(c):

@@ -456,6 +456,25 @@ def test_cast_codec_outer_gradient_travels_narrow(task):
   close(state.opt_state.memory, delta - sent_w, atol=1e-7)
 
 
+def test_shared_key_codec_outer_gradient_is_decoded_with_the_key(task):
+  """random_k with a shared key is linear: every worker keeps the same k coordinates, only
+  the values are all-reduced, and the receiver regenerates the indices from the key."""
+  params, loss, batches, grads = task
+  codec = codecs.random_k(k=64)
+  tx = local.diloco(SGD, optax.sgd(1.0), 2, codec=codec)
+  _, state, sent = run_trainer(loss, tx, params, batches, 2)
+  assert sent == [0, comm.allreduce_bytes(4 * 64, W)]  # 64 float32 values, psum
+  ps = stack(params)
+  for t in range(2):
+    ps = jax.tree.map(lambda p, g: p - LR * g, ps, grads(ps, blocks(batches[t])))
+  flat, unflatten = codecs.flatten(params)
+  delta = flat[None] - jax.vmap(lambda p: codecs.flatten(p)[0])(ps)
+  sub = jax.random.split(jax.random.key_data(jax.random.key(0)))[1]  # the sync's shared key
+  total = sum(jax.jit(codec.roundtrip)(d, sub) for d in delta)
+  assert 0 < int(jnp.count_nonzero(total)) <= 64  # at most the k shared coordinates
+  close(state.opt_state.outer_params, unflatten(flat - total / W), atol=1e-6)
+
+
 def test_streaming_default_codec_bytes_in_compiled_program(task):
   params, loss, batches, _ = task
   n = sum(x.size for x in jax.tree.leaves(params))
@@ -625,8 +644,9 @@ def runs_one_update(tx, axis_name, deferred=("participation", "fragments")):
   axes = () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else
                                        (axis_name,))
 
-  def update(p):
-    out = tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+  def update(p):  # each worker's own gradient (varying), as the Trainer passes it
+    grads = jax.tree.map(lambda x: x + 1, comm.varying(p, axes))
+    out = tx.update(grads, tx.init(p), p)[0]
     return jax.tree.map(lambda x: comm.varying(x, axes)[None], out)
 
   try:

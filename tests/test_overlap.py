@@ -14,8 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 
-from jaxcomm import codecs, comm, data, local, models, sync, train
-from tests import contract
+from jaxcomm import codecs, comm, data, local, models, sync, testing, train
 # The property-test helpers of the foundation's validation tests.
 from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, run_update,
                              valid_or)
@@ -458,7 +457,7 @@ def test_streaming_dc_lambda_zero_is_plain_streaming(sd_runs):
 def test_streaming_dc_without_overlap_is_a_no_op():
   """tau = 0: the fragment arrives where it was sent, θ_now = θ_sent, nothing to compensate
   (one device; H = 2, P = 2: a sync and its merge every step, 6 steps)."""
-  params = contract.example_params()
+  params = testing.example_params()
   make = lambda **kw: local.streaming_diloco(optax.sgd(0.3), optax.sgd(0.7, momentum=0.9), 2,
                                              2, 0, 0.5, None, codec=None, **kw)
 
@@ -553,7 +552,7 @@ def test_streaming_dc_small_lambda_does_not_hurt_on_a_quadratic():
   lambda 1: 0.6911, 10: 0.6914, 100: 0.6992 (bytes/step 4,209 in every run): no gain seen.
   Asserted: lambda = 1 ends within 5 % of plain where measured.
   """
-  params = contract.example_params()
+  params = testing.example_params()
   target = jax.tree.map(lambda p: 1.0 + 0.5 * jnp.sin(3.0 * p), params)
   scale = {"w": jnp.linspace(0.2, 3.0, 12).reshape(3, 4), "b": jnp.linspace(0.5, 2.0, 4)}
   loss = lambda p: 0.5 * sum(jnp.sum(c * (a - b) ** 2) for a, c, b in zip(
@@ -583,7 +582,7 @@ def test_streaming_dc_small_lambda_does_not_hurt_on_a_quadratic():
 def test_streaming_dc_contract():
   tx = local.streaming_diloco(optax.sgd(0.1), optax.sgd(0.7, momentum=0.9), 4, 2, 1, 0.5,
                               None, codec=None, compensation="dc", dc_lambda=2.0)
-  contract.check_transform(tx)
+  testing.check_transform(tx)
 
 
 # ------------------------------------------------------------------ contract and bad input

@@ -18,6 +18,7 @@ from jaxcomm.comm._collectives import from_bits
 from jaxcomm.comm._collectives import ppermute
 from jaxcomm.comm._collectives import reduce_scatter
 from jaxcomm.comm._collectives import reduce_scatter_bytes
+from jaxcomm.comm._collectives import require_varying
 from jaxcomm.comm._collectives import shift
 from jaxcomm.comm._collectives import to_bits
 from jaxcomm.comm._collectives import tree_bytes
@@ -98,6 +99,7 @@ __all__ = (
     "reduce_scatter",
     "reduce_scatter_bytes",
     "reduce_scatter_encoded",
+    "require_varying",
     "shift",
     "sum",
     "switch",

@@ -141,6 +141,63 @@ def varying_axes(x: Any) -> frozenset:
   return frozenset(getattr(aval, "vma", ()))
 
 
+def _tracks_varying(axis: str) -> bool:
+  """Whether the enclosing shard_map tracks varying axes for `axis` (check_vma=True).
+
+  Only then does an invariant value mean "the same on every worker". Under `jax.vmap` with
+  an axis name, or shard_map with check_vma=False, nothing is tracked; outside both the axis
+  is unbound.
+  """
+  try:
+    return axis in varying_axes(lax.axis_index(axis))
+  except NameError:
+    return False
+
+
+def require_varying(tree: Any, axis_name: AxisName, where: str) -> None:
+  """ValueError unless every leaf of `tree` varies over every axis of `axis_name`.
+
+  Guards the local-gradient trap: inside a `shard_map`, `jax.grad` with respect to
+  replicated (invariant) parameters is summed over the workers by JAX's transpose (an
+  implicit psum), so a transform that averages per-worker gradients would average W sums.
+  Differentiating with respect to `varying(params, axis_name)` gives each worker its own
+  gradient; the Trainer does so. Checked at trace time from the types only (nothing runs);
+  a no-op outside shard_map, under vmap, or with check_vma=False.
+
+  Args:
+    tree: the gradients (or any per-worker values) the caller received.
+    axis_name: the axis (or axes) over which they must differ.
+    where: the caller's name, for the message.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> def grads_of(params, x):  # per worker: the gradient of its own loss
+    ...   g = jax.grad(lambda p: jnp.sum(p * x))(varying(params, "data"))
+    ...   require_varying(g, "data", "my_transform")  # passes; without varying it raises
+    ...   return g
+    >>> f = jax.shard_map(grads_of, mesh=mesh, in_specs=(jax.P(), jax.P("data")),
+    ...                   out_specs=jax.P("data"))
+    >>> f(jnp.ones(1), jnp.arange(8.0)).tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+  """
+  axes = [a for a in _axes(axis_name) if _tracks_varying(a)]
+  if not axes:
+    return
+  shown = _axes(axis_name)[0] if len(_axes(axis_name)) == 1 else _axes(axis_name)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    missing = [a for a in axes if a not in varying_axes(leaf)]
+    if missing:
+      raise ValueError(
+          f"{where} needs each worker's own gradient, but the leaf "
+          f"{jax.tree_util.keystr(path) or 'at the root'} is the same on every worker of "
+          f"{tuple(missing)} (invariant in shard_map's types). Inside your own shard_map, "
+          f"jax.grad with respect to replicated parameters returns the SUM over the workers "
+          f"(JAX's transpose inserts a psum), which this would then average again. "
+          f"Differentiate with respect to jaxcomm.comm.varying(params, {shown!r}) to get "
+          f"the local gradient (jaxcomm.train.Trainer does this).")
+
+
 _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 

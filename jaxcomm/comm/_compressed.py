@@ -196,6 +196,10 @@ def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
   if not axes:
     own = codec.decode_with(codec.encode(vec, key), n, key)
     return ScatteredSum(own, own), 0.0
+  if codec.length is not None:
+    raise ValueError(f"codec {codec.name!r} needs the whole vector ({codec.length} elements), "
+                     f"but a reduce-scatter or two-phase sum encodes 1/W chunks of it; send it "
+                     f"with gather_sum (collective='gather').")
   w = axis_size(axes)
   c = -(-n // w)
   chunks = jnp.pad(vec.astype(jnp.float32), (0, w * c - n)).reshape(w, c)

@@ -76,6 +76,7 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
                          wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.dreamddp")
     _core.require_params(params, "dreamddp")
     inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)

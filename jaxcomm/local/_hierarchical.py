@@ -79,6 +79,8 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
                              wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, comm.axis_names(fast_axis) + comm.axis_names(slow_axis),
+                         "local.hierarchical")
     _core.require_params(params, "hierarchical")
     grads, fast_bytes = comm.mean(updates, fast_axis)
     inner_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)

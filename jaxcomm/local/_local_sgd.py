@@ -60,6 +60,7 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
                          inner_state=inner.init(params), wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.local_sgd")
     _core.require_params(params, "local_sgd")
     inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)

@@ -72,6 +72,7 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
                          wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.scaffold")
     _core.require_params(params, "scaffold")
     corrected = jax.tree.map(lambda g, cw, c: g - cw + c, updates, state.control,
                              state.global_control)

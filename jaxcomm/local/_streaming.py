@@ -48,7 +48,7 @@ def _unfragment(mat: jax.Array, n: int) -> jax.Array:
 def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
                      sync_every: int, fragments: int = 1, overlap: int = 0, alpha: float = 0.5,
                      axis_name: comm.AxisName = "data", *,
-                     codec: codecs.Codec | None | str = "auto",
+                     codec: codecs.CodecLike | None | str = "auto",
                      participation: _core.Participation = None,
                      key: jax.Array | None = None,
                      compensation: str | None = None, dc_lambda: float = 1.0
@@ -93,7 +93,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       reading, *unverified*).
     axis_name: the mesh axis (or tuple of axes) of the workers; None for one device.
     codec: the outer gradient's codec: "auto" (fp4 E2M1, `codecs.fp4()`), a
-      `jaxcomm.codecs.Codec`, or None for exact float32.
+      `jaxcomm.codecs.Codec` or a factory `shapes -> Codec` (a fragment travels as one flat
+      vector, so the factory sees `[(m,)]`), or None for exact float32.
     participation: optional live-worker mask per sync (each fragment sync counts as one):
       bool[num_syncs, W] (rows past the end all live) or `fn(sync_index) -> bool[W]`.
     key: PRNG key of stochastic codecs (shared by all workers); None is the fixed default
@@ -133,7 +134,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   alpha = v.number("alpha", alpha, low=0.0, high=1.0)
   if isinstance(codec, str):
     if codec != "auto":
-      raise ValueError(f"codec must be 'auto', a jaxcomm.codecs.Codec or None, got {codec!r}.")
+      raise ValueError(f"codec must be 'auto', a jaxcomm.codecs.Codec (or a factory of one) or "
+                       f"None, got {codec!r}.")
     codec = default_codec()
   codec = _transport.check_codec(codec)
   key = v.key("key", key)
@@ -147,6 +149,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       raise ValueError(f"fragments ({fragments}) must be <= the number of parameter leaves "
                        f"({len(leaves)}).")
     outer_params = _fragments(codecs.flatten(params)[0], fragments)
+    if codec is not None:  # a fragment travels as one flat vector: a factory sees [(m,)]
+      codecs.for_tree(codec, outer_params[0])
     extra = {}
     if compensation is not None:
       extra = dict(in_flight=jnp.zeros_like(outer_params), sent_params=outer_params)
@@ -237,6 +241,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
                                        in_flight, sent)
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.streaming_diloco")
     _core.require_params(params, "streaming_diloco")
     inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)

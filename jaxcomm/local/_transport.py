@@ -54,7 +54,5 @@ def codec_sum(codec: codecs.Codec, vec: jax.Array, key: jax.Array, mine: jax.Arr
 
 
 def check_codec(codec, name: str = "codec"):
-  if codec is not None and not isinstance(codec, codecs.Codec):
-    raise ValueError(f"{name} must be a jaxcomm.codecs.Codec (e.g. codecs.identity(), "
-                     f"codecs.cast('bfloat16')) or None, got {codec!r}.")
-  return codec
+  """None, a `Codec` or a factory `shapes -> Codec` (ValueError naming `name` otherwise)."""
+  return codecs.validate(codec, name, allow_none=True)

@@ -84,7 +84,12 @@ def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
   stage = v.integer("stage", stage, low=1, high=3)
   axis_name = v.axis_name("axis_name", axis_name)
   if codec is not None and not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec or None, got {codec!r}.")
+    codecs.validate(codec, allow_none=True)  # a factory passes; anything else is refused
+  if codec is not None and not codecs.splittable(codec):
+    raise ValueError(f"codec {getattr(codec, 'name', codec)!r} needs the whole vector (it is "
+                     f"built for one length or for the parameters' shapes), but ZeRO's "
+                     f"reduce-scatter encodes 1/W chunks of it; use a codec that works on "
+                     f"any length (e.g. codecs.top_k(0.01)) or None.")
   memory = v.one_of("memory", memory, MEMORIES)
   if memory is not None and codec is None:
     raise ValueError("memory needs a codec (without compression nothing is dropped).")

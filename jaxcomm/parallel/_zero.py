@@ -77,7 +77,9 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       `accumulate_steps > 1`), or 3 (parameters sharded, gathered per layer by the model).
     axis_name: the data axis (or tuple of axes); None for one device.
     codec: stages 1/2: a `jaxcomm.codecs.Codec` for the gradient reduce-scatter (None:
-      exact float32 `psum_scatter`). Any codec: chunks are decoded before they are summed.
+      exact float32 `psum_scatter`). Any codec that works on any length: chunks are decoded
+      before they are summed. Codecs that need the whole vector (a `length`, or made by a
+      factory from the parameters' shapes) are refused.
     memory: None or "ef" (error feedback: each worker keeps what its codec dropped and adds
       it to the next gradient). Needs a codec.
     param_specs: stage 3: the PartitionSpecs the parameters are stored with (a tree like
@@ -165,6 +167,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     return u_vec, inner_state, nbytes
 
   def update_fn(updates, state, params=None, **extra):
+    comm.require_varying(updates, axes, "parallel.zero")
     w = size()
     g, unflatten = _flat_padded(updates, w)
     count = state.count + 1
@@ -234,6 +237,7 @@ def _zero3(inner, axis_name, param_specs, regather):
     return g, nbytes + nb
 
   def update_fn(updates, state, params=None, **extra):
+    comm.require_varying(updates, axes, "parallel.zero")
     leaves, treedef = jax.tree.flatten(updates)
     if len(leaves) != len(dims):
       raise ValueError(f"zero(stage=3): {len(leaves)} gradient leaves but {len(dims)} "

@@ -220,6 +220,7 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
                       else None, wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axes, "sync.dpsgd")
     if params is None:
       raise ValueError("dpsgd needs params in update (it gossips the parameters).")
     local, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
@@ -245,7 +246,8 @@ class ChocoState(NamedTuple):
 
 
 def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
-          codec: codecs.Codec, *, consensus_step: float = 1.0, num_workers: int | None = None,
+          codec: codecs.CodecLike, *, consensus_step: float = 1.0,
+          num_workers: int | None = None,
           axis_name: comm.AxisName = "data", key: jax.Array | None = None,
           measure_consensus: bool = False) -> optax.GradientTransformationExtraArgs:
   """CHOCO-SGD: gossip of compressed differences, converging with any compressor.
@@ -260,8 +262,9 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
   Args:
     inner: the local optimiser (receives this worker's local gradient).
     graph: a static `GossipGraph` or a graph name (then `num_workers` is required).
-    codec: any `jaxcomm.codecs.Codec`; payloads are decoded per neighbour, so it need not
-      be linear. Float payloads travel as their bit patterns.
+    codec: any `jaxcomm.codecs.Codec`, or a factory `shapes -> Codec` of the parameters'
+      leaf shapes; payloads are decoded per neighbour, so it need not be linear. Float
+      payloads travel as their bit patterns.
     consensus_step: gamma in (0, 1]; smaller for more aggressive compression.
     num_workers: the data axis size, when `graph` is a name.
     axis_name: the mesh axis the workers lie on; None means one worker (no gossip).
@@ -289,14 +292,14 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
   if graph.period != 1:
     raise ValueError(f"choco needs a static graph (each worker tracks its neighbours' public "
                      f"copies); {graph.name!r} is time-varying.")
-  if not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec, got {type(codec).__name__}.")
+  codecs.validate(codec)
   if not 0.0 < consensus_step <= 1.0:
     raise ValueError(f"consensus_step must be in (0, 1], got {consensus_step}.")
   axes = comm.axis_names(v.axis_name("axis_name", axis_name))
   key = v.key("key", key)
 
   def init_fn(params):
+    codecs.for_tree(codec, params)  # a bad codec or factory fails here, before any step
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     return ChocoState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                       public=jnp.zeros((n,), jnp.float32),
@@ -305,7 +308,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
                       consensus_distance=jnp.zeros((), jnp.float32) if measure_consensus
                       else None, wire_bytes=comm.zero_bytes())
 
-  def exchange(q, payload, counter):
+  def exchange(codec, q, payload, counter):
     """sum_j M[i, j] q_j: decode each neighbour's payload, weight, add."""
     if not axes:
       return q, counter
@@ -323,17 +326,19 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     return mix, counter
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axes, "sync.choco")
     if params is None:
       raise ValueError("choco needs params in update (it gossips the parameters).")
     local, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     half = jax.tree.map(lambda p, u: p + u.astype(p.dtype), params, local)
+    c = codecs.for_tree(codec, half)
     flat_half, unflatten = codecs.flatten(half)
     key, sub = jax.random.split(state.key)
     worker_key = jax.random.fold_in(sub, lax.axis_index(axes)) if axes else sub
-    payload = tuple(codec.encode(flat_half - state.public, worker_key))
-    q = codec.decode(payload, flat_half.shape[0])
+    payload = tuple(c.encode(flat_half - state.public, worker_key))
+    q = c.decode(payload, flat_half.shape[0])
     public = state.public + q
-    mix_q, counter = exchange(q, payload, state.wire_bytes)
+    mix_q, counter = exchange(c, q, payload, state.wire_bytes)
     neighbour_mix = state.neighbour_mix + mix_q
     new_params = unflatten(flat_half + consensus_step * (neighbour_mix - public))
     dist, counter = _maybe_measure(measure_consensus, new_params, axes, counter)
