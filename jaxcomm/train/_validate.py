@@ -59,6 +59,32 @@ def trainer_args(loss_fn: Any, optimizer: Any) -> None:
   v.transform("optimizer", optimizer)
 
 
+def prng_key(name: str, value: Any) -> Any:
+  """None, or one PRNG key: a typed key (`jax.random.key`) or raw u32[2] (then wrapped)."""
+  if value is None:
+    return None
+  dtype = getattr(value, "dtype", None)
+  shape = getattr(value, "shape", None)
+  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
+    return value
+  if dtype == np.uint32 and shape == (2,):
+    return jax.random.wrap_key_data(value)
+  raise ValueError(f"{name} must be one PRNG key (jax.random.key(seed)) or None, "
+                   f"got {value!r}.")
+
+
+def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
+  """With mutable="mean", every variable the forward pass updates is a float (averaged)."""
+  if mutable != "mean":
+    return
+  for (path, x), var in zip(jax.tree_util.tree_leaves_with_path(model_state),
+                            jax.tree.leaves(is_variable)):
+    if var and not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+      raise ValueError(f"mutable='mean' averages the model's variables over the data axes, "
+                       f"but {jax.tree_util.keystr(path)} is {x.dtype}; use "
+                       f"mutable='per_worker'.")
+
+
 def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
   """Every leaf of a global batch has a leading dimension divisible by the workers."""
   for x in jax.tree.leaves(tree):
@@ -66,6 +92,11 @@ def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
     if n is None or n % num_workers:
       raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
                        f"size {num_workers} (axis_name={axis_name!r}).")
+
+
+def optional_callable(name: str, value: Any) -> None:
+  if value is not None:
+    v.callable_(name, value)
 
 
 def fit_args(steps: Any, log_every: Any) -> None:
