@@ -11,6 +11,12 @@
 * Transforms see an NNX model's parameters exactly as a linen model's.
 """
 
+import json
+import os
+import signal
+import subprocess
+import sys
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -20,6 +26,7 @@ import pytest
 from flax import nnx
 
 import faults
+import nnx_runner
 from jaxcomm import comm, data, local, models, sync, train
 
 W = 8
@@ -258,6 +265,33 @@ def test_parameter_tree_loss_opts_in_to_a_key(mesh8):
     train.Trainer(loss, optax.sgd(0.1), mesh8, key=7)
   with pytest.raises(ValueError, match="mutable"):
     train.Trainer(loss, optax.sgd(0.1), mesh8, mutable="sync")
+
+
+def test_sigkilled_dropout_run_resumes_bit_for_bit_and_continues_the_data_stream(tmp_path):
+  """tests/nnx_runner.py (Dropout + BatchNorm, grain batches) killed before step 7 with a
+  checkpoint of step 4 on disk, then run again, ends bit for bit where an uninterrupted run
+  ends, having taken batches 4, 5, ... again after the restore."""
+  cmd = [sys.executable, os.path.join(faults.ROOT, "tests", "nnx_runner.py"),
+         f"--workdir={tmp_path}", "--steps=12"]
+  env = dict(os.environ, PYTHONPATH=faults.ROOT, JAX_PLATFORMS="cpu")
+  run = lambda args: subprocess.run(cmd + args, capture_output=True, text=True, timeout=300,
+                                    cwd=faults.ROOT, env=env, check=False)
+  killed = run(["--kill_at=7"])
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  resumed = run([])
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  trainer, model, batches = nnx_runner.task()
+  reference, history = train.fit(trainer, trainer.init(model), batches.__getitem__, 12,
+                                 log_every=1, progress=False)
+  final, _ = train.Checkpointer(str(tmp_path / "checkpoints")).restore(
+      trainer, trainer.init(model))
+  faults.assert_bitwise_equal(final, reference)  # params, adam, statistics, RNG base keys
+  taken = [json.loads(line) for line in (tmp_path / "batches.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in taken] == list(range(7)) + list(range(4, 12))
+  assert all(r["sha"] == nnx_runner.fingerprint(batches[r["step"]]) for r in taken)
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == list(range(1, 13))
+  assert [r["loss"] for r in rows] == [h["loss"] for h in history]
 
 
 # ------------------------------------------------------------------ every transform
