@@ -55,8 +55,10 @@ class MetricsWriter:
 
 
 def progress_bar(total: int, initial: int, enabled: bool) -> tqdm.tqdm:
-  """A tqdm bar on stderr (rate and ETA), off unless enabled, on process 0, on a terminal."""
-  on = enabled and jax.process_index() == 0 and sys.stderr.isatty()
+  """A tqdm bar on stderr (rate and ETA), off unless enabled, on process 0, and on a
+  terminal or in a notebook (a log file gets no bar)."""
+  notebook = "ipykernel" in sys.modules
+  on = enabled and jax.process_index() == 0 and (sys.stderr.isatty() or notebook)
   return tqdm.tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                    file=sys.stderr, disable=not on)
 
