@@ -131,7 +131,8 @@ class Trainer:
                key: jax.Array | None = None, mutable: str = "per_worker"):
     axes = _validate.trainer_axes(axis_name, mesh)
     _validate.trainer_args(loss_fn, optimizer)
-    self.key = _validate.prng_key("key", key)
+    # Typed, for fold_in; None means the loss takes no key (not a default key).
+    self.key = None if key is None else jax.random.wrap_key_data(v.key("key", key))
     self.mutable = v.one_of("mutable", mutable, MUTABLE)
     self._nnx = None  # _nnx.Parts of an NNX model (set by init)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh

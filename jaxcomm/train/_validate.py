@@ -59,20 +59,6 @@ def trainer_args(loss_fn: Any, optimizer: Any) -> None:
   v.transform("optimizer", optimizer)
 
 
-def prng_key(name: str, value: Any) -> Any:
-  """None, or one PRNG key: a typed key (`jax.random.key`) or raw u32[2] (then wrapped)."""
-  if value is None:
-    return None
-  dtype = getattr(value, "dtype", None)
-  shape = getattr(value, "shape", None)
-  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
-    return value
-  if dtype == np.uint32 and shape == (2,):
-    return jax.random.wrap_key_data(value)
-  raise ValueError(f"{name} must be one PRNG key (jax.random.key(seed)) or None, "
-                   f"got {value!r}.")
-
-
 def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
   """With mutable="mean", every variable the forward pass updates is a float (averaged)."""
   if mutable != "mean":
