@@ -55,10 +55,9 @@ def text_folder(path: Any, pattern: str) -> list[str]:
     what = "is not a folder" if isinstance(path, str) and os.path.exists(path) else \
         "does not exist"
     raise ValueError(f"data folder {path!r} {what}.")
+  # glob skips hidden files and folders (names starting with a dot).
   files = sorted(f for f in glob.glob(os.path.join(path, pattern), recursive=True)
-                 if os.path.isfile(f) and not any(
-                     part.startswith(".") for part in os.path.relpath(f, path).split(os.sep)))
-  files = [f for f in files if os.path.getsize(f) > 0]
+                 if os.path.isfile(f) and os.path.getsize(f) > 0)
   if not files:
     raise ValueError(f"data folder {path!r} is empty: no non-empty file matches "
                      f"{pattern!r}.")
