@@ -163,3 +163,15 @@ def test_two_processes_read_disjoint_shares_whose_union_is_the_one_process_batch
   read = [set(p["read"].tolist()) for p in procs]
   assert not read[0] & read[1]
   assert read[0] | read[1] == set(source.read)
+
+
+def test_grain_splits_hold_out_the_end_of_a_text_and_digits_test_rows():
+  corpus = data.pydoc_text().data
+  train_, test_ = data.source("pydoc", 16, "train"), data.source("pydoc", 16, "test")
+  cut = int(len(corpus) * 0.9)
+  assert len(train_) == cut - 16 and len(test_) == len(corpus) - cut - 16
+  np.testing.assert_array_equal(test_[0]["tokens"], corpus[cut:cut + 17])
+  digits_test = data.source("digits", split="test")
+  np.testing.assert_array_equal(digits_test[0]["x"], data.digits().split()[1].x[0])
+  with pytest.raises(ValueError, match="split"):
+    data.source("pydoc", 16, "validation")

@@ -157,8 +157,9 @@ def test_bad_input_fails_before_compile(mesh8, digits_task):
 def test_fit_writes_tensorboard_events_with_each_log_step(mesh8, digits_task, tmp_path):
   """Event files read back with TensorBoard's reader: the loss and byte counts at every log
   step, the simulated clock, the consensus distance of DiLoCo's workers, the bytes table."""
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=import-outside-toplevel
-  from jaxcomm import local  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from tensorboard.backend.event_processing import event_accumulator
+  from jaxcomm import local
   _, params, loss, _ = digits_task
   trainer = train.Trainer(loss, local.diloco(optax.adam(1e-2), optax.sgd(0.7), 4,
                                              axis_name="data"), mesh8)

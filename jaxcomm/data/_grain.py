@@ -35,6 +35,8 @@ from jaxcomm.data._datasets import ArrayDataset, digits, pydoc_text, stdlib_text
 from jaxcomm.data._skew import dirichlet_split
 
 NAMES = ("digits", "pydoc", "stdlib", "text:<file>", "folder:<path>")
+SPLITS = ("all", "train", "test")
+TEST_FRACTION = 0.1  # of a text corpus, held out at its end (as TextDataset.split)
 
 
 class ExampleSource:
@@ -91,19 +93,23 @@ class TextWindows:
     stream: the corpus bytes: a u8 array, a memory map, or a `FolderStream`.
     seq_len: tokens per training sequence (each record holds seq_len + 1 for the shift).
     name: what the source is called in errors.
+    start, stop: the byte range of the stream the windows lie in (a split).
 
   >>> TextWindows(np.frombuffer(b"abcdef", np.uint8), seq_len=2)[1]["tokens"].tolist()
   [98, 99, 100]
   """
 
-  def __init__(self, stream: Any, seq_len: int, name: str = "text"):
+  def __init__(self, stream: Any, seq_len: int, name: str = "text", *, start: int = 0,
+               stop: int | None = None):
     self.stream, self.name = stream, name
-    self.seq_len = _validate.seq_len(seq_len, len(stream))
+    self.start, self.stop = start, len(stream) if stop is None else stop
+    self.seq_len = _validate.seq_len(seq_len, self.stop - self.start)
 
   def __len__(self) -> int:
-    return len(self.stream) - self.seq_len
+    return self.stop - self.start - self.seq_len
 
   def __getitem__(self, i: int) -> dict:
+    i += self.start
     return {"tokens": np.asarray(self.stream[i:i + self.seq_len + 1], np.int32)}
 
 
@@ -133,26 +139,35 @@ def text_folder(path: str, seq_len: int, *, pattern: str = "**/*") -> TextWindow
   return TextWindows(stream, seq_len, name=path)
 
 
-def source(name: str, seq_len: int = 64) -> Any:
+def source(name: str, seq_len: int = 64, split: str = "all") -> Any:
   """A grain random-access source by name: 'digits', 'pydoc', 'stdlib', 'text:<file>' or
   'folder:<path>' (text sources yield windows of `seq_len + 1` tokens).
 
+  `split` is "all", or the dataset's own "train" / "test" split: for text the first 90% /
+  last 10% of the bytes, for digits `ArrayDataset.split()` (80% / 20%, fixed seed).
+
   >>> len(source("digits")), source("pydoc", seq_len=16)[0]["tokens"].shape
   (1797, (17,))
+  >>> len(source("digits", split="test"))
+  359
   """
   if not (isinstance(name, str) and (name in NAMES[:3] or name.startswith(("text:", "folder:")))):
     raise ValueError(f"dataset {name!r} does not exist; allowed: {', '.join(NAMES)}.")
+  v.one_of("split", split, SPLITS)
   if name == "digits":
-    return ExampleSource(digits())
-  if name == "pydoc":
-    return TextWindows(pydoc_text().data, seq_len, name)
-  if name == "stdlib":
-    return TextWindows(stdlib_text().data, seq_len, name)
-  if name.startswith("folder:"):
-    return text_folder(name[len("folder:"):], seq_len)
-  path = _validate.text_path(name[len("text:"):])
-  _validate.text_length(path, os.path.getsize(path))
-  return TextWindows(np.memmap(path, np.uint8, mode="r"), seq_len, path)
+    dataset = digits()
+    return ExampleSource(dataset if split == "all" else dataset.split()[SPLITS.index(split) - 1])
+  if name in ("pydoc", "stdlib"):
+    stream = (pydoc_text() if name == "pydoc" else stdlib_text()).data
+  elif name.startswith("folder:"):
+    stream = text_folder(name[len("folder:"):], seq_len).stream
+  else:
+    path = _validate.text_path(name[len("text:"):])
+    _validate.text_length(path, os.path.getsize(path))
+    stream = np.memmap(path, np.uint8, mode="r")
+  cut = int(len(stream) * (1 - TEST_FRACTION))  # as TextDataset.split
+  start, stop = {"all": (0, len(stream)), "train": (0, cut), "test": (cut, len(stream))}[split]
+  return TextWindows(stream, seq_len, name, start=start, stop=stop)
 
 
 def _seed32(*entropy: int) -> int:
@@ -227,7 +242,7 @@ class _SamplerKeys:
     return self.sampler[index].record_key
 
 
-def batches(data: Any, batch_size: int, *, seq_len: int = 64, seed: int = 0,
+def batches(data: Any, batch_size: int, *, seq_len: int = 64, split: str = "all", seed: int = 0,
             label_skew: float | None = None, num_workers: int | None = None,
             process_index: int | None = None,
             process_count: int | None = None) -> grain.MapDataset:
@@ -237,6 +252,7 @@ def batches(data: Any, batch_size: int, *, seq_len: int = 64, seed: int = 0,
     data: a dataset name (see `source`) or a grain random-access source (`len`, `[i]`).
     batch_size: B, the global batch size (a multiple of the process count).
     seq_len: tokens per sequence, for text sources given by name.
+    split: "all", "train" or "test" (see `source`), for sources given by name.
     seed: seed of the shuffle (and of the label-skew split).
     label_skew: Dirichlet alpha: split a labelled source across `num_workers` workers with
       `LabelSkewSampler` (None: one shuffled stream).
@@ -254,7 +270,7 @@ def batches(data: Any, batch_size: int, *, seq_len: int = 64, seed: int = 0,
   >>> bool((half[3]["tokens"] == ds[3]["tokens"][4:]).all())
   True
   """
-  records = source(data, seq_len) if isinstance(data, str) else data
+  records = source(data, seq_len, split) if isinstance(data, str) else data
   if process_index is None or process_count is None:
     import jax  # pylint: disable=import-outside-toplevel
     process_index, process_count = jax.process_index(), jax.process_count()
