@@ -91,8 +91,13 @@ def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
   """(state, dispatch gaps) of `steps` steps of `loop` under the profiler."""
   import jax  # pylint: disable=import-outside-toplevel
   probe = trainer.shard_batch(batch_fn(0))
-  ops = profile_step.instruction_ops(
-      trainer.step_fn(state, probe).lower(state, probe).compile().as_text())
+  compiled = lambda fn, *args: profile_step.instruction_ops(fn.lower(*args).compile().as_text())
+  ops = compiled(trainer.step_fn(state, probe), state, probe)
+  # Trace events name instructions, not programs: keep the names only the step program has
+  # (the measurement program's fusions are named alike).
+  _, per_device, sent = trainer.dispatch(state, probe)
+  for name in compiled(jax.jit(trainer.measurements), per_device, sent):
+    ops.pop(name, None)
   with tempfile.TemporaryDirectory() as workdir:
     with jax.profiler.trace(workdir):
       state = jax.block_until_ready(loop(trainer, state, batch_fn, steps, log_every))
