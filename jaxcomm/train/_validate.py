@@ -31,6 +31,18 @@ def trainer_args(loss_fn: Any, optimizer: Any) -> None:
   v.transform("optimizer", optimizer)
 
 
+def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
+  """With mutable="mean", every variable the forward pass updates is a float (averaged)."""
+  if mutable != "mean":
+    return
+  for (path, x), var in zip(jax.tree_util.tree_leaves_with_path(model_state),
+                            jax.tree.leaves(is_variable)):
+    if var and not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+      raise ValueError(f"mutable='mean' averages the model's variables over the data axes, "
+                       f"but {jax.tree_util.keystr(path)} is {x.dtype}; use "
+                       f"mutable='per_worker'.")
+
+
 def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
   """Every leaf of a global batch has a leading dimension divisible by the workers."""
   for x in jax.tree.leaves(tree):
@@ -38,6 +50,11 @@ def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
     if n is None or n % num_workers:
       raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
                        f"size {num_workers} (axis_name={axis_name!r}).")
+
+
+def optional_callable(name: str, value: Any) -> None:
+  if value is not None:
+    v.callable_(name, value)
 
 
 def fit_args(steps: Any, log_every: Any) -> None:
