@@ -232,9 +232,16 @@ def main(argv):
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   from jaxcomm import comm, parallel, sync, train  # pylint: disable=import-outside-toplevel
+  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
   # First, before any computation: joins the other processes of a multi-process run.
-  train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                          heartbeat_timeout_s=_HEARTBEAT.value)
+  if elastic_run.requested():  # processes may die and rejoin (experiments/elastic_run.py)
+    from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+    elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                              heartbeat_timeout_s=_HEARTBEAT.value,
+                              collective_timeout_s=elastic_run.collective_timeout_s())
+  else:
+    train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                            heartbeat_timeout_s=_HEARTBEAT.value)
   from experiments import algos_parallel  # pylint: disable=import-outside-toplevel
   from experiments import builders  # pylint: disable=import-outside-toplevel
   from experiments import layouts_sequence  # pylint: disable=import-outside-toplevel
@@ -282,6 +289,18 @@ def main(argv):
     params, batch_fn = layout.params, layout.batch_fn
     trainer = train.Trainer(layout.loss_fn, tx, mesh, axis_name=layout.axis_name,
                             param_specs=layout.param_specs, batch_specs=layout.batch_specs)
+  if elastic_run.requested():
+    if layout is not None or hierarchy or _LABEL_SKEW.value:
+      raise ValueError("elastic runs train on one data axis: no --mesh layouts, "
+                       "--hierarchy or --label_skew.")
+    elastic_run.run(lambda m: train.Trainer(loss_fn, tx, m, axis_name=cfg.axis_name,
+                                            has_aux=has_aux),
+                    params, elastic_run.with_kill_switch(batch_fn), steps=cfg.steps,
+                    round_steps=elastic_run.round_steps(cfg.algo, _SYNC_EVERY.value),
+                    workdir=workdir, checkpoint_every=_CHECKPOINT_EVERY.value,
+                    keep=_KEEP.value, log_every=_LOG_EVERY.value)
+    return
+  batch_fn = elastic_run.with_kill_switch(batch_fn)  # launch_local --kill (JAXCOMM_KILL_AT)
   state = trainer.init(params)
   checkpointer = None
   if _CHECKPOINT_EVERY.value:

@@ -286,7 +286,11 @@ class Trainer:
     init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh, in_specs=(pspecs,),
                                     out_specs=(param_out, opt_out)))
     p, opt = init_fn(params)
-    step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
+    # Computed, not device_put: on a mesh over every process, device_put of a host value first
+    # checks with an all-gather over all devices that each process passed the same value, a
+    # collective that jaxcomm.elastic cannot afford once a process has restarted.
+    step = jax.jit(lambda: jnp.zeros((), jnp.int32),
+                   out_shardings=NamedSharding(self.mesh, P()))()
     return TrainState(step=step, params=p, opt_state=opt)
 
   def batch_spec(self, batch) -> Any:
