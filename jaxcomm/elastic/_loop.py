@@ -46,7 +46,9 @@ ROUND_FAILURES = (_membership.RoundAborted, multihost_utils.ProcessFailureError,
 
 
 def _print(line: str) -> None:
-  print(line, file=sys.stderr, flush=True)
+  # One write of the whole line: processes sharing a pipe do not interleave within it.
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
 
 
 @dataclasses.dataclass
