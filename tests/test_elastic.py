@@ -24,7 +24,7 @@ import pytest
 
 from experiments import elastic_run
 from experiments import launch_local
-from jaxcomm import data, elastic, local, models, sync, train
+from jaxcomm import data, elastic, local, models, train
 from jaxcomm.elastic import _membership
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -239,6 +239,19 @@ def test_elastic_env_arms_only_the_scheduled_process(tmp_path):
   # A restarted process is not killed again.
   assert "JAXCOMM_KILL_AT" not in launch_local.elastic_env(env2, 2, str(tmp_path), kills, 7,
                                                            killable=False)
+
+
+def test_experiment_hooks_read_the_launcher_environment(monkeypatch):
+  assert elastic_run.round_steps("diloco", 20) == 20 and elastic_run.round_steps("dp", 20) == 1
+  quorum = elastic_run.min_islands("2@10,3@40")
+  assert [quorum(t) for t in (0, 10, 39, 40)] == [1, 2, 2, 3]
+  assert elastic_run.min_islands(None)(100) == 1
+  monkeypatch.setenv("XLA_FLAGS", "--a=1 --xla_cpu_collective_timeout_seconds=7")
+  assert elastic_run.collective_timeout_s() == 7
+  monkeypatch.delenv("JAXCOMM_KILL_AT", raising=False)
+  fn = lambda t: {"t": t}
+  assert elastic_run.with_kill_switch(fn) is fn  # not armed: the batch function itself
+  assert launch_local.schedule("kill", ["2@40", "1@7"], 3) == [(2, 40), (1, 7)]
 
 
 def test_checkpointer_processes_and_fit_arguments_are_checked(tmp_path, task):
