@@ -1,6 +1,6 @@
 r"""Goodput under a failure: elastic training against restarting everything from a checkpoint.
 
-  python -m experiments.elastic_goodput --steps=300 --kill_at=125 --workdir=runs/goodput
+  python -m experiments.elastic_goodput --repeats=2 --workdir=runs/goodput
 
 Runs the same multi-process experiment (experiments/train.py through launch_local, one
 device per process, on loopback) four ways, one after the other, and reports the useful
@@ -34,13 +34,13 @@ from absl import app
 from absl import flags
 
 _PROCESSES = flags.DEFINE_integer("processes", 3, "Processes (islands), one device each.")
-_STEPS = flags.DEFINE_integer("steps", 300, "Training steps.")
+_STEPS = flags.DEFINE_integer("steps", 1500, "Training steps.")
 _ALGO = flags.DEFINE_string("algo", "diloco", "Method (experiments/train.py --algo).")
 _SYNC_EVERY = flags.DEFINE_integer("sync_every", 10, "H of the local-update methods.")
-_KILL_AT = flags.DEFINE_integer("kill_at", 125, "Process 2 is SIGKILLed before this step.")
-_RESTART_AT = flags.DEFINE_integer("restart_at", 150, "Elastic: restart it once process 0 "
+_KILL_AT = flags.DEFINE_integer("kill_at", 600, "Process 2 is SIGKILLed before this step.")
+_RESTART_AT = flags.DEFINE_integer("restart_at", 610, "Elastic: restart it once process 0 "
                                    "has committed this step.")
-_CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 50,
+_CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 250,
                                          "Checkpoint interval of the checkpoint runs.")
 _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout", 5, "Seconds to declare a process dead.")
 _COLLECTIVE_TIMEOUT = flags.DEFINE_integer("collective_timeout", 30,
@@ -84,8 +84,10 @@ def scenario(name: str, launches: list[tuple[list[str], int]]) -> dict:
     codes.append(code)
   if codes[-1] != 0:
     raise RuntimeError(f"{name}: the last launch failed ({codes}):\n{logs[-4000:]}")
+  joined = re.findall(r"process 2: joined at step (\d+)", logs)
   row = {"scenario": name, "seconds": seconds, "exit_codes": codes,
-         "steps_per_second": _STEPS.value / seconds, "recovery_s": recovery(logs)}
+         "steps_per_second": _STEPS.value / seconds, "recovery_s": recovery(logs),
+         "rejoined_at": int(joined[0]) if joined else None}
   summary = os.path.join(workdir, "elastic.json")
   if os.path.exists(summary):
     with open(summary, encoding="utf-8") as f:
@@ -125,12 +127,13 @@ def main(argv):
         f"{_STEPS.value} steps, kill before step {_KILL_AT.value}; median of "
         f"{_REPEATS.value}; load average {os.getloadavg()[0]:.1f}")
   print(f"{'scenario':<16} {'wall s':>8} {'steps/s':>8} {'vs plain':>9} {'recovery s':>11} "
-        f"{'all wall s':>12}")
+        f"{'rejoined at':>12} {'all wall s':>12}")
   for row in rows:
     rec = "" if row["recovery_s"] is None else f"{row['recovery_s']:.1f}"
+    back = "" if row["rejoined_at"] is None else f"step {row['rejoined_at']}"
     every = ",".join(f"{x:.0f}" for x in row["all_seconds"])
     print(f"{row['scenario']:<16} {row['seconds']:8.1f} {row['steps_per_second']:8.2f} "
-          f"{row['goodput_vs_plain']:9.2f} {rec:>11} {every:>12}")
+          f"{row['goodput_vs_plain']:9.2f} {rec:>11} {back:>12} {every:>12}")
 
 
 if __name__ == "__main__":

@@ -224,8 +224,9 @@ def main_elastic(cmds: list[list[str]], env: dict) -> None:
       return proc
 
     try:
-      report = supervise_elastic(start, n, restarts, progress_dir, _HEARTBEAT.value
-                                 + _COLLECTIVE_TIMEOUT.value + _GRACE.value)
+      # Once process 0 (the coordination service) has ended nothing more can happen: the
+      # others get --grace seconds to exit (a process restarted too late waits for it).
+      report = supervise_elastic(start, n, restarts, progress_dir, _GRACE.value)
     finally:  # Interrupted (Ctrl-C, SIGTERM): take the children down too.
       for p in live:
         if p.poll() is None:

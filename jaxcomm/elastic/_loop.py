@@ -230,6 +230,8 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
       except ROUND_FAILURES as e:
         if membership is None:
           raise  # one process: nothing to recover from
+        if isinstance(e.__cause__, _membership.RunFinished):  # as the barrier reported it
+          raise e.__cause__ from None
         if not membership.decided:  # (else: committed, and a process died just after)
           membership.failed()
           record.failed(step, work, e)
@@ -249,6 +251,10 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
                           info={"islands": islands, "total_wire_bytes": record.total_bytes})
       if on_commit is not None:
         on_commit(step)
+    if membership is not None:
+      membership.finish(step)
+  except _membership.RunFinished as e:  # a (re)started process came too late
+    record.log(f"elastic: process {jax.process_index()}: not joining, {e}")
   finally:
     record.close()
     if checkpointer is not None:

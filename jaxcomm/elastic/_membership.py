@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from typing import Iterator, NamedTuple
 
 import jax
@@ -40,10 +41,15 @@ from jax.experimental import multihost_utils
 logger = logging.getLogger(__name__)
 
 PREFIX = "jaxcomm/elastic"
+FINISHED = f"{PREFIX}/finished"
 
 
 class RoundAborted(RuntimeError):
   """The processes decided not to commit a round (a vote was no or missing)."""
+
+
+class RunFinished(Exception):
+  """The run reached its last step before this process could join it."""
 
 
 class Generation(NamedTuple):
@@ -232,10 +238,29 @@ class Membership:
       key = f"{PREFIX}/generation/{sig}"
       if self.planner is not None:
         self.client.key_value_set(key, json.dumps(self.planner.plan(live)))
-      record = json.loads(self.client.blocking_key_value_get(key, self.timeout_ms))
+      record = json.loads(self._wait_for(key))
       self._records[sig] = Generation(record["index"], live, tuple(record["order"]),
                                       tuple(record["joiners"]), record["donor"])
     return self._records[sig]
+
+  def _wait_for(self, key: str) -> str:
+    """The value of `key` once written; `RunFinished` if the run ended first."""
+    deadline = time.monotonic() + self.timeout_ms / 1000
+    while True:
+      with contextlib.suppress(jax.errors.JaxRuntimeError):  # not there yet
+        return self.client.key_value_try_get(key)
+      with contextlib.suppress(jax.errors.JaxRuntimeError):
+        raise RunFinished(f"the run finished at step "
+                          f"{self.client.key_value_try_get(FINISHED)}")
+      if time.monotonic() > deadline:
+        raise jax.errors.JaxRuntimeError(f"DEADLINE_EXCEEDED: no {key} after "
+                                         f"{self.timeout_ms} ms")
+      time.sleep(0.01)
+
+  def finish(self, step: int) -> None:
+    """Process 0, after the last round: tells processes still joining that it is over."""
+    if self.pid == 0:
+      self.client.key_value_set(FINISHED, str(step), allow_overwrite=True)
 
   def _decide(self, gen: Generation, ok: bool) -> bool:
     base = f"{PREFIX}/round/{gen.index}/{self._round}"

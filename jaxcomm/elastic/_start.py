@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 
 import jax
 
@@ -88,8 +89,10 @@ def _outlive_the_others() -> None:
   if client is None:
     return
   try:
-    # A barrier of the live processes: the others never enter it, so it returns when the
-    # service no longer counts them live (they disconnected at exit, or died).
-    client.get_live_nodes(list(range(jax.process_count())))
+    # A barrier of the live processes. It returns when the others have disconnected (at
+    # their exit) or died, or when one of them meets it from a membership round: a process
+    # that was still joining, which now reads that the run is over and exits; wait again.
+    while set(client.get_live_nodes(list(range(jax.process_count())))) != {0}:
+      time.sleep(0.05)
   except jax.errors.JaxRuntimeError as e:  # nothing left to protect
     logger.warning("waiting for the other processes to exit: %s", e)
