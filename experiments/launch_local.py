@@ -19,16 +19,18 @@ not share fate; the others train on when one dies (--noelastic --kill=... kills 
 of an ordinary run, which then fails as a whole).
 
   python -m experiments.launch_local --processes=3 --devices=3 --kill=2@40 --restart=2@80 \\
-      -- --algo=diloco --sync_every=10 --steps=200 --workdir=runs/elastic
+      -- --algo=diloco --sync_every=10 --model=mlp --batch_size=24 --steps=400 \\
+      --workdir=runs/elastic
 
 --kill=P@T arms process P to SIGKILL itself when it is about to take step T (exactly then,
 so runs are reproducible); --restart=P@T starts P again, with the same command line, once P
 is dead and process 0 has committed step T. Both take comma-separated lists. The program
 learns it is elastic from the environment (JAXCOMM_ELASTIC=1; JAXCOMM_KILL_AT=T on a
 process to kill; JAXCOMM_PROGRESS, a file where it writes each step it commits) and gets
---collective_timeout as XLA's CPU collective timeout. The run ends when process 0 ends; the
-launcher exits with status 0 when every process's last incarnation exited 0 (or was killed
-on schedule and not restarted).
+--collective_timeout as XLA's CPU collective timeout. The run ends when process 0 ends (the
+others get --grace seconds more); the launcher exits with status 0 when every process's
+last incarnation exited 0, or, for a process on the kill schedule, ended by SIGKILL (the
+schedule's, or the launcher's when it was restarted too late to join).
 """
 
 from __future__ import annotations
