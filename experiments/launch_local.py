@@ -18,7 +18,8 @@ Elastic runs (`jaxcomm.elastic`): with --elastic, or a failure schedule, the pro
 not share fate; the others train on when one dies (--noelastic --kill=... kills a process
 of an ordinary run, which then fails as a whole).
 
-  python -m experiments.launch_local --processes=3 --devices=3 --kill=2@40 --restart=2@80 \\
+  python -m experiments.launch_local --processes=3 --devices=3 --heartbeat_timeout=5 \\
+      --kill=2@40 --restart=2@80 \\
       -- --algo=diloco --sync_every=10 --model=mlp --batch_size=24 --steps=400 \\
       --workdir=runs/elastic
 
