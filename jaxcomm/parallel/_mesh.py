@@ -1,4 +1,4 @@
-"""Meshes with named parallelism axes: data, fsdp, tensor, sequence, pipeline."""
+"""Meshes with named parallelism axes: replica, data, fsdp, tensor, sequence, pipeline."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import jax
 from jaxcomm import train
 
 # What each axis means to jaxcomm's layouts:
+#   replica   the slow axis between replicas of a (possibly sharded) model: the batch is
+#             split over it and the communication method (sync / local) synchronises over
+#             it; everything else runs inside a replica (see `Layout.optimizer`)
 #   data      the batch is split over it; parameters replicated (or sharded by ZeRO-3 rules)
 #   fsdp      the batch is split over it too, and the default rules shard parameters over it
 #   tensor    Megatron tensor parallelism: heads and MLP columns split over it
 #   sequence  the sequence is split over it (sequence-parallel attention)
 #   pipeline  layers are split over it (pipeline stages)
-AXES = ("data", "fsdp", "tensor", "sequence", "pipeline")
-BATCH_AXES = ("data", "fsdp")
+AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
+BATCH_AXES = ("replica", "data", "fsdp")
 
 
 def parse_mesh(text: str) -> dict:
@@ -41,13 +44,14 @@ def parse_mesh(text: str) -> dict:
 
 
 def make_mesh(shape: Mapping[str, int] | str, devices=None) -> jax.sharding.Mesh:
-  """A mesh over any of the axes `data, fsdp, tensor, sequence, pipeline` (Auto axis types).
+  """A mesh over any of the axes `replica, data, fsdp, tensor, sequence, pipeline` (Auto axes).
 
-  Axes keep the order given, outermost first: put `tensor` last so that its groups are
-  neighbouring devices (the fastest links). Built by `jaxcomm.train.make_mesh`.
+  Axes keep the order given, outermost first: put `replica` first (the slowest links) and
+  `tensor` last so that its groups are neighbouring devices (the fastest links). Built by
+  `jaxcomm.train.make_mesh`.
 
   Args:
-    shape: axis sizes, as a dict or as text like `"data=2,fsdp=2,tensor=2"`.
+    shape: axis sizes, as a dict or as text like `"replica=2,fsdp=2,tensor=2"`.
     devices: the devices to use (all by default); the sizes must multiply to their number.
 
   Returns:
