@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm.parallel import _by_sharding
 from jaxcomm.parallel import _rules
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel import _zero
@@ -114,7 +115,9 @@ class Layout:
     gradient per replica, sharded like the parameters, so that a method over `replica_axis`
     (DiLoCo, PowerSGD, a codec with error feedback) runs as it would on unsharded replicas
     and its state (outer parameters, error memories) is stored sharded like the parameters.
-    Without inner axes `method` is returned as is.
+    `method` runs once per group of equally sharded leaves (`by_sharding`), so a flat
+    vector of every leaf (a codec's) never makes a replicated parameter differ over
+    `tensor` or `fsdp`.
 
     Args:
       method: an optax transform that synchronises over `replica_axis` and includes the
@@ -143,11 +146,13 @@ class Layout:
     ...                         layout.optimizer(method, specs, lm.param_regather()),
     ...                         layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
     >>> state = trainer.init(params)
-    >>> state.opt_state.inner_state.outer_params["params"]["head"]["kernel"].sharding.spec
+    >>> outer = state.opt_state.inner_state.inner_states["fsdp"].inner_state.outer_params
+    >>> outer["params"]["head"]["kernel"].sharding.spec  # one copy per replica, sharded
     P('fsdp',)
     >>> state.params["params"]["head"]["kernel"].shape  # one copy per replica
     (2, 16, 256)
     """
+    method = _by_sharding.by_sharding(method, param_specs)
     if not self.inner_axes:
       return method
     axis = self.inner_axes[0] if len(self.inner_axes) == 1 else self.inner_axes

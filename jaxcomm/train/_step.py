@@ -262,10 +262,31 @@ class Trainer:
           opt_state=jax.tree.map(lambda a, b: a | b, layout.opt_state, found["opt"]))
       if jax.tree.leaves(new.params) == jax.tree.leaves(layout.params) and \
          jax.tree.leaves(new.opt_state) == jax.tree.leaves(layout.opt_state):
+        self._check_params_layout(new.params, pspecs)
         self._opt_specs = opt_specs
         return new
       layout = new
     raise RuntimeError("the per-worker layout of the train state did not settle.")
+
+  def _check_params_layout(self, per_worker, pspecs):
+    """A parameter may differ only between workers of the data axes.
+
+    A replicated parameter that the update makes differ over a model axis (`tensor`,
+    `pipeline`) would be differentiated as a per-device value there: its gradient would
+    lose the sum over that axis. This happens when a transform mixes it with leaves sharded
+    over that axis (one flat vector of every gradient leaf).
+    """
+    flat, _ = jax.tree_util.tree_flatten_with_path(per_worker)
+    for (path, axes), spec in zip(flat, jax.tree.leaves(pspecs,
+                                                        is_leaf=lambda s: isinstance(s, P))):
+      extra = sorted(set(axes) - set(self.axes))
+      if extra:
+        raise ValueError(
+            f"the update makes parameter {jax.tree_util.keystr(path)} (spec {spec}) differ "
+            f"over mesh axes {extra}, which are not data axes {self.axes}: the transform "
+            f"mixes it with parameters sharded over {extra} (e.g. in one flat vector). Run "
+            "the transform on each group of equally sharded leaves "
+            "(jaxcomm.parallel.by_sharding, as parallel.Layout.optimizer does).")
 
   @property
   def layout(self) -> StateLayout:
