@@ -85,8 +85,17 @@ METHODS = {
 }
 
 
-def run_both(setup, name, steps):
+_RUNS = {}
+
+
+def run_both(setup, name, steps=6):
   """(sharded trainer, its state, reference trainer, its state) after `steps` steps."""
+  if (name, steps) not in _RUNS:
+    _RUNS[name, steps] = _run_both(setup, name, steps)
+  return _RUNS[name, steps]
+
+
+def _run_both(setup, name, steps):
   layout, _, params, specs, mesh2 = setup
   grads = gradients(params, steps)
   batch_specs = jax.tree.map(lambda s: P("replica", *s), specs,
@@ -116,7 +125,7 @@ def test_methods_equal_unsharded(setup, name):
   blocks of 4: such blocks hold the same elements as the unsharded ones because every
   shard's last dimension is a multiple of 8 = 4 x 2.
   """
-  sharded, s, ref, r = run_both(setup, name, steps=6)
+  sharded, s, ref, r = run_both(setup, name)
   fsdp = sharded.mesh.shape["fsdp"]
   for replica in range(R):
     got = sharded.worker_view(s.params, sharded.layout.params, replica * fsdp)
@@ -125,3 +134,216 @@ def test_methods_equal_unsharded(setup, name):
   moved = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))),
                                            host(want), host(setup[2]))))
   assert moved > 1e-2  # the comparison is not between two unmoved models
+
+
+# ------------------------------------------------------------------- the LM, bytes per axis
+BATCH, SEQ = 8, 8
+
+
+def local_bytes(params, specs, mesh):
+  """Bytes of each parameter's shard on one device: whole bytes / its shard count."""
+  def one(x, spec):
+    return 4 * x.size // np.prod([mesh.shape[a] for a in parallel.spec_axes(spec)], dtype=int)
+  return jax.tree.map(one, params, specs, is_leaf=lambda s: isinstance(s, P))
+
+
+def layout_bytes(setup, regather_tree):
+  """Hand-derived wire bytes per step of the layout inside a replica: {axis: bytes}.
+
+  fsdp (ZeRO-3): a leaf sharded over fsdp is gathered in the forward pass, gathered again
+  in the backward pass when its layer's gradient reads it, and its gradient
+  reduce-scattered: (F-1) b + (F-1) b + (F-1) b for a shard of b bytes. A leaf replicated
+  over fsdp has its gradient all-reduced: 2 (F-1)/F b. tensor (Megatron): per block one
+  all-reduce of the activations f32[B/(R F), T, D] after attention and one after the MLP,
+  forward and backward, and the attention's again when FSDP recomputes the block in the
+  backward pass: 5 all-reduces of 2 (T_size-1)/T_size * act bytes.
+  """
+  layout, _, params, specs, _ = setup
+  f, t = layout.size("fsdp"), layout.size("tensor")
+  sizes = jax.tree.leaves(local_bytes(params, specs, layout.mesh))
+  fsdp = 0.0
+  for b, spec, again in zip(sizes, jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),
+                            jax.tree.leaves(regather_tree)):
+    if "fsdp" in parallel.spec_axes(spec):
+      fsdp += (1 + again) * (f - 1) * b + (f - 1) / f * (f * b)
+    else:
+      fsdp += 2 * (f - 1) / f * b
+  act = BATCH // (R * f) * SEQ * LM["d_model"] * 4
+  tensor = LM["num_layers"] * 5 * 2 * (t - 1) / t * act
+  return {("fsdp",): fsdp, ("tensor",): tensor}
+
+
+def lm_trainer(setup, method):
+  layout, lm, params, specs, _ = setup
+  return train.Trainer(models.lm_loss(lm), layout.optimizer(method, specs, lm.param_regather()),
+                       layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
+
+
+def compile_step(trainer, state, batch):
+  compiled = trainer.step_fn(state, batch).lower(state, batch).compile()
+  return compiled, comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
+
+
+def test_dp_over_replicas_equals_full_batch(setup):
+  """One SGD(1) step of exact DP over replicas moves the parameters by the full-batch
+  gradient; the replica axis carries one all-reduce of every shard, the inner axes the
+  layout's traffic only."""
+  layout, lm, params, specs, _ = setup
+  batch = data.pydoc_text().batch(0, BATCH, seq_len=SEQ)
+  plain = models.TransformerLM(**LM)
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(models.lm_loss(plain)))(params, batch)
+  trainer = lm_trainer(setup, optax.chain(sync.mean("replica"), optax.sgd(1.0)))
+  state = trainer.init(params)
+  compiled, report = compile_step(trainer, state, batch)
+  new, per_device, sent = compiled(state, batch)
+  m = trainer.measurements(per_device, sent)
+  np.testing.assert_allclose(m["loss"], ref_loss, rtol=2e-6)
+  grads = jax.tree.map(lambda a, b: a - b, host(params), host(new.params))
+  chex.assert_trees_all_close(grads, host(ref_grads), atol=2e-6, rtol=1e-4)
+  # Bytes: 2 (R-1)/R of every shard on replica (R = 2: the shard bytes themselves).
+  want = {("replica",): float(sum(jax.tree.leaves(local_bytes(params, specs, layout.mesh)))),
+          **layout_bytes(setup, lm.param_regather())}
+  assert report.by_axis() == pytest.approx(want)
+  assert int(sent) == pytest.approx(report.wire_bytes() - want[("tensor",)])
+
+
+@pytest.fixture(scope="module")
+def diloco_lm(setup):
+  """DiLoCo over replicas of the sharded LM: the trainer, its compiled step, the report."""
+  _, _, params, _, _ = setup
+  trainer = lm_trainer(setup, local.diloco(optax.sgd(0.1), OUTER(), 2, "replica"))
+  state = trainer.init(params)
+  batches = [data.pydoc_text().batch(t, BATCH, seq_len=SEQ) for t in range(6)]
+  compiled, report = compile_step(trainer, state, batches[0])
+  return trainer, state, batches, compiled, report
+
+
+def test_diloco_bytes_per_axis(setup, diloco_lm):
+  """The replica axis carries DiLoCo's sync only (in the sync branch: one all-reduce of
+  every shard of the parameters); fsdp and tensor carry the layout's traffic every step."""
+  layout, lm, params, specs, _ = setup
+  trainer, state, batches, compiled, report = diloco_lm
+  inner = layout_bytes(setup, lm.param_regather())
+  sync_bytes = float(sum(jax.tree.leaves(local_bytes(params, specs, layout.mesh))))
+  assert report.by_axis() == pytest.approx({("replica",): sync_bytes, **inner})
+  assert all(c.in_conditional for c in report.select(axes=("replica",)))
+  assert not any(c.in_conditional for c in report if c.axes != ("replica",))
+  sent = []
+  for batch in batches[:2]:  # step 1 trains locally, step 2 syncs
+    state, _, nbytes = compiled(state, batch)
+    sent.append(int(nbytes))
+  assert sent == pytest.approx([inner[("fsdp",)], inner[("fsdp",)] + sync_bytes])
+
+
+def test_diloco_checkpoint_resumes_bit_for_bit(setup, diloco_lm, tmp_path):
+  """Save after 3 steps (per-replica parameters, sharded outer state), restore, run 3 more:
+  the same bits as running 6 without stopping."""
+  _, _, params, _, _ = setup
+  trainer, _, batches, compiled, _ = diloco_lm
+  state = trainer.init(params)
+  for batch in batches[:3]:
+    state, _, _ = compiled(state, batch)
+  ckpt = train.Checkpointer(str(tmp_path), every=1, async_save=False)
+  ckpt.save(state, force=True)
+  for batch in batches[3:]:
+    state, _, _ = compiled(state, batch)
+  straight = host(state)
+  restored, _ = ckpt.restore(trainer, trainer.init(params))
+  ckpt.close()
+  assert int(restored.step) == 3
+  for batch in batches[3:]:
+    restored, _, _ = compiled(restored, batch)
+  chex.assert_trees_all_equal(host(restored), straight)
+
+
+def compiled_argument_bytes(tree) -> int:
+  """Per-device bytes of `tree` as the compiled memory analysis of a program reading it."""
+  fn = jax.jit(lambda t: [jnp.sum(x) for x in jax.tree.leaves(t)])
+  return fn.lower(tree).compile().memory_analysis().argument_size_in_bytes
+
+
+@pytest.mark.parametrize("name,field", [("diloco", ("outer_params", "outer_state")),
+                                        ("compressed_int8_ef", ("memory",))])
+def test_per_replica_state_is_sharded_like_the_parameters(setup, name, field):
+  """DiLoCo's outer parameters and momentum, and int8's error memory, take per device 1/k
+  of the unsharded copy, k = how many devices shard the leaves inside a replica: 1/4 for the
+  group sharded over fsdp x tensor, 1/2 over one of them, 1 for the replicated norms."""
+  layout, _, params, specs, _ = setup
+  sharded, s, ref, r = run_both(setup, name)
+  whole_bytes = jax.tree.map(lambda x: 4 * x.size, params)
+  shard_bytes = local_bytes(params, specs, layout.mesh)
+  labels = jax.tree.map(parallel.sharding_label, specs, is_leaf=lambda x: isinstance(x, P))
+
+  def state_of(groups, label):
+    inner = groups.inner_states[label].inner_state  # by_sharding: one state per group
+    inner = inner if name == "diloco" else inner[0]  # chain(compressed, sgd)
+    return [getattr(inner, f) for f in field]
+
+  for label, k in (("fsdp+tensor", 4), ("fsdp", 2), ("tensor", 2), ("replicated", 1)):
+    mine = lambda tree: sum(b for b, l in zip(jax.tree.leaves(tree), jax.tree.leaves(labels))
+                            if l == label)
+    got = compiled_argument_bytes(state_of(s.opt_state.inner_state, label))  # inside zero()
+    whole = compiled_argument_bytes(state_of(r.opt_state, label))
+    assert got == len(field) * mine(shard_bytes), label
+    assert whole == len(field) * mine(whole_bytes), label
+    assert got * k == whole, label
+
+
+# ------------------------------------------------------------------------------- ZeRO++
+def device_chunks(trainer, params_tree, master, label, labels):
+  """Per device: (its flat shard of the group's parameters, its master chunk) in numpy."""
+  mesh = trainer.mesh
+  coords = {d: dict(zip(mesh.axis_names, i)) for i, d in np.ndenumerate(mesh.devices)}
+  leaves = [x for x, l in zip(jax.tree.leaves(params_tree), jax.tree.leaves(labels))
+            if l == label]
+  out = []
+  for shard in master.addressable_shards:
+    d = shard.device
+    flat = np.concatenate([np.ravel(next(s.data for s in x.addressable_shards if s.device == d))
+                           for x in leaves])
+    m = shard.data.shape[-1]
+    flat = np.pad(flat, (0, 2 * m - flat.size))
+    r = coords[d]["replica"]
+    out.append((flat[r * m:(r + 1) * m], np.asarray(shard.data).reshape(-1)))
+  return out
+
+
+def test_zeropp_slow_axis_carries_quantised_gradients_and_parameters(setup):
+  """ZeRO++ over replicas: the replica axis carries one int8 reduce-scatter (qgZ) and one
+  int8 all-gather (qwZ) per group of equally sharded leaves, and nothing else (no backward
+  re-gather: hpZ keeps it on fsdp); the parameters are the master copy quantised, within
+  half a step (block max / 127) per block of 64."""
+  layout, lm, params, specs, _ = setup
+  block = 64
+  codec = codecs.uniform(8, block=block)
+  zeropp = parallel.zero(optax.sgd(0.1), 1, "replica", codec, "ef", gather_codec=codec)
+  trainer = lm_trainer(setup, zeropp)
+  state = trainer.init(params)
+  batch = data.pydoc_text().batch(0, BATCH, seq_len=SEQ)
+  compiled, report = compile_step(trainer, state, batch)
+  new, _, sent = compiled(state, batch)
+  # Hand-derived replica bytes: a group's flat shard of n elements is split in R = 2 chunks
+  # of m = ceil(n / 2); a chunk's int8 payload is m code bytes and a float32 scale per
+  # block. Reduce-scatter (all-to-all): (R-1)/R * R payloads; all-gather: (R-1) payloads.
+  shard_elems = jax.tree.map(lambda b: b // 4, local_bytes(params, specs, layout.mesh))
+  labels = jax.tree.map(parallel.sharding_label, specs, is_leaf=lambda x: isinstance(x, P))
+  slow = 0
+  for label in set(jax.tree.leaves(labels)):
+    n = sum(e for e, l in zip(jax.tree.leaves(shard_elems), jax.tree.leaves(labels))
+            if l == label)
+    m = -(-n // R)
+    slow += 2 * (m + 4 * -(-m // block))
+  inner = layout_bytes(setup, lm.param_regather())
+  assert report.by_axis() == pytest.approx({("replica",): slow, **inner})
+  assert {(c.op, c.dtype) for c in report.select(axes=("replica",))} == {
+      ("all-to-all", "u8"), ("all-gather", "u8")}
+  assert int(sent) == pytest.approx(slow + inner[("fsdp",)])
+  # qwZ: each device's parameters are its replica's master chunk, quantised.
+  for label in ("fsdp+tensor", "replicated"):
+    master = new.opt_state.inner_state.inner_states[label].inner_state.master
+    for got, exact in device_chunks(trainer, new.params, master, label, labels):
+      blocks = lambda x: np.pad(x, (0, -x.size % block)).reshape(-1, block)
+      step = np.max(np.abs(blocks(exact)), axis=1) / 127
+      err = blocks(np.abs(got - exact))
+      assert np.all(err <= step[:, None] / 2 + 1e-6 * np.abs(exact).max()), label
+      assert np.any(err > 0)  # it is quantised
