@@ -347,3 +347,89 @@ def test_zeropp_slow_axis_carries_quantised_gradients_and_parameters(setup):
       err = blocks(np.abs(got - exact))
       assert np.all(err <= step[:, None] / 2 + 1e-6 * np.abs(exact).max()), label
       assert np.any(err > 0)  # it is quantised
+
+
+# ------------------------------------------------------------ every method on the mesh
+def _every_method():
+  """name -> method over `replica` (with its optimiser), in bundles sharing one compile."""
+  sgd = lambda: optax.sgd(0.1)
+  c = lambda codec, **kw: optax.chain(
+      sync.compressed(codec, axis_name="replica", **kw), sgd())
+  key = jax.random.key(3)
+  mean = lambda: optax.chain(sync.mean("replica"), sgd())
+  return {
+      "codecs": {
+          "cast": c(codecs.cast("bfloat16")), "int8_ef": c(codecs.uniform(8), memory="ef"),
+          "qsgd": c(codecs.qsgd(), key=key), "sign_ef": c(codecs.sign(), memory="ef"),
+          "top_k_ef21": c(codecs.top_k(0.25), memory="ef21"),
+          "random_k": c(codecs.random_k(0.25), key=key),
+          "rtop_k_ef": c(codecs.rtop_k(0.5, 0.25), memory="ef", key=key),
+          "dct_top_k_ef": c(codecs.dct_top_k(8, 2), memory="ef"),
+          "log_quant_loco": c(codecs.log_quant(4), memory="loco"),
+          "fp4": c(codecs.fp4()), "fp8_two_phase": c(codecs.fp8(), collective="two_phase")},
+      "every_step": {
+          "powersgd": optax.chain(sync.powersgd(2, axis_name="replica"), sgd()),
+          "lq_sgd": optax.chain(sync.lq_sgd(2, axis_name="replica"), sgd()),
+          "onebit_adam": sync.onebit_adam(1e-2, freeze_step=1, axis_name="replica"),
+          "demo": sync.demo(1e-2, chunk=8, k=4, axis_name="replica"),
+          "dpsgd": sync.dpsgd(sgd(), "ring", num_workers=R, axis_name="replica"),
+          "choco": sync.choco(sgd(), "ring", codecs.top_k(0.25), num_workers=R,
+                              axis_name="replica"),
+          "gradient_coding": optax.chain(sync.gradient_coding(
+              sync.fractional_repetition(R, 1), axis_name="replica"), sgd())},
+      "local": {
+          "local_sgd": local.local_sgd(sgd(), 2, "replica"),
+          "diloco_int8_ef": local.diloco(sgd(), OUTER(), 2, "replica",
+                                         codec=codecs.uniform(8), memory="ef"),
+          "streaming_diloco": local.streaming_diloco(sgd(), OUTER(), 2, fragments=2,
+                                                     overlap=1, axis_name="replica"),
+          "sparseloco": local.sparseloco(sgd(), 2, density=0.25, axis_name="replica",
+                                         chunk=16),
+          "dreamddp": local.dreamddp(sgd(), 2, "replica"),
+          "scaffold": local.scaffold(sgd(), 2, "replica"),
+          "hierarchical": local.hierarchical(sgd(), 2, fast_axis=None, slow_axis="replica")},
+      "overlap": {
+          "delayed": local.delayed(mean(), "replica"),
+          "stale_dc": local.stale(mean(), 1, "replica", compensation="dc"),
+          "acco": local.acco(sgd(), "replica")},
+  }
+
+
+SMALL_SPECS = {"w": P("fsdp", "tensor"), "u": P("tensor", "fsdp"), "b": P(), "s": P()}
+
+
+def _small_params(names):
+  k = iter(jax.random.split(jax.random.key(4), 4 * len(names)))
+  shapes = {"w": (16, 32), "u": (32, 16), "b": (32,), "s": (16,)}
+  return {n: {leaf: jax.random.normal(next(k), shape) for leaf, shape in shapes.items()}
+          for n in names}
+
+
+@pytest.mark.parametrize("bundle", ["codecs", "every_step", "local", "overlap"])
+def test_every_method_runs_on_replicas_and_sends_only_over_replica(setup, bundle):
+  """Every sync and local method (one per group of parameters, one compile per bundle) on
+  replica x fsdp x tensor: the replica axis carries the methods' traffic, fsdp and tensor
+  only the layout's: ZeRO-3's mean over fsdp of the replicated leaves' gradients,
+  2 (2-1)/2 x 4 x 48 = 192 bytes per method, and on tensor the sum of the loss's cotangent
+  (a replicated term of the loss meets the tensor-sharded ones: one f32 all-reduce,
+  2 (2-1)/2 x 4 = 4 bytes). Parameters stay finite."""
+  layout = setup[0]
+  methods = _every_method()[bundle]
+  params = _small_params(list(methods))
+  specs = {n: SMALL_SPECS for n in methods}
+  labels = {n: {leaf: n for leaf in SMALL_SPECS} for n in methods}
+  tx = layout.optimizer(optax.multi_transform(methods, labels), specs)
+  trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
+                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
+                                                   is_leaf=lambda s: isinstance(s, P)))
+  state = trainer.init(params)
+  grads = [host(jax.tree.map(lambda x, t=t: jnp.cos(t + jnp.arange(R * x.size)).reshape(
+      R, *x.shape), params)) for t in range(3)]
+  compiled, report = compile_step(trainer, state, grads[0])
+  for g in grads:
+    state, _, _ = compiled(state, g)
+  chex.assert_tree_all_finite(state.params)
+  by_axis = report.by_axis()
+  assert set(by_axis) == {("replica",), ("fsdp",), ("tensor",)}
+  assert by_axis[("fsdp",)] == 192 * len(methods) and by_axis[("tensor",)] == 4

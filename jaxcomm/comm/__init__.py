@@ -4,6 +4,8 @@ latency-bandwidth cost of collectives on a network topology.
 This is the only jaxcomm module that calls `jax.lax` collectives.
 """
 
+from jaxcomm.comm._branch import cond
+from jaxcomm.comm._branch import switch
 from jaxcomm.comm._collectives import AxisName
 from jaxcomm.comm._collectives import all_gather
 from jaxcomm.comm._collectives import all_gather_bytes
@@ -82,6 +84,7 @@ __all__ = (
     "compiled_text",
     "compressed_bytes",
     "compressed_sum",
+    "cond",
     "cost",
     "counted_bytes",
     "from_bits",
@@ -97,6 +100,7 @@ __all__ = (
     "reduce_scatter_encoded",
     "shift",
     "sum",
+    "switch",
     "to_bits",
     "topology",
     "tree_bytes",
