@@ -5,7 +5,7 @@ each replica (`parallel.Layout.optimizer`). Held against references that run the
 method over 2 workers with unsharded copies of the parameters.
 """
 
-import warnings
+from typing import NamedTuple
 
 import chex
 import jax
@@ -108,10 +108,22 @@ def _run_both(setup, name, steps):
   ref = train.Trainer(linear_loss(ones), parallel.by_sharding(METHODS[name](None), specs),
                       mesh2, axis_name="replica")
   s, r = sharded.init(params), ref.init(params)
+  compiled, report = compile_step(sharded, s, grads[0])
+  sent = []
   for g in grads:
-    s, _ = sharded.step(s, g)
+    s, _, nbytes = compiled(s, g)
+    sent.append(int(nbytes))
     r, _ = ref.step(r, g)
-  return sharded, s, ref, r
+  return Run(sharded, s, ref, r, report, sent)
+
+
+class Run(NamedTuple):
+  trainer: train.Trainer   # the sharded run on replica x fsdp x tensor
+  state: train.TrainState
+  ref: train.Trainer       # 2 unsharded workers
+  ref_state: train.TrainState
+  report: comm.CollectiveReport  # the sharded step's collectives
+  sent: list               # bytes counted per step
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -125,7 +137,7 @@ def test_methods_equal_unsharded(setup, name):
   blocks of 4: such blocks hold the same elements as the unsharded ones because every
   shard's last dimension is a multiple of 8 = 4 x 2.
   """
-  sharded, s, ref, r = run_both(setup, name)
+  sharded, s, ref, r = run_both(setup, name)[:4]
   fsdp = sharded.mesh.shape["fsdp"]
   for replica in range(R):
     got = sharded.worker_view(s.params, sharded.layout.params, replica * fsdp)
@@ -134,6 +146,54 @@ def test_methods_equal_unsharded(setup, name):
   moved = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))),
                                            host(want), host(setup[2]))))
   assert moved > 1e-2  # the comparison is not between two unmoved models
+
+
+def test_powersgd_inner_collectives_counted_on_their_axes(setup):
+  """PowerSGD on shards: per matrix, P = M Q is summed over the axes splitting the columns,
+  P's row blocks are all-gathered over the axes splitting the rows, Q = M^T P^ is summed
+  over those; the replica axis carries P (with the exact leaves) and Q of the local blocks.
+  Counted == compiled == this hand derivation, axis by axis (float32, R = 2)."""
+  layout, _, params, specs, _ = setup
+  run = run_both(setup, "powersgd")
+  size = lambda axes: int(np.prod([layout.size(a) for a in axes]))
+  allreduce = lambda nbytes, w: 2 * (w - 1) / w * nbytes
+  want = {}
+  add = lambda axes, nbytes: want.__setitem__(axes, want.get(axes, 0.0) + nbytes) \
+      if axes and nbytes else None
+  for x, spec in zip(jax.tree.leaves(params),
+                     jax.tree.leaves(specs, is_leaf=lambda q: isinstance(q, P))):
+    dims = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a)
+            for e in tuple(spec) + (None,) * (x.ndim - len(spec))]
+    local = x.size // size(sum(dims, ()))
+    rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
+    row_axes, col_axes = sum(dims[:-1], ()), dims[-1]
+    n, m, n_axes, m_axes = ((cols, rows, col_axes, row_axes) if rows > cols
+                            else (rows, cols, row_axes, col_axes))
+    r = min(2, n)
+    if x.ndim < 2 or not (n + m) * r * 2 < n * m:  # reduced exactly, with P
+      add(("replica",), allreduce(4 * local, R))
+      continue
+    p_loc, q_loc = 4 * n // size(n_axes) * r, 4 * m // size(m_axes) * r
+    add(m_axes, allreduce(p_loc, size(m_axes)))             # P = M Q over column shards
+    add(("replica",), allreduce(p_loc, R) + allreduce(q_loc, R))  # the method's P and Q
+    add(n_axes, (size(n_axes) - 1) * p_loc)                 # P's row blocks gathered
+    add(n_axes, allreduce(q_loc, size(n_axes)))             # Q = M^T P^ over row shards
+  # The layout inside the replica: ZeRO-3's mean over fsdp of leaves not sharded over it;
+  # the loss's cotangent summed over tensor (4 bytes, uncounted: autodiff's).
+  for x, spec in zip(jax.tree.leaves(params),
+                     jax.tree.leaves(specs, is_leaf=lambda q: isinstance(q, P))):
+    if "fsdp" not in parallel.spec_axes(spec):
+      add(("fsdp",), allreduce(4 * x.size // size(parallel.spec_axes(spec)), 2))
+  add(("tensor",), 4.0)
+  assert run.report.by_axis() == pytest.approx(want)
+  # Counted: everything compiled but autodiff's 4 bytes, plus the FSDP layer traffic that
+  # ZeRO-3 counts for the model (gather, re-gather, reduce-scatter: 3 (F-1) b per shard of
+  # b bytes, F = 2), which a linear loss does not run.
+  layer = sum(3 * b for b, spec in zip(
+      jax.tree.leaves(local_bytes(params, specs, layout.mesh)),
+      jax.tree.leaves(specs, is_leaf=lambda q: isinstance(q, P)))
+              if "fsdp" in parallel.spec_axes(spec))
+  assert run.sent == pytest.approx([run.report.wire_bytes() - 4.0 + layer] * len(run.sent))
 
 
 # ------------------------------------------------------------------- the LM, bytes per axis
@@ -269,7 +329,7 @@ def test_per_replica_state_is_sharded_like_the_parameters(setup, name, field):
   of the unsharded copy, k = how many devices shard the leaves inside a replica: 1/4 for the
   group sharded over fsdp x tensor, 1/2 over one of them, 1 for the replicated norms."""
   layout, _, params, specs, _ = setup
-  sharded, s, ref, r = run_both(setup, name)
+  _, s, _, r = run_both(setup, name)[:4]
   whole_bytes = jax.tree.map(lambda x: 4 * x.size, params)
   shard_bytes = local_bytes(params, specs, layout.mesh)
   labels = jax.tree.map(parallel.sharding_label, specs, is_leaf=lambda x: isinstance(x, P))
@@ -433,3 +493,50 @@ def test_every_method_runs_on_replicas_and_sends_only_over_replica(setup, bundle
   by_axis = report.by_axis()
   assert set(by_axis) == {("replica",), ("fsdp",), ("tensor",)}
   assert by_axis[("fsdp",)] == 192 * len(methods) and by_axis[("tensor",)] == 4
+
+
+# ------------------------------------------------------------------------------ donation
+def test_donated_state_is_not_held_twice(setup):
+  """The step donates the train state: the compiled program aliases every state buffer to
+  its output, and its peak memory per device falls by exactly the state's bytes (DiLoCo:
+  per-replica parameters and inner state, sharded outer parameters and momentum)."""
+  layout = setup[0]
+  specs = {"d": SMALL_SPECS}
+  params = _small_params(["d"])
+  batch = host(jax.tree.map(lambda x: jnp.ones((R, *x.shape)), params))
+  peaks = {}
+  for donate in (False, True):
+    trainer = train.Trainer(
+        linear_loss(layout_scales(layout, specs)),
+        layout.optimizer(local.diloco(optax.adam(0.1), OUTER(), 4, "replica"), specs),
+        layout.mesh, axis_name=layout.batch_axes, param_specs=specs, donate=donate,
+        batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
+                                 is_leaf=lambda s: isinstance(s, P)))
+    state = trainer.init(params)
+    memory = trainer.step_fn(state, batch).lower(state, batch).compile().memory_analysis()
+    state_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
+    assert memory.alias_size_in_bytes == (state_bytes if donate else 0)
+    peaks[donate] = memory.peak_memory_in_bytes
+  assert peaks[False] - peaks[True] == state_bytes
+
+
+def test_skip_nonfinite_outside_the_layout_skips_on_every_device(setup):
+  """`skip_nonfinite` wraps `Layout.optimizer` with the batch axes; a NaN in one tensor
+  shard of one replica's gradient makes every device skip (its agreement all-reduce spans
+  the axes the gradient's shards differ over), so no shard moves."""
+  layout = setup[0]
+  specs = {"d": SMALL_SPECS}
+  params = _small_params(["d"])
+  tx = sync.skip_nonfinite(
+      layout.optimizer(optax.chain(sync.mean("replica"), optax.sgd(0.1)), specs),
+      layout.batch_axes)
+  trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
+                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
+                                                   is_leaf=lambda s: isinstance(s, P)))
+  state = trainer.init(params)
+  bad = jax.tree.map(lambda x: np.ones((R, *x.shape), np.float32), params)
+  bad["d"]["w"][0, 0, 0] = np.nan  # replica 0, the block of fsdp 0 and tensor 0
+  state, m = trainer.step(state, bad)
+  assert int(m["skipped_steps"]) == 1
+  chex.assert_trees_all_equal(host(state.params), host(params))

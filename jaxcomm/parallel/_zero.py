@@ -168,7 +168,9 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
                        "stored with (e.g. Layout.param_specs(...)).")
     if codec is not None or accumulate_steps != 1:
       raise ValueError("stage 3 reduce-scatters inside the model's backward pass: codec and "
-                       "accumulate_steps are for stages 1 and 2.")
+                       "accumulate_steps are for stages 1 and 2. For compressed ZeRO-3 across "
+                       "a slow axis (ZeRO++), put stage 1 with codec and gather_codec on the "
+                       "slow axis inside stage 3 on the fast one (see the module docstring).")
     if gather_codec is not None:
       raise ValueError("gather_codec is for stages 1 and 2 (stage 3 gathers inside the "
                        "model); for ZeRO++ put stage 1 with a gather_codec on the slow axis "
