@@ -49,7 +49,8 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
   The decoded mean is the new m on every worker; the update is -lr m_hat / (sqrt(v_hat) + eps).
   Bias correction of m continues after the freeze (it tends to 1). Coordinates whose frozen
   v is 0 are never moved (exact Adam would not move them; a 1-bit code cannot send 0).
-  This is a complete optimiser: do not chain another one after it.
+  This is a complete optimiser: do not chain another one after it. Sharded gradients
+  (`parallel.Layout.optimizer`): per shard, the sign scales are over this device's shards.
 
   Args:
     learning_rate: a float or an optax schedule of the update count.
