@@ -540,3 +540,17 @@ def test_skip_nonfinite_outside_the_layout_skips_on_every_device(setup):
   state, m = trainer.step(state, bad)
   assert int(m["skipped_steps"]) == 1
   chex.assert_trees_all_equal(host(state.params), host(params))
+
+
+def test_a_flat_vector_over_every_leaf_is_refused_with_the_fix(setup):
+  """Without `by_sharding`, a codec's flat vector mixes the norms (replicated over tensor)
+  with tensor shards: the norms would come back differing over tensor and lose the sum
+  over tensor of their gradients. The Trainer refuses it when it is built (init)."""
+  layout = setup[0]
+  specs = {"d": SMALL_SPECS}
+  tx = parallel.zero(optax.chain(sync.compressed(codecs.uniform(8), axis_name="replica"),
+                                 optax.sgd(0.1)), 3, "fsdp", param_specs=specs)
+  trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
+                          axis_name=layout.batch_axes, param_specs=specs)
+  with pytest.raises(ValueError, match=r"differ over mesh axes \['tensor'\].*by_sharding"):
+    trainer.init(_small_params(["d"]))

@@ -147,10 +147,10 @@ class Layout:
     ...                         layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
     >>> state = trainer.init(params)
     >>> outer = state.opt_state.inner_state.inner_states["fsdp"].inner_state.outer_params
-    >>> outer["params"]["head"]["kernel"].sharding.spec  # one copy per replica, sharded
+    >>> outer["params"]["head"]["kernel"].sharding.spec  # shared by replicas, sharded
     P('fsdp',)
-    >>> state.params["params"]["head"]["kernel"].shape  # one copy per replica
-    (2, 16, 256)
+    >>> state.params["params"]["head"]["kernel"].sharding.spec  # one copy per replica
+    P('replica', 'fsdp')
     """
     method = _by_sharding.by_sharding(method, param_specs)
     if not self.inner_axes:
