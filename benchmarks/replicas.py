@@ -108,11 +108,11 @@ def measure(name: str, factory, syncs: float, lm_kwargs: dict) -> dict:
 
 def table(rows) -> str:
   axes = ["replica", "fsdp", "tensor", "replica,fsdp"]
-  head = (f"{'method':<22}" + "".join(f"{a + ' B/step':>18}" for a in axes) +
+  head = (f"{'method':<22}" + "".join(f"{a + ' B/step':>21}" for a in axes) +
           f"{'state MiB':>11}{'peak MiB':>10}{'undonated':>11}")
   out = [head, "-" * len(head)]
   for r in rows:
-    cells = "".join(f"{r['bytes_per_axis'].get(a, 0):>18,.0f}" for a in axes)
+    cells = "".join(f"{r['bytes_per_axis'].get(a, 0):>21,.0f}" for a in axes)
     out.append(f"{r['method']:<22}{cells}{r['state_bytes'] / 2**20:>11.2f}"
                f"{r['peak_bytes'] / 2**20:>10.2f}{r['peak_bytes_undonated'] / 2**20:>11.2f}")
   return "\n".join(out)
