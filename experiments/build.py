@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from experiments import config as _config
 from experiments import methods as _methods
-from jaxcomm import data, models, parallel, sync, train
+from jaxcomm import comm, data, models, parallel, sync, train
 
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
 MODEL_AXES = ("tensor", "sequence", "pipeline")
@@ -62,6 +62,8 @@ class Context:
     num_workers: workers along `axis_name`.
     mesh_shape: {axis: size} of the run's mesh.
     key: the run's PRNG key, `jax.random.key(config.seed)`.
+    param_specs: the parameters' PartitionSpecs on a laid-out mesh (None: replicated); a
+      method that needs a whole-tensor view of sharded parameters (PowerSGD) takes them.
   """
   config: ml_collections.ConfigDict
   inner: optax.GradientTransformation
@@ -69,6 +71,7 @@ class Context:
   num_workers: int
   mesh_shape: dict
   key: jax.Array
+  param_specs: Any = None
 
   def participation(self, spec: str | None, syncs_per_period: int = 1,
                     num_workers: int | None = None):
@@ -177,19 +180,22 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   _check_batch(config, shape)
   mesh = train.make_mesh(shape, devices=devices)
   layout = _layout(config, mesh, shape)
-  gather = layout.gather_axes if layout is not None else ()
-  method_axes = tuple(a for a in batch_axes if a not in gather)
+  if layout is not None:  # the method syncs replicas of the laid-out model
+    method_axes = comm.axis_names(layout.replica_axis)
+  else:
+    method_axes = batch_axes
   ctx = Context(config=config, inner=_inner_optimizer(config.optimizer),
                 axis_name=(method_axes[0] if len(method_axes) == 1 else method_axes) or None,
                 num_workers=math.prod(shape[a] for a in method_axes), mesh_shape=shape,
                 key=jax.random.key(config.seed))
   optimizer = make_optimizer(config, ctx)  # the method's settings fail before any compile
   task = _task(config, shape, layout, abstract)
-  if gather:  # parameters stored sharded over fsdp: the inner optimiser is ZeRO-3 there
-    ctx = dataclasses.replace(ctx, inner=parallel.zero(
-        ctx.inner, stage=3, axis_name=gather, param_specs=task["specs"],
-        regather=task["model"].param_regather()))
-    optimizer = make_optimizer(config, ctx)
+  if layout is not None:
+    # Inside a replica the gradient is reduced exactly (ZeRO-3 over fsdp, the mean over
+    # data); the method then runs once per group of equally sharded leaves.
+    ctx = dataclasses.replace(ctx, param_specs=task["specs"])
+    optimizer = layout.optimizer(make_optimizer(config, ctx), task["specs"],
+                                 task["model"].param_regather())
   loss_fn = task_loss(config, task["loss_fn"], ctx)
   if config.skip_nonfinite:
     optimizer = sync.skip_nonfinite(optimizer, batch_axes[0] if len(batch_axes) == 1
@@ -272,7 +278,7 @@ def _batches(dataset, c, **kwargs) -> Callable[[int], dict]:
 
 def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
   """The LM's `parallel.Layout` on a mesh with fsdp / tensor axes, else None."""
-  if c.model.name == "lm" and {"fsdp", "tensor"} & set(shape) and \
+  if c.model.name == "lm" and {"replica", "fsdp", "tensor"} & set(shape) and \
      not {"sequence", "pipeline"} & set(shape):
     try:
       return parallel.Layout(mesh, sequence_parallel=c.model.sequence_parallel,
