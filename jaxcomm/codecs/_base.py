@@ -25,6 +25,10 @@ with the original six fields keeps working):
 * `collective`: the collective a non-linear codec prefers when the caller does not name one:
   "gather" (sparse payloads whose supports differ between workers) or "two_phase"
   (quantisers: the payload of a reduced chunk is as small as a worker's).
+* `decode_sum(payloads, n)`: the sum of the decodes of W payloads stacked on a leading axis,
+  in one pass (sparse codecs scatter-add every pair into one vector and, for a transform,
+  invert it once instead of W times). `codec.decode_sum_with(payloads, n)` falls back to
+  decoding them one by one.
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ class Codec:
   unbiased: bool = False       # E_key D(C(x)) = x
   variance_bound: Callable[[jax.Array], jax.Array] | None = None  # x -> >= E||D(C(x))-x||^2
   collective: str = "gather"   # preferred collective when not linear: gather | two_phase
+  decode_sum: Callable[[Payload, int], jax.Array] | None = None  # ([W, ..], n) -> f32[n]
+
+  def decode_sum_with(self, payloads: Payload, n: int) -> jax.Array:
+    """Sum of `decode(payload_w, n)` over the leading axis of `payloads` (not shared-key).
+
+    >>> c = identity()
+    >>> c.decode_sum_with((jnp.ones((3, 2)),), 2)
+    Array([3., 3.], dtype=float32)
+    """
+    if self.decode_sum is not None:
+      return self.decode_sum(payloads, n)
+    pick = lambda i: jax.tree.map(lambda x: x[i], payloads)
+    first = self.decode(pick(0), n).astype(jnp.float32)
+    w = jax.tree.leaves(payloads)[0].shape[0]
+    return jax.lax.fori_loop(1, w, lambda i, acc: acc + self.decode(pick(i), n).astype(
+        jnp.float32), first)
 
   def decode_with(self, payload: Payload, n: int, key: Any = None) -> jax.Array:
     """decode(payload, n), passing `key` only to codecs whose decode needs it."""

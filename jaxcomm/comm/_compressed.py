@@ -115,16 +115,20 @@ def linear_sum(payload: Any, decode: Callable[[Any], jax.Array],
   return decode(summed).astype(jnp.float32), nbytes
 
 
-def gather_sum(payload: Any, decode: Callable[[Any], jax.Array],
-               axis_name: AxisName) -> tuple[jax.Array, float]:
+def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: AxisName,
+               decode_sum: Callable[[Any], jax.Array] | None = None) -> tuple[jax.Array, float]:
   """All-gathers every device's payload, decodes each and sums in float32.
 
-  The decoded payloads are accumulated one at a time (memory of one decoded vector, not W).
+  The decoded payloads are accumulated one at a time (memory of one decoded vector, not W),
+  or all at once by `decode_sum` when given (a codec's `decode_sum`: sparse payloads
+  scatter-added into one vector, a transform inverted once).
 
   Args:
     payload: this device's payload (any codec).
     decode: payload -> float32 array.
     axis_name: the axis (or axes) to gather over; None for one device.
+    decode_sum: optional: payloads stacked on a leading axis -> the float32 sum of their
+      decodes.
 
   Returns:
     `(sum, wire bytes)`, the sum invariant over `axis_name`; bytes (W-1) * payload bytes.
@@ -140,6 +144,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array],
   w = axis_size(axes)
   wire, nbytes = all_gather(_pack(payload, 0), axes)  # [W, ...], invariant
   gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
+  if decode_sum is not None:
+    return decode_sum(gathered).astype(jnp.float32), nbytes
   pick = lambda i: jax.tree.map(lambda x: x[i], gathered)
   first = decode(pick(0)).astype(jnp.float32)
   total = lax.fori_loop(1, w, lambda i, acc: acc + decode(pick(i)).astype(jnp.float32), first)
@@ -306,8 +312,11 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   payload = codec.encode(vec, key)
   decode = lambda p: codec.decode_with(p, n, key)
   own = decode(payload)
-  reduce = linear_sum if collective == "psum" else gather_sum
-  total, nbytes = reduce(payload, decode, axis_name)
+  if collective == "psum":
+    total, nbytes = linear_sum(payload, decode, axis_name)
+  else:  # shared-key codecs decode with the key, one payload at a time
+    total, nbytes = gather_sum(payload, decode, axis_name, None if codec.shared_key else
+                               (lambda p: codec.decode_sum_with(p, n)))
   return CompressedSum(total, own, server_memory), nbytes
 
 
