@@ -13,27 +13,36 @@ The run first measures the two limits of this machine:
 For each codec it then reports the payload bytes, the compression ratio, the relative L2 and
 max errors against the codec's stated bound, and two timings, each against its limit:
 
-* `enc+dec`: jitted `decode(encode(x))` with x donated (so the identity costs nothing).
-  Memory limit: the bytes a codec must move, 4n read + P written by encode and P read + 4n
-  written by decode (P = payload bytes; 0 for the identity, whose payload is its input),
-  over the copy bandwidth. Compute limit (transform codecs only): forward plus inverse
-  transform FLOPs over the matmul throughput. Limit = the larger; x = time / limit.
+* `enc+dec`: jitted `encode(x)` plus jitted `decode(payload)`, two programs, so the payload
+  is materialised as it is before it travels (one program would fuse a cast's encode into
+  its decode and never write the payload). Inputs are donated, so the identity costs
+  nothing. Memory limit: the bytes a codec must move, 4n read + P written by encode and P
+  read + 4n written by decode (P = payload bytes; 0 for the identity, whose payload is its
+  input), over the copy bandwidth. Compute limit (transform codecs only): forward plus
+  inverse transform FLOPs over the matmul throughput. Limit = the larger; x = time / limit.
 * `EF step`: one update of `sync.compressed(codec, memory="ef", axis_name=None)` on the
   vector (flatten, p = g + e, encode, decode, e <- p - D(C(p)), unflatten), as the
-  transform runs it. Memory limit: g and e read, e and the update written (16n) plus the
-  payload written and read (2P); compute limit as above.
+  transform runs it, with the gradient and the state donated. Memory limit: g and e read, e
+  and the update written (16n) plus the payload written and read (2P); compute limit as
+  above.
 
 Timings are the minimum over --repeats rounds; within a round every codec is timed in turn
 (interleaved, so drift on a shared machine hits all alike) and the bandwidth and matmul
-probes are re-timed every round. Run it when the machine is quiet (`uptime`).
+probes are re-timed every round. Donated inputs are fresh copies made outside the timed
+call. glibc is told to keep freed memory (`mallopt`): by default it returns a freed heap top
+above 32 MB to the system, and every call would then pay page faults for its fresh buffers
+(a program with three 16 MB outputs ran 7x slower), which measures the allocator, not the
+codec. Run it when the machine is quiet (`uptime`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import time
+import warnings
 
 from absl import app
 from absl import flags
@@ -69,10 +78,21 @@ def codecs_to_compare(n: int):
       codecs.log_quant(4, 10.0, block=256), codecs.sign(block=None), codecs.sign(block=256),
       codecs.top_k(0.01), codecs.top_k(0.01, chunk=256), codecs.random_k(0.01),
       codecs.random_k(0.01, shared_key=False), codecs.rtop_k(0.04, 0.01),
+      codecs.rtop_k(0.04, 0.01, order="index"),
   ]
   return ([(c, 0) for c in plain] +
           [(codecs.dct_top_k(chunk=64, k=4), 4 * 64 * n),  # [n/64, 64] x [64, 64], twice
            (codecs.dct_top_k(chunk=64, k=32), 4 * 64 * n), (tiled, tiled_flops(n))])
+
+
+def _keep_freed_memory() -> None:
+  """glibc: never trim the heap nor mmap large blocks (M_TRIM_THRESHOLD, M_MMAP_THRESHOLD)."""
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+  except OSError:  # not glibc: nothing to tune
+    return
+  libc.mallopt(-1, 1 << 30)
+  libc.mallopt(-3, 1 << 30)
 
 
 def _best(fn, args_fn, repeats: int) -> float:
@@ -90,6 +110,10 @@ def _best(fn, args_fn, repeats: int) -> float:
 
 def main(argv):
   del argv
+  _keep_freed_memory()
+  # Donation is for the codecs whose payload is their input (identity): the others' payloads
+  # have other shapes, and jax says so once per program.
+  warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -111,26 +135,34 @@ def main(argv):
   for codec, flops in codecs_to_compare(n):
     if _ONLY.value and _ONLY.value not in codec.name:
       continue
-    rt = jax.jit(codec.roundtrip, donate_argnums=0)
+    enc = jax.jit(codec.encode, donate_argnums=0)
+    dec = jax.jit(lambda p, key, c=codec: c.decode_with(p, n, key), donate_argnums=0)
     tx = sync.compressed(codec, memory="ef", axis_name=None,
                          key=key if codec.stochastic else None)
     state = tx.init({"g": x})
-    ef = jax.jit(tx.update)
-    entries.append(dict(codec=codec, flops=flops, rt=rt, ef=ef, state=state,
-                        t_rt=float("inf"), t_ef=float("inf")))
+    ef = jax.jit(tx.update, donate_argnums=(0, 1))
+    payload = enc(x + 0.0, key)
+    entries.append(dict(codec=codec, flops=flops, enc=enc, dec=dec, payload=payload, ef=ef,
+                        state=state, t_enc=float("inf"), t_dec=float("inf"),
+                        t_ef=float("inf")))
   t_copy = t_mm = float("inf")
   fresh = lambda: (x + 0.0, key)  # x is donated: a new buffer for every call
+  copy_tree = lambda tree: jax.tree.map(lambda a: a.copy(), tree)
+  fresh_dec = lambda e: (copy_tree(e["payload"]), key)
+  fresh_ef = lambda e: ({"g": x + 0.0}, copy_tree(e["state"]))
   for e in entries:  # compile and warm up
-    jax.block_until_ready(e["rt"](*fresh()))
-    jax.block_until_ready(e["ef"]({"g": x}, e["state"]))
+    jax.block_until_ready(e["enc"](*fresh()))
+    jax.block_until_ready(e["dec"](*fresh_dec(e)))
+    jax.block_until_ready(e["ef"](*fresh_ef(e)))
   for _ in range(_REPEATS.value):
     t_copy = min(t_copy, _best(lambda: np.copyto(dst, x_np), tuple, 3),
                  _best(copy, lambda: (x,), 3))
     t_mm = min(t_mm, _best(matmul_big, lambda: (mats[0],), 1) / (2 * 1024 ** 3),
                _best(matmul_dct, lambda: (mats[1],), 1) / (2 * mats[1].shape[0] * 64 * 64))
     for e in entries:
-      e["t_rt"] = min(e["t_rt"], _best(e["rt"], fresh, 1))
-      e["t_ef"] = min(e["t_ef"], _best(e["ef"], lambda e=e: ({"g": x}, e["state"]), 1))
+      e["t_enc"] = min(e["t_enc"], _best(e["enc"], fresh, 1))
+      e["t_dec"] = min(e["t_dec"], _best(e["dec"], lambda e=e: fresh_dec(e), 1))
+      e["t_ef"] = min(e["t_ef"], _best(e["ef"], lambda e=e: fresh_ef(e), 1))
   bandwidth = 8 * n / t_copy  # bytes read + written per second
   flop_rate = 1.0 / t_mm
 
@@ -155,9 +187,10 @@ def main(argv):
     row = {"codec": codec.name, "payload_bytes": p, "ratio": codec.ratio(n),
            "rel_l2_error": float(jnp.linalg.norm(err) / jnp.linalg.norm(x)),
            "max_abs_error": float(jnp.max(jnp.abs(err))), "error_bound": bound,
-           "roundtrip_ms": 1e3 * e["t_rt"], "memory_limit_ms": 1e3 * lim_mem,
+           "encode_ms": 1e3 * e["t_enc"], "decode_ms": 1e3 * e["t_dec"],
+           "roundtrip_ms": 1e3 * (e["t_enc"] + e["t_dec"]), "memory_limit_ms": 1e3 * lim_mem,
            "compute_limit_ms": 1e3 * lim_flop,
-           "roundtrip_x_limit": e["t_rt"] / limit if limit else None,
+           "roundtrip_x_limit": (e["t_enc"] + e["t_dec"]) / limit if limit else None,
            "ef_step_ms": 1e3 * e["t_ef"], "ef_limit_ms": 1e3 * lim_ef,
            "ef_x_limit": e["t_ef"] / lim_ef}
     rows.append(row)

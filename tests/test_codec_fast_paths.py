@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs
 from jaxcomm.codecs import _random, _select
+from tests import contract
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 N_BIG = (1 << 16) + 37  # the sort-free selection starts at 2**15; not a multiple of 32
@@ -236,3 +237,22 @@ def test_decode_sum_is_the_sum_of_decodes(codec):
   one = jax.tree.map(lambda p: p[:1], payloads)
   np.testing.assert_allclose(codec.decode_sum(one, n), codec.decode(
       jax.tree.map(lambda p: p[0], payloads), n), rtol=1e-6, atol=1e-6)
+
+
+def test_rtop_k_in_index_order_samples_the_top_r():
+  """order="index": strata over the top r in index order; same top r, same payload format."""
+  n, r, k = 2000, 100, 10
+  x = jax.random.normal(jax.random.key(4), (n,))
+  c = codecs.rtop_k(r, k, order="index")
+  contract.check_codec(c, x, jax.random.key(0))
+  top = np.sort(np.asarray(lax.top_k(jnp.abs(x), r)[1]))
+  keys = jax.random.split(jax.random.key(1), 4000)
+  idx = np.asarray(jax.jit(jax.vmap(lambda key: c.encode(x, key)[1]))(keys))
+  assert set(idx.ravel().tolist()) <= set(top.tolist())
+  assert all(len(set(row)) == k for row in idx.tolist())  # distinct picks
+  st = codecs._sparse._Strata(r, k)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(idx[0], top[st.indices(st.offsets(keys[0]))])
+  freq = np.bincount(np.searchsorted(top, idx.ravel()), minlength=r) / len(keys)
+  np.testing.assert_allclose(freq, k / r, atol=5 * math.sqrt(k / r / len(keys)))
+  with pytest.raises(ValueError, match="order"):
+    codecs.rtop_k(r, k, order="magnitude")
