@@ -148,3 +148,4 @@ def top_k_indices(a: jax.Array, k: int) -> jax.Array:
     return lax.cond(ok, fast, lambda _: _reference(a, k), None)
 
   return select(a)
+
