@@ -51,6 +51,7 @@ _N = flags.DEFINE_integer("n", 1 << 22, "Vector length.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed rounds (the minimum is reported).")
 _ONLY = flags.DEFINE_string("only", None, "Only codecs whose name contains this string.")
 _OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
+_MD = flags.DEFINE_string("md", None, "Optional path of the table as markdown (RESULTS.md).")
 
 
 def codecs_to_compare(n: int):
@@ -120,6 +121,7 @@ def main(argv):
   from jax import lax  # pylint: disable=import-outside-toplevel
   from jaxcomm import sync  # pylint: disable=import-outside-toplevel
   n = _N.value
+  load = os.getloadavg()
   k1, k2 = jax.random.split(jax.random.key(0))
   x = jax.random.normal(k1, (n,)) * jnp.exp(jax.random.normal(k2, (n,)))
   key = jax.random.key(1)
@@ -166,46 +168,75 @@ def main(argv):
   bandwidth = 8 * n / t_copy  # bytes read + written per second
   flop_rate = 1.0 / t_mm
 
-  print(f"n = {n:,} float32 ({4 * n:,} bytes), heavy-tailed; {jax.devices()[0].platform}, one "
-        f"device; min of {_REPEATS.value} interleaved rounds")
-  print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write: memcpy of 4n bytes in "
-        f"{1e3 * t_copy:.2f} ms); matmul {flop_rate / 1e9:.1f} GFLOP/s")
-  head = (f"{'codec':<38}{'ratio':>7}{'rel err':>8}{'err/bnd':>8} |{'enc+dec':>8}{'mem':>7}"
-          f"{'flop':>7}{'x lim':>7} |{'EF step':>8}{'limit':>7}{'x lim':>7}")
-  print(head + "\n" + "-" * len(head))
-  rows = []
-  for e in entries:
-    codec = e["codec"]
-    p = codec.payload_bytes(n)
-    out = jax.jit(codec.roundtrip)(x, key)
-    bound = float(jax.jit(codec.error_bound or (lambda v: jnp.inf))(x))
-    err = out - x
-    moved = 0 if codec.name == "identity" else 8 * n + 2 * p
-    lim_mem, lim_flop = moved / bandwidth, e["flops"] / flop_rate
-    limit = max(lim_mem, lim_flop)
-    lim_ef = max((16 * n + 2 * p) / bandwidth, lim_flop)
-    row = {"codec": codec.name, "payload_bytes": p, "ratio": codec.ratio(n),
-           "rel_l2_error": float(jnp.linalg.norm(err) / jnp.linalg.norm(x)),
-           "max_abs_error": float(jnp.max(jnp.abs(err))), "error_bound": bound,
-           "encode_ms": 1e3 * e["t_enc"], "decode_ms": 1e3 * e["t_dec"],
-           "roundtrip_ms": 1e3 * (e["t_enc"] + e["t_dec"]), "memory_limit_ms": 1e3 * lim_mem,
-           "compute_limit_ms": 1e3 * lim_flop,
-           "roundtrip_x_limit": (e["t_enc"] + e["t_dec"]) / limit if limit else None,
-           "ef_step_ms": 1e3 * e["t_ef"], "ef_limit_ms": 1e3 * lim_ef,
-           "ef_x_limit": e["t_ef"] / lim_ef}
-    rows.append(row)
-    x_lim = f"{row['roundtrip_x_limit']:>7.1f}" if limit else f"{'-':>7}"
-    print(f"{codec.name:<38}{row['ratio']:>7.1f}{row['rel_l2_error']:>8.3f}"
-          f"{row['max_abs_error'] / bound if bound else 0.0:>8.2f} |"
-          f"{row['roundtrip_ms']:>8.2f}{row['memory_limit_ms']:>7.2f}"
-          f"{row['compute_limit_ms'] or 0:>7.2f}{x_lim} |{row['ef_step_ms']:>8.2f}"
-          f"{row['ef_limit_ms']:>7.2f}{row['ef_x_limit']:>7.1f}")
+  rows = [_row(e, n, x, key, bandwidth, flop_rate) for e in entries]
+  head = (f"n = {n:,} float32 ({4 * n:,} bytes), heavy-tailed; {jax.devices()[0].platform}, "
+          f"one device; min of {_REPEATS.value} interleaved rounds; load average "
+          f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after\n"
+          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write: memcpy of 4n bytes in "
+          f"{1e3 * t_copy:.2f} ms); matmul {flop_rate / 1e9:.1f} GFLOP/s")
+  print(head + "\n" + _text(rows))
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump({"n": n, "platform": jax.devices()[0].platform,
+      json.dump({"n": n, "platform": jax.devices()[0].platform, "load_before": load[0],
                  "copy_bandwidth_bytes_per_s": bandwidth, "matmul_flop_per_s": flop_rate,
                  "rows": rows}, f, indent=2)
+  if _MD.value:
+    os.makedirs(os.path.dirname(_MD.value) or ".", exist_ok=True)
+    with open(_MD.value, "w", encoding="utf-8") as f:
+      f.write(head.replace("\n", "; ") + "\n\n" + _markdown(rows) + "\n")
+
+
+def _row(e, n, x, key, bandwidth, flop_rate) -> dict:
+  """One codec's errors, times and limits (ms) as the table reports them."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  codec = e["codec"]
+  p = codec.payload_bytes(n)
+  err = jax.jit(codec.roundtrip)(x, key) - x
+  bound = float(jax.jit(codec.error_bound or (lambda v: jnp.inf))(x))
+  moved = 0 if codec.name == "identity" else 8 * n + 2 * p
+  lim_mem, lim_flop = moved / bandwidth, e["flops"] / flop_rate
+  limit, t_rt = max(lim_mem, lim_flop), e["t_enc"] + e["t_dec"]
+  lim_ef = max((16 * n + 2 * p) / bandwidth, lim_flop)
+  return {"codec": codec.name, "payload_bytes": p, "ratio": codec.ratio(n),
+          "rel_l2_error": float(jnp.linalg.norm(err) / jnp.linalg.norm(x)),
+          "max_abs_error": float(jnp.max(jnp.abs(err))), "error_bound": bound,
+          "encode_ms": 1e3 * e["t_enc"], "decode_ms": 1e3 * e["t_dec"],
+          "roundtrip_ms": 1e3 * t_rt, "memory_limit_ms": 1e3 * lim_mem,
+          "compute_limit_ms": 1e3 * lim_flop, "roundtrip_x_limit": t_rt / limit if limit else None,
+          "ef_step_ms": 1e3 * e["t_ef"], "ef_limit_ms": 1e3 * lim_ef,
+          "ef_x_limit": e["t_ef"] / lim_ef}
+
+
+def _x(v) -> str:
+  return "-" if v is None else f"{v:.1f}"
+
+
+def _text(rows) -> str:
+  head = (f"{'codec':<38}{'ratio':>7}{'rel err':>8}{'err/bnd':>8} |{'enc':>7}{'dec':>7}"
+          f"{'mem':>7}{'flop':>7}{'x lim':>7} |{'EF step':>8}{'limit':>7}{'x lim':>7}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    lines.append(
+        f"{r['codec']:<38}{r['ratio']:>7.1f}{r['rel_l2_error']:>8.3f}"
+        f"{r['max_abs_error'] / r['error_bound'] if r['error_bound'] else 0.0:>8.2f} |"
+        f"{r['encode_ms']:>7.2f}{r['decode_ms']:>7.2f}{r['memory_limit_ms']:>7.2f}"
+        f"{r['compute_limit_ms']:>7.2f}{_x(r['roundtrip_x_limit']):>7} |{r['ef_step_ms']:>8.2f}"
+        f"{r['ef_limit_ms']:>7.2f}{_x(r['ef_x_limit']):>7}")
+  return "\n".join(lines)
+
+
+def _markdown(rows) -> str:
+  lines = ["| codec | ratio | encode ms | decode ms | memory limit ms | compute limit ms | "
+           "x limit | EF step ms | EF limit ms | x limit |", "|" + "---|" * 10]
+  for r in rows:
+    lines.append(
+        f"| {r['codec']} | {r['ratio']:.1f} | {r['encode_ms']:.2f} | {r['decode_ms']:.2f} | "
+        f"{r['memory_limit_ms']:.2f} | {r['compute_limit_ms']:.2f} | "
+        f"{_x(r['roundtrip_x_limit'])} | {r['ef_step_ms']:.2f} | {r['ef_limit_ms']:.2f} | "
+        f"{_x(r['ef_x_limit'])} |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":
