@@ -12,7 +12,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs
-from jaxcomm.codecs import _random, _select
+from jaxcomm.codecs import _bits, _random, _select, _sparse
 from tests import contract
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
@@ -83,7 +83,7 @@ def test_counter_based_uniforms_are_uniform_and_independent():
 # ------------------------------------------------------------------------------ quantisers
 def _fp4_ref(x, block, u=None):
   """The previous fp4: comparisons against the grid summed over a new axis, a gather."""
-  xb, _ = codecs._bits.blocks(x, block)  # pylint: disable=protected-access
+  xb, _ = _bits.blocks(x, block)
   scale = jnp.max(jnp.abs(xb), axis=1) / 6.0
   v = jnp.abs(xb) / jnp.where(scale > 0, scale, 1.0)[:, None]
   grid = jnp.asarray(E2M1)
@@ -93,23 +93,23 @@ def _fp4_ref(x, block, u=None):
     lo = jnp.clip(jnp.sum(v[..., None] >= grid[1:], axis=-1), 0, 6)
     idx = lo + (u.reshape(v.shape) < (v - grid[lo]) / (grid[lo + 1] - grid[lo]))
   mag = grid[idx] * scale[:, None]
-  return codecs._bits.unblock(jnp.where(xb < 0, -mag, mag), x.shape[0])  # pylint: disable=protected-access
+  return _bits.unblock(jnp.where(xb < 0, -mag, mag), x.shape[0])
 
 
 def _log_quant_ref(x, bits, alpha, block):
   """The previous log_quant: log1p per element, round, expm1 per element."""
   levels, log1p_a = 2 ** (bits - 1) - 1, math.log1p(alpha)
-  xb, _ = codecs._bits.blocks(x, block)  # pylint: disable=protected-access
+  xb, _ = _bits.blocks(x, block)
   m = jnp.max(jnp.abs(xb), axis=1)
   q = jnp.log1p(alpha * jnp.abs(xb) / jnp.where(m > 0, m, 1.0)[:, None]) / log1p_a
   lv = jnp.clip(jnp.round(q * levels), 0, levels)
   mag = jnp.expm1(lv / levels * log1p_a) / alpha * m[:, None]
-  return codecs._bits.unblock(jnp.where(xb < 0, -mag, mag), x.shape[0]), q * levels  # pylint: disable=protected-access
+  return _bits.unblock(jnp.where(xb < 0, -mag, mag), x.shape[0]), q * levels
 
 
 def _masked_ref(x, block, symmetric_sign):
   """The previous asymmetric grid (masked min / max) or sign scale (masked count)."""
-  xb, valid = codecs._bits.blocks(x, block)  # pylint: disable=protected-access
+  xb, valid = _bits.blocks(x, block)
   if symmetric_sign:
     return jnp.sum(jnp.abs(xb), axis=1) / jnp.sum(valid, axis=1)
   lo = jnp.min(jnp.where(valid, xb, jnp.inf), axis=1)
@@ -132,7 +132,7 @@ def test_quantiser_fast_paths_equal_the_old_formulas():
   for block in (32, 30, None):
     same(batch(codecs.fp4(block=block).roundtrip, xs), batch(lambda x: _fp4_ref(x, block), xs))
   stochastic = codecs.fp4(block=32, stochastic=True)
-  u = lambda k: _random.uniform(k, codecs._bits.blocks(xs[0], 32)[0].shape)  # pylint: disable=protected-access
+  u = lambda k: _random.uniform(k, _bits.blocks(xs[0], 32)[0].shape)
   same(batch(stochastic.roundtrip, xs, keys), batch(lambda x, k: _fp4_ref(x, 32, u(k)), xs, keys))
   for bits, alpha, block in [(4, 10.0, 256), (5, 3.0, 100), (2, 10.0, None), (7, 10.0, 64)]:
     ref, ql = batch(lambda x: _log_quant_ref(x, bits, alpha, block), xs)
@@ -181,14 +181,14 @@ def test_sort_free_top_k_pieces():
   counts = rng.integers(0, 33, 5000).astype(np.int32)
   np.testing.assert_array_equal(_select.cumsum(jnp.asarray(counts)), np.cumsum(counts))
   words = rng.integers(0, 2 ** 32, 300, dtype=np.uint64).astype(np.uint32)
-  pos, count = _select._compact(jnp.asarray(words), 6000)  # pylint: disable=protected-access
+  pos, count = _select._compact(jnp.asarray(words), 6000)
   bits = np.unpackbits(words.view(np.uint8), bitorder="little")
   np.testing.assert_array_equal(np.asarray(pos)[:int(count)], np.flatnonzero(bits))
   vals = rng.integers(0, 2 ** 31 - 1, 999).astype(np.int32)
   for k in (1, 500, 999):
-    kth = _select._kth_largest_bits(jnp.asarray(vals), k)  # pylint: disable=protected-access
+    kth = _select._kth_largest_bits(jnp.asarray(vals), k)
     assert int(kth) == np.sort(vals)[::-1][k - 1]
-  assert _select._plan(N_BIG, N_BIG // 100) is not None  # pylint: disable=protected-access
+  assert _select._plan(N_BIG, N_BIG // 100) is not None
 
 
 def test_sort_free_top_k_under_vmap_and_shard_map(mesh8):
@@ -215,7 +215,7 @@ def test_top_k_and_rtop_k_codecs_keep_their_meaning():
   r = codecs.rtop_k(0.04, 0.01)
   rr = max(1, round(0.04 * N_BIG))
   top = lax.top_k(jnp.abs(x), rr)[1]
-  st = codecs._sparse._Strata(rr, k)  # pylint: disable=protected-access
+  st = _sparse._Strata(rr, k)
   want = top[st.indices(st.offsets(key))]
   np.testing.assert_array_equal(r.encode(x, key)[1], want)
 
@@ -250,7 +250,7 @@ def test_rtop_k_in_index_order_samples_the_top_r():
   idx = np.asarray(jax.jit(jax.vmap(lambda key: c.encode(x, key)[1]))(keys))
   assert set(idx.ravel().tolist()) <= set(top.tolist())
   assert all(len(set(row)) == k for row in idx.tolist())  # distinct picks
-  st = codecs._sparse._Strata(r, k)  # pylint: disable=protected-access
+  st = _sparse._Strata(r, k)
   np.testing.assert_array_equal(idx[0], top[st.indices(st.offsets(keys[0]))])
   freq = np.bincount(np.searchsorted(top, idx.ravel()), minlength=r) / len(keys)
   np.testing.assert_allclose(freq, k / r, atol=5 * math.sqrt(k / r / len(keys)))

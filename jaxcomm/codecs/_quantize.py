@@ -2,7 +2,10 @@
 
 All of them are non-linear (each worker's scales differ, so codes cannot be summed) and
 prefer the two-phase all-reduce, where a reduced chunk re-encodes to the size of a worker's.
-Codes travel packed (`pack_bits`), scales as float32, one or two per block.
+Codes travel packed (`pack_bits`), scales as float32, one or two per block. Stochastic
+rounding draws its uniforms from `_random` (counter-based: one fused pass, where threefry
+cost ten times the quantiser); grids are found by compares and decoded by select trees, so
+encode and decode are single vectorised passes.
 """
 
 from __future__ import annotations

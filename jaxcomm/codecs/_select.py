@@ -138,7 +138,8 @@ def top_k_indices(a: jax.Array, k: int) -> jax.Array:
       bits = jnp.where(jnp.arange(cap) < count, bits, -1)
       kth = _kth_largest_bits(bits, k)
       above = bits > kth
-      ties = jnp.where(bits == kth, cumsum((bits == kth).astype(jnp.int32)), 0)  # 1-based rank among ties
+      tie = bits == kth
+      ties = jnp.where(tie, cumsum(tie.astype(jnp.int32)), 0)  # 1-based rank among ties
       keep = above | ((ties > 0) & (ties <= k - jnp.sum(above)))
       keep = jnp.pad(keep, (0, -cap % _ROW))
       picked, _ = _compact(_pack_words(keep), k)
