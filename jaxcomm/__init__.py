@@ -2,17 +2,20 @@
 
 Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs), `sync`
 (every-step gradient synchronisation), `local` (when it travels), `parallel` (layouts),
-`models`, `data`, `train`, `sim`.
+`models`, `data`, `train`, `elastic` (training on while processes die and rejoin), `sim`;
+`testing` holds the contract checks every codec and transform passes, for your own tests.
 """
 
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import elastic
 from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import parallel
 from jaxcomm import sim
 from jaxcomm import sync
+from jaxcomm import testing
 from jaxcomm import train
 
 __version__ = "0.1.0"
@@ -21,10 +24,12 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "elastic",
     "local",
     "models",
     "parallel",
     "sim",
     "sync",
+    "testing",
     "train",
 )

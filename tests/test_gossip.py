@@ -14,33 +14,6 @@ from jaxcomm import codecs, comm, data, models, sync, train
 W = 8
 
 
-# Test-local non-linear codecs against the Codec contract (issue 3 is writing the real ones;
-# after merge, switch `_top_k` / `_sign` below to `codecs.top_k` / `codecs.sign`).
-def _top_k(fraction):
-  count = lambda n: max(1, int(round(fraction * n)))
-
-  def encode(x, key):
-    del key
-    _, idx = lax.top_k(jnp.abs(x), count(x.shape[0]))
-    return x[idx], idx.astype(jnp.uint16)
-
-  def decode(payload, n):
-    return jnp.zeros((n,), jnp.float32).at[payload[1].astype(jnp.int32)].set(payload[0])
-
-  return codecs.Codec(f"top_k({fraction})", encode, decode, lambda n: 6 * count(n))
-
-
-def _sign():
-  def encode(x, key):
-    del key
-    return jnp.packbits(x >= 0), jnp.mean(jnp.abs(x))[None]
-
-  def decode(payload, n):
-    return (2.0 * jnp.unpackbits(payload[0])[:n] - 1.0) * payload[1][0]
-
-  return codecs.Codec("sign", encode, decode, lambda n: (n + 7) // 8 + 4)
-
-
 def run_steps(trainer, state, batches):
   """Runs len(batches) steps in one jitted scan (fast, and nothing queues up asynchronously)."""
   fn = trainer.step_fn(state, jax.tree.map(lambda b: b[0], batches))
@@ -184,7 +157,7 @@ def test_choco_with_identity_codec_is_gossip_of_the_half_step(mesh8):
   np.testing.assert_allclose(state.params["x"], x, atol=1e-5)
 
 
-@pytest.mark.parametrize("codec", [_top_k(0.1), _sign()], ids=["top_k", "sign"])
+@pytest.mark.parametrize("codec", [codecs.top_k(0.1), codecs.sign()], ids=["top_k", "sign"])
 def test_choco_compressed_converges_on_quadratic(mesh8, codec):
   b, loss, params = _quadratic(d=50)
   steps = 300
@@ -235,7 +208,7 @@ def test_dpsgd_ring_and_choco_reach_exact_dp_loss_on_mlp(mesh8, mlp_task):
                                         sync.dpsgd(optax.sgd(lr), "ring", num_workers=W))
   assert dist > 0  # the workers really did differ
   assert abs(averaged - dp) < 0.03 * dp and abs(own - dp) < 0.06 * dp, (averaged, own, dp)
-  for codec in (_top_k(0.1), _sign()):
+  for codec in (codecs.top_k(0.1), codecs.sign()):
     tx = sync.choco(optax.sgd(lr), "ring", codec, num_workers=W, consensus_step=0.3)
     averaged, own, _ = _mlp_final_loss(mesh8, mlp_task, tx)
     assert abs(averaged - dp) < 0.03 * dp and abs(own - dp) < 0.06 * dp, \
@@ -275,11 +248,13 @@ def test_dpsgd_bytes_counted_equal_inspect_and_formula(mesh8, name):
 def test_choco_and_consensus_measurement_bytes(mesh8):
   b, loss, params = _quadratic(d=40)
   batch = {"b": b}
-  codec = _top_k(0.1)
+  codec = codecs.top_k(0.1)
   counted, report = _bytes_three_ways(
       mesh8, sync.choco(optax.sgd(0.1), "ring", codec, num_workers=W), params, loss, batch)
-  assert counted == [2 * codec.payload_bytes(40)] * 3 == [report.wire_bytes()] * 3 == [48] * 3
-  assert {c.dtype for c in report} == {"u32", "u16"}  # f32 values as bits, u16 indices
+  # top-k of 10% of 40: 4 f32 values (16 bytes) and 4 u8 indices (4 bytes) to each of the
+  # ring's 2 neighbours.
+  assert counted == [2 * codec.payload_bytes(40)] * 3 == [report.wire_bytes()] * 3 == [40] * 3
+  assert {c.dtype for c in report} == {"u32", "u8"}  # f32 values as bits, u8 indices
   # bf16 payloads travel as their bits.
   counted, report = _bytes_three_ways(
       mesh8, sync.choco(optax.sgd(0.1), "ring", codecs.cast("bfloat16"), num_workers=W),
@@ -308,7 +283,7 @@ def test_measured_consensus_distance_in_state(mesh8):
 # ------------------------------------------------------------------ contract and bad input
 @pytest.mark.parametrize("make", [
     lambda: sync.dpsgd(optax.sgd(0.1, momentum=0.5), "ring", num_workers=W, axis_name=None),
-    lambda: sync.choco(optax.sgd(0.1), "ring", _sign(), num_workers=W, axis_name=None),
+    lambda: sync.choco(optax.sgd(0.1), "ring", codecs.sign(), num_workers=W, axis_name=None),
 ], ids=["dpsgd", "choco"])
 def test_contract_on_one_device(make):
   tx = make()
@@ -357,23 +332,3 @@ def test_bad_input_fails_at_build(mesh8):
   trainer = train.Trainer(loss, sync.dpsgd(optax.sgd(0.1), "ring", num_workers=4), mesh8)
   with pytest.raises(ValueError, match="has 4 workers but the mesh axis"):
     trainer.init(params)
-
-
-def test_experiment_builders_register_gossip_methods():
-  from experiments import builders  # pylint: disable=import-outside-toplevel
-  for algo, topology in (("dpsgd", "torus"), ("dpsgd", "one_peer_exponential"),
-                         ("choco", "exponential")):
-    cfg = builders.Config(algo=algo, optimizer="sgd",
-                          extra={"topology": topology, "num_workers": W,
-                                 "gossip_codec": "bfloat16"})
-    tx = builders.make_optimizer(cfg)
-    assert hasattr(tx, "update")
-  with pytest.raises(ValueError, match="unknown; allowed"):
-    builders.make_optimizer(builders.Config(algo="dpsgd", extra={"topology": "hypercube",
-                                                                 "num_workers": W}))
-  with pytest.raises(ValueError, match="time-varying"):
-    builders.make_optimizer(builders.Config(algo="choco", extra={
-        "topology": "one_peer_exponential", "num_workers": W}))
-  with pytest.raises(ValueError, match="gossip_codec"):
-    builders.make_optimizer(builders.Config(algo="choco", extra={
-        "topology": "ring", "num_workers": W, "gossip_codec": "zip"}))

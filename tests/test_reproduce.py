@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import _reproduce as rep
-from experiments import algos_compression
-from experiments import builders
+from experiments import build
 from experiments import reproduce_demo
 from experiments import reproduce_diloco
 from experiments import reproduce_powersgd
@@ -19,12 +18,13 @@ from experiments import reproduce_topk
 from jaxcomm import codecs, comm, sync
 
 # One scale for every test: the DP and DiLoCo runs the reproductions share train once.
-TINY = rep.Scale(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1, num_heads=2,
-                 d_ff=32, hidden=(16,), eval_batch=8, smooth=2)
+TINY = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
+                       eval_batch=8, smooth=2)
+TINY.model.update(num_heads=2, d_ff=32, hidden=(16,))
 
 
 def _params(model: str):
-  return builders.make_task(rep.config(TINY, model, "dp"))[2]
+  return build.model_task(rep.config(TINY, model, "dp"))[3]
 
 
 def _num_params(model: str) -> int:
@@ -71,7 +71,7 @@ def test_powersgd(tmp_path):
   workdir = str(tmp_path)
   s = reproduce_powersgd.run(TINY, workdir, ranks=(1,), table=False)
   _check_outputs(workdir, s, s["runs"], "powersgd.png")
-  params = builders.make_task(rep.config(TINY, "mlp", "dp"))[2]
+  params = _params("mlp")
   dp, *lowrank = s["runs"]
   assert [(r["rank"], r["error_feedback"]) for r in lowrank] == \
       [(1, True), (1, False)]
@@ -87,7 +87,7 @@ def test_topk(tmp_path):
   _check_outputs(workdir, s, s["runs"], "topk.png")
   dp, with_memory, without = s["runs"]
   n = _num_params("mlp")
-  sent = comm.compressed_bytes(algos_compression.make_codec("top_k", 0.1), n, 8, "gather")
+  sent = comm.compressed_bytes(codecs.top_k(0.1), n, 8, "gather")
   assert with_memory["bytes_per_step"] == without["bytes_per_step"] == sent
   assert sent < dp["bytes_per_step"]
 
@@ -123,6 +123,8 @@ def test_streaming(tmp_path):
   assert np.count_nonzero(exact["curve"]["wire_bytes"]) == p * scale.steps // h
 
 
-def test_bad_scale():
+def test_bad_base_config():
   with pytest.raises(ValueError, match="steps"):
-    rep.Scale(steps=0)
+    rep.base_config(steps=0)
+  with pytest.raises(ValueError, match="smooth"):
+    rep.base_config(smooth=0)

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxcomm import codecs, comm, data, models, sync, train
+from jaxcomm import codecs, comm, data, models, sync, testing, train
 from tests import contract
 
 W = 8
@@ -35,19 +35,19 @@ def _local_grads(task, t=0):
 def test_contract(warm_start):
   tx = optax.chain(sync.powersgd(1, warm_start=warm_start, min_compression_rate=0,
                                  axis_name=None), optax.sgd(0.2))
-  contract.check_transform(tx, steps=300)
+  testing.check_transform(tx, steps=300)
 
 
 def test_bytes_counted_equal_inspect_and_formula(mesh8):
   tx = optax.chain(sync.powersgd(1, min_compression_rate=0), optax.sgd(0.1))
-  _, _, m, report = contract.check_on_mesh(tx, mesh8, steps=2)  # asserts counted == inspect
-  params = contract.example_params(jnp.float32)
+  _, _, m, report = testing.check_on_mesh(tx, mesh8, steps=2)  # asserts counted == inspect
+  params = testing.example_params(jnp.float32)
   assert int(m["wire_bytes"]) == round(sync.powersgd_bytes(params, 1, W, min_compression_rate=0))
   assert len(report.collectives) == 2  # one all-reduce for P (+ exact leaves), one for Q
 
 
 def test_start_iter_bytes_counted_per_branch_equal_inspect_and_formula(mesh8):
-  params = contract.example_params(jnp.float32)
+  params = testing.example_params(jnp.float32)
   loss = lambda p, b: 0.5 * sum(jnp.sum((x - b["t"][0, i]) ** 2)
                                 for i, x in enumerate(jax.tree.leaves(p)))
   batch = {"t": jnp.arange(W * 2, dtype=jnp.float32).reshape(W, 2) / W}

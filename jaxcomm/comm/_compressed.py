@@ -11,6 +11,8 @@ A codec's payload (see `jaxcomm.codecs.Codec`) can be summed over workers in thr
 * `reduce_scatter_encoded`: the first half of `two_phase` alone: device r ends with the
   float32 sum of chunk r (compressed ZeRO's gradient reduce-scatter). Wire bytes:
   (W-1) * payload_bytes(ceil(n/W)).
+* `all_gather_encoded`: every device's chunk travels encoded and every device decodes all
+  of them (compressed ZeRO's parameter all-gather). Wire bytes: (W-1) * payload_bytes(m).
 * `two_phase`: split the vector into W chunks, all-to-all the ENCODED chunks, decode and sum
   chunk r in float32 on device r, re-encode it (optionally with an owner-side error memory),
   all-gather the re-encoded chunks and decode. DeepSpeed's compressed all-reduce (1-bit Adam),
@@ -34,9 +36,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcomm.codecs import Codec
-from jaxcomm.comm._collectives import (AxisName, _axes, all_gather, all_gather_bytes, all_to_all,
-                                       all_to_all_bytes, allreduce_bytes, axis_size, from_bits,
-                                       sum as _sum, to_bits)
+from jaxcomm.comm._collectives import (AxisName, all_gather, all_gather_bytes, all_to_all,
+                                       all_to_all_bytes, allreduce_bytes, axis_names, axis_size,
+                                       from_bits, psum_tree, to_bits)
 
 COLLECTIVES = ("psum", "gather", "two_phase")
 
@@ -111,24 +113,27 @@ def linear_sum(payload: Any, decode: Callable[[Any], jax.Array],
     raise ValueError(f"linear_sum cannot psum payload leaves of dtype {narrow}: XLA:CPU widens "
                      f"narrow-float all-reduce operands to float32, so the bytes would be "
                      f"wrong. Use two_phase (the payload travels as its bits).")
-  summed, nbytes = _sum(payload, axis_name)
+  summed, nbytes = psum_tree(payload, axis_name)
   return decode(summed).astype(jnp.float32), nbytes
 
 
-def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: AxisName,
+def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: AxisName, *,
+               weights: jax.Array | None = None,
                decode_sum: Callable[[Any], jax.Array] | None = None) -> tuple[jax.Array, float]:
   """All-gathers every device's payload, decodes each and sums in float32.
 
   The decoded payloads are accumulated one at a time (memory of one decoded vector, not W),
-  or all at once by `decode_sum` when given (a codec's `decode_sum`: sparse payloads
-  scatter-added into one vector, a transform inverted once).
+  or, without weights, all at once by `decode_sum` when given (a codec's `decode_sum`: sparse
+  payloads scatter-added into one vector, a transform inverted once).
 
   Args:
     payload: this device's payload (any codec).
     decode: payload -> float32 array.
     axis_name: the axis (or axes) to gather over; None for one device.
+    weights: optional f32[W], the weight of each device's decoded payload in the sum (e.g. 0
+      for a device that does not take part); the same on every device.
     decode_sum: optional: payloads stacked on a leading axis -> the float32 sum of their
-      decodes.
+      decodes (used when there are no weights).
 
   Returns:
     `(sum, wire bytes)`, the sum invariant over `axis_name`; bytes (W-1) * payload bytes.
@@ -138,17 +143,17 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: Axis
   >>> gather_sum(c.encode(jnp.array([1., -3.]), None), lambda p: c.decode(p, 2), None)
   (Array([ 0., -3.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
+  weigh = (lambda x, i: x) if weights is None else (lambda x, i: weights[i] * x)
   if not axes:
-    return decode(payload).astype(jnp.float32), 0.0
+    return weigh(decode(payload).astype(jnp.float32), 0), 0.0
   w = axis_size(axes)
   wire, nbytes = all_gather(_pack(payload, 0), axes)  # [W, ...], invariant
   gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
-  if decode_sum is not None:
+  if decode_sum is not None and weights is None:
     return decode_sum(gathered).astype(jnp.float32), nbytes
-  pick = lambda i: jax.tree.map(lambda x: x[i], gathered)
-  first = decode(pick(0)).astype(jnp.float32)
-  total = lax.fori_loop(1, w, lambda i, acc: acc + decode(pick(i)).astype(jnp.float32), first)
+  term = lambda i: weigh(decode(jax.tree.map(lambda x: x[i], gathered)).astype(jnp.float32), i)
+  total = lax.fori_loop(1, w, lambda i, acc: acc + term(i), term(0))
   return total, nbytes
 
 
@@ -195,11 +200,15 @@ def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
   >>> out.chunk, nbytes
   (Array([0., 1., 2., 3.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   n = vec.shape[0]
   if not axes:
     own = codec.decode_with(codec.encode(vec, key), n, key)
     return ScatteredSum(own, own), 0.0
+  if codec.length is not None:
+    raise ValueError(f"codec {codec.name!r} needs the whole vector ({codec.length} elements), "
+                     f"but a reduce-scatter or two-phase sum encodes 1/W chunks of it; send it "
+                     f"with gather_sum (collective='gather').")
   w = axis_size(axes)
   c = -(-n // w)
   chunks = jnp.pad(vec.astype(jnp.float32), (0, w * c - n)).reshape(w, c)
@@ -212,6 +221,39 @@ def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
   key_r = None if keys is None else keys[lax.axis_index(axes)]
   chunk = jnp.sum(_vmapped(lambda p: decode(p, key_r), received), axis=0)
   return ScatteredSum(chunk, own), nbytes
+
+
+def all_gather_encoded(chunk: jax.Array, codec: Codec, axis_name: AxisName
+                       ) -> tuple[jax.Array, float]:
+  """All-gather of a flat float32 chunk whose payload travels encoded by `codec`.
+
+  Every device encodes its chunk, the payloads are all-gathered and every device decodes
+  all W of them into the concatenated vector (invariant over the axis): compressed ZeRO's
+  parameter all-gather (ZeRO++ qwZ with a block-quantising codec). The device's own chunk
+  comes back decoded too, so every device holds the same values. Deterministic codecs only
+  (a key would have to be shared to decode).
+
+  Args:
+    chunk: f32[m], this device's chunk.
+    codec: a deterministic `Codec`.
+    axis_name: the axis (or axes) to gather over; None for one device (the round trip).
+
+  Returns:
+    `(f32[W m] decoded chunks in device order, wire bytes)`; bytes (W-1) payload_bytes(m).
+
+  >>> from jaxcomm import codecs
+  >>> out, nbytes = all_gather_encoded(jnp.array([0.5, -1.0]), codecs.uniform(8), None)
+  >>> out, nbytes  # one device: the round trip (int8 steps of 1/127)
+  (Array([ 0.496063, -1.      ], dtype=float32), 0.0)
+  """
+  m = chunk.shape[0]
+  payload = codec.encode(chunk.astype(jnp.float32), None)
+  if not axis_names(axis_name):
+    return codec.decode(payload, m).astype(jnp.float32), 0.0
+  wire, nbytes = all_gather(_pack(payload, 0), axis_name)  # [W, ...], invariant
+  gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
+  decoded = _vmapped(lambda p: codec.decode(p, m), gathered)  # f32[W, m]
+  return decoded.astype(jnp.float32).reshape(-1), nbytes
 
 
 def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = None,
@@ -250,7 +292,7 @@ def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = N
     >>> f(jnp.ones(16)).tolist() == [8.0] * 16
     True
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   n = vec.shape[0]
   if not axes:
     payload = codec.encode(vec, key)
@@ -283,8 +325,8 @@ def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = N
 
 
 def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective: str, *,
-                   key: Any = None,
-                   server_memory: jax.Array | None = None) -> tuple[CompressedSum, float]:
+                   key: Any = None, server_memory: jax.Array | None = None,
+                   weights: jax.Array | None = None) -> tuple[CompressedSum, float]:
   """Sum over `axis_name` of what `codec` makes of each device's `vec`, by `collective`.
 
   Args:
@@ -294,6 +336,8 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
     collective: "psum" (linear codecs with float32 payloads), "gather" or "two_phase".
     key: PRNG key for stochastic codecs (shared by all devices for shared-key codecs).
     server_memory: two-phase only: f32[n] owner-side error memory, or None.
+    weights: gather only: f32[W] weight of each device's payload in the sum (see
+      `gather_sum`). With a linear codec, scaling `vec` does the same on any collective.
 
   Returns:
     `(CompressedSum(total, own, server_memory), wire bytes)`: `total` is the float32 sum
@@ -306,6 +350,8 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   """
   if collective not in COLLECTIVES:
     raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}.")
+  if weights is not None and collective != "gather":
+    raise ValueError(f"weights are for collective='gather' only, got {collective!r}.")
   if collective == "two_phase":
     return two_phase(vec, codec, axis_name, key=key, server_memory=server_memory)
   n = vec.shape[0]
@@ -315,7 +361,8 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   if collective == "psum":
     total, nbytes = linear_sum(payload, decode, axis_name)
   else:  # shared-key codecs decode with the key, one payload at a time
-    total, nbytes = gather_sum(payload, decode, axis_name, None if codec.shared_key else
+    total, nbytes = gather_sum(payload, decode, axis_name, weights=weights,
+                               decode_sum=None if codec.shared_key else
                                (lambda p: codec.decode_sum_with(p, n)))
   return CompressedSum(total, own, server_memory), nbytes
 

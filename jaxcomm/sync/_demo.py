@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -20,7 +21,8 @@ class DemoState(NamedTuple):
 
 
 def _codec(params, chunk: int, k: int) -> codecs.Codec:
-  return codecs.tiled_dct_top_k([jnp.shape(x) for x in jax.tree.leaves(params)], chunk, k)
+  """DeMo's per-tensor codec for this tree (a shape-aware codec: `codecs.for_tree`)."""
+  return codecs.for_tree(functools.partial(codecs.tiled_dct_top_k, chunk=chunk, k=k), params)
 
 
 def demo_bytes(params, w: int, chunk: int = 64, k: int = 32) -> float:
@@ -53,6 +55,10 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
   (value, index) pairs, decode each and average; the update is -lr sign(mean) - lr wd theta
   (decoupled weight decay). Wire format: k float32 values and tile-local indices (uint16
   for 64 x 64 tiles) per tile, from all W workers: (W - 1) x that per device.
+
+  Sharded gradients (`parallel.Layout.optimizer`): per shard; the tiles are cut from this
+  device's shard of each tensor (chunks divide the shard's dimensions), so no tile
+  straddles two devices and nothing travels but the replicas' payloads.
 
   Args:
     learning_rate: a float or an optax schedule of the update count.
@@ -93,6 +99,7 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
                      wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "sync.demo")
     del extra_args
     g, unflatten = codecs.flatten(updates)
     rate = lr(state.count)
