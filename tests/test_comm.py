@@ -1,4 +1,4 @@
-"""Collectives: values against numpy, wire bytes against ALGORITHMS.md and compiled HLO."""
+"""Collectives: values against numpy, wire bytes against docs/algorithms.md and compiled HLO."""
 
 import jax
 import jax.numpy as jnp

@@ -117,7 +117,7 @@ def test_compression_ratio_is_dp_bytes_over_counted_bytes(summary):
     assert m["dp_wire_bytes_per_step"] == dp_bytes
     assert m["compression_ratio"] == pytest.approx(dp_bytes / m["wire_bytes_per_step"])
   # Top-k 1 %: the (value, index) pairs of 1 % of the n entries all-gathered from W - 1
-  # peers (ALGORITHMS.md), where DP sends 2(W-1)/W * 4n bytes.
+  # peers (docs/algorithms.md), where DP sends 2(W-1)/W * 4n bytes.
   n = round(dp_bytes / (2 * (W - 1) / W * 4))
   topk = by["topk1%_ef"]
   assert topk["wire_bytes_per_step"] == (W - 1) * codecs.top_k(0.01).payload_bytes(n)

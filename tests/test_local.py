@@ -3,7 +3,7 @@
 Each reference below re-implements a method's update rule directly (worker parameters as a
 stacked [W, ...] tree, gradients by vmap on one device) and the Trainer's per-worker state
 is held against it; bytes are held three ways (counted in state, comm.inspect inside the
-conditional, ALGORITHMS.md formula). Tiny MLP on digits, few steps: compile time dominates.
+conditional, docs/algorithms.md formula). Tiny MLP on digits, few steps: compile time dominates.
 """
 
 import math
@@ -394,7 +394,7 @@ def test_checkpoint_mid_period_resumes_exactly(task, tmp_path):
 
 # ------------------------------------------------------------------ bytes, three ways
 def _sync_bytes(name, params):
-  """(bytes of each sync over one period, ALGORITHMS.md formulas) of a SCHEDULES run."""
+  """(bytes of each sync over one period, docs/algorithms.md formulas) of a SCHEDULES run."""
   sizes = [x.size for x in jax.tree.leaves(params)]
   n = sum(sizes)
   if name == "streaming":

@@ -181,7 +181,7 @@ def lm_reference():
 
 
 def _tensor_bytes(mesh_shape, sp, fsdp):
-  """TP traffic of one LM step over `tensor` (ALGORITHMS.md, Megatron)."""
+  """TP traffic of one LM step over `tensor` (docs/algorithms.md, Megatron)."""
   t, d, layers = mesh_shape["tensor"], LM["d_model"], LM["num_layers"]
   act = BATCH // mesh_shape.get("data", 1) // mesh_shape.get("fsdp", 1) * SEQ * d * 4
   if not sp:  # Attention and MLP: one all-reduce each forward, one each backward. FSDP

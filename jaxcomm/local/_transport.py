@@ -5,7 +5,7 @@ workers. Linear codecs (identity, cast, shared-seed random-k) have summable payl
 leaves are all-reduced with psum, narrower float leaves travel as their bits through the
 two-phase reduction (all-to-all, float32 sum, all-gather), so every byte on the wire really
 is the narrow type. Every other codec travels by gather: all-gather the payloads, decode
-each worker's, sum in float32 (ALGORITHMS.md, "Which collective a codec may use").
+each worker's, sum in float32 (docs/algorithms.md, "How a payload is summed").
 
 Non-linear codecs that need the two-phase compressed all-reduce with re-encoding (issue 3,
 `jaxcomm.comm`/`jaxcomm.sync`) plug in here, in `_nonlinear_sum`, and nowhere else.
