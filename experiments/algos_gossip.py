@@ -51,4 +51,4 @@ def _choco(cfg: builders.Config, inner: optax.GradientTransformation):
                      "(use --algo=dpsgd for it).")
   return sync.choco(inner, graph, gossip_codec(cfg.extra.get("gossip_codec") or "bfloat16"),
                     consensus_step=float(cfg.extra.get("consensus_step") or 0.5),
-                    axis_name=cfg.axis_name, seed=cfg.seed)
+                    axis_name=cfg.axis_name, key=jax.random.key(cfg.seed))

@@ -13,6 +13,7 @@ feedback off), start_iter, bits, alpha, collective, freeze_step, beta, chunk, k.
 
 from __future__ import annotations
 
+import jax
 import optax
 
 from experiments import builders
@@ -20,14 +21,14 @@ from jaxcomm import sync
 
 
 def _lowrank_options(extra: dict) -> dict:
-  return dict(error_feedback=extra.get("memory", "ef") not in ("none", None),
+  return dict(memory=None if extra.get("memory", "ef") in ("none", None) else "ef",
               start_iter=extra.get("start_iter", 0))
 
 
 @builders.algorithm("powersgd")
 def _powersgd(cfg: builders.Config, inner: optax.GradientTransformation):
   return optax.chain(sync.powersgd(cfg.extra.get("rank", 2), axis_name=cfg.axis_name,
-                                   seed=cfg.seed, **_lowrank_options(cfg.extra)), inner)
+                                   key=jax.random.key(cfg.seed), **_lowrank_options(cfg.extra)), inner)
 
 
 @builders.algorithm("lq_sgd")
@@ -36,7 +37,7 @@ def _lq_sgd(cfg: builders.Config, inner: optax.GradientTransformation):
   return optax.chain(sync.lq_sgd(
       cfg.extra.get("rank", 2), bits=cfg.extra.get("bits", 8), alpha=cfg.extra.get("alpha", 10.0),
       collective="two_phase" if collective in (None, "auto") else collective,
-      axis_name=cfg.axis_name, seed=cfg.seed, **_lowrank_options(cfg.extra)), inner)
+      axis_name=cfg.axis_name, key=jax.random.key(cfg.seed), **_lowrank_options(cfg.extra)), inner)
 
 
 @builders.algorithm("onebit_adam")

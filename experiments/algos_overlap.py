@@ -37,7 +37,7 @@ def _stale(cfg: builders.Config, inner: optax.GradientTransformation):
   compensation = cfg.extra.get("compensation")
   return local.stale(inner, cfg.extra.get("delay", 1), cfg.axis_name,
                      compensation=None if compensation in (None, "none") else compensation,
-                     lam=cfg.extra.get("dc_lambda", 0.04))
+                     dc_lambda=cfg.extra.get("dc_lambda", 0.04))
 
 
 @builders.algorithm("acco")

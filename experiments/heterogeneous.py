@@ -73,7 +73,7 @@ def main(argv):
         (sim.mindflayer_sgd(allotted, trials=1), steps, lr),
     ]
     results = [sim.simulate_workers(m, grad_fn, loss_fn, params, compute, mesh=mesh, steps=k, lr=a,
-                            seed=_SEED.value) for m, k, a in runs]
+                            key=jax.random.key(_SEED.value)) for m, k, a in runs]
     horizon = min(r.time[-1] for r in results)
     target = _TARGET.value
     summary[title] = {"horizon": horizon, "target_loss": target, "methods": {}}

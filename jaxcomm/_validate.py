@@ -16,6 +16,7 @@ import math
 import numbers
 from typing import Any, Collection
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -95,6 +96,26 @@ def axis_name(name: str, value: Any, *, allow_none: bool = True) -> Any:
     raise ValueError(f"{name} must be a non-empty string or a tuple of distinct non-empty "
                      f"strings (mesh axis names){none}, got {value!r}.")
   return value
+
+
+def key(name: str, value: Any) -> jax.Array:
+  """A JAX PRNG key, returned as its raw uint32 key data (checkpointable state).
+
+  Accepts a typed key (`jax.random.key(0)`) or raw key data (`jax.random.PRNGKey(0)`) of
+  JAX's default implementation; None is the fixed default `jax.random.key(0)`, so a
+  transform built without a key is still reproducible.
+  """
+  default = jax.random.key(0)
+  if value is None:
+    return jax.random.key_data(default)
+  if isinstance(value, (jax.Array, np.ndarray)):
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+      if value.shape == () and jax.random.key_impl(value) == jax.random.key_impl(default):
+        return jax.random.key_data(value)
+    elif value.dtype == np.uint32 and value.shape == jax.random.key_data(default).shape:
+      return jnp.asarray(value)
+  raise ValueError(f"{name} must be one PRNG key of JAX's default implementation "
+                   f"(jax.random.key(0)) or None (that fixed default), got {value!r}.")
 
 
 def callable_(name: str, value: Any) -> Any:

@@ -119,9 +119,9 @@ def test_rennala_beats_synchronous_sgd_in_simulated_time_with_one_slow_worker(on
 def test_mindflayer_beats_rennala_under_heavy_tailed_times(mesh8):
   compute = sim.heavy_tailed(base=1.0, scale=0.1, alpha=0.5)  # infinite mean: workers get stuck
   rennala = sim.simulate_workers(sim.rennala_sgd(W), grad_fn, loss_fn, PARAMS, compute, mesh=mesh8,
-                         steps=60, lr=0.2, seed=3)
+                         steps=60, lr=0.2, key=jax.random.key(3))
   mindflayer = sim.simulate_workers(sim.mindflayer_sgd(allotted=2.0, trials=1), grad_fn, loss_fn,
-                            PARAMS, compute, mesh=mesh8, steps=60, lr=0.2, seed=3)
+                            PARAMS, compute, mesh=mesh8, steps=60, lr=0.2, key=jax.random.key(3))
   assert mindflayer.time[-1] <= 60 * 2.0 + 1e-3  # a step never lasts more than the allotted time
   horizon = mindflayer.time[-1]
   assert mindflayer.loss_at(horizon) < 0.5 * rennala.loss_at(horizon), (

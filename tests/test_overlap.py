@@ -155,7 +155,7 @@ def test_stale_delay_zero_equals_dp(mesh8, mlp):
   params, loss, batch_fn = mlp
   dp = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.5)), mesh8)
   dp_state, _ = run(dp, params, batch_fn, 3)
-  st = train.Trainer(loss, local.stale(optax.sgd(0.5), 0, "data", compensation="dc", lam=2.0),
+  st = train.Trainer(loss, local.stale(optax.sgd(0.5), 0, "data", compensation="dc", dc_lambda=2.0),
                      mesh8)
   st_state, history = run(st, params, batch_fn, 3)
   chex.assert_trees_all_close(st_state.params, dp_state.params, atol=1e-6, rtol=1e-5)
@@ -165,9 +165,9 @@ def test_stale_delay_zero_equals_dp(mesh8, mlp):
 
 def test_stale_dc_matches_single_device_reference(mesh8, mlp):
   params, loss, batch_fn = mlp
-  tau, lr, lam, steps = 2, 0.5, 2.0, 5
+  tau, lr, dc_lambda, steps = 2, 0.5, 2.0, 5
   trainer = train.Trainer(loss, local.stale(optax.sgd(lr), tau, "data", compensation="dc",
-                                            lam=lam), mesh8)
+                                            dc_lambda=dc_lambda), mesh8)
   state, history = run(trainer, params, batch_fn, steps)
   # Reference: iterates theta_0..theta_T; step t uses each worker's gradient at
   # theta_{t - tau}, compensated towards theta_t per worker, then averaged.
@@ -179,8 +179,9 @@ def test_stale_dc_matches_single_device_reference(mesh8, mlp):
     for w in range(W):
       block = jax.tree.map(lambda x: x[w * BATCH // W:(w + 1) * BATCH // W], batch)
       g = grad(old, block)
-      # DC-ASGD (arXiv 1609.08326): g + lam g * g * (theta_now - theta_stale), per worker.
-      per_worker.append(jax.tree.map(lambda g, a, b: g + lam * g * g * (a - b), g, now, old))
+      # DC-ASGD (arXiv 1609.08326): g + lambda g * g * (theta_now - theta_stale), per worker.
+      per_worker.append(jax.tree.map(lambda g, a, b: g + dc_lambda * g * g * (a - b), g, now,
+                                     old))
     g = jax.tree.map(lambda *xs: sum(xs) / W, *per_worker)
     thetas.append(jax.tree.map(lambda p, d: p - lr * d, now, g))
   # The Trainer holds the stale iterate theta_{T - tau}; the buffer holds theta_T.
@@ -195,7 +196,7 @@ def test_stale_dc_matches_single_device_reference(mesh8, mlp):
 
 # Quadratic with worker heterogeneity: f_w(x) = 1/2 sum_i a_i (x_i - c_wi)^2, mean_w c_w = 0,
 # mean_w c_wi^2 = 1 / a_i. The mean gradient is a * x; the mean of g_w * g_w at the optimum is
-# a^2 * (1 / a) = a, so DC-ASGD's g*g is the exact Hessian there with lam = 1.
+# a^2 * (1 / a) = a, so DC-ASGD's g*g is the exact Hessian there with dc_lambda = 1.
 A = np.array([1.0, 0.5, 0.25, 0.125], np.float32)
 SIGNS = np.array([[1.0 if (w >> (i % 3)) & 1 else -1.0 for i in range(4)] for w in range(W)])
 C = (SIGNS / np.sqrt(A)).astype(np.float32)
@@ -211,7 +212,7 @@ def stable_lrs(mesh, tau, compensation, steps=400):
   reached float32's floor.
   """
   tx = local.stale(optax.inject_hyperparams(optax.sgd)(learning_rate=0.0), tau, "data",
-                   compensation=compensation, lam=1.0)
+                   compensation=compensation, dc_lambda=1.0)
   loss = lambda x, c: 0.5 * jnp.sum(A * (x - c[0]) ** 2)
 
   def envelopes(lr, c_block):
@@ -248,7 +249,7 @@ def test_staleness_threshold_shrinks_with_delay_and_dc_widens_it(mesh8):
   dc = {tau: threshold(stable_lrs(mesh8, tau, "dc")) for tau in (1, 2, 4)}
   # Measured (jax 0.10.2, 400 steps, lr grid 3.8 % apart, largest a = 1):
   #   no compensation: tau 0: 1.971, tau 1: 0.971, tau 2: 0.598, tau 4: 0.342
-  #   DC-ASGD, lam 1:  tau 1: 1.899, tau 2: 1.971, tau 4: 1.971
+  #   DC-ASGD, dc_lambda 1:  tau 1: 1.899, tau 2: 1.971, tau 4: 1.971
   # Theory for x_{t+1} = x_t - lr a x_{t-tau}: stable iff lr a < 2 sin(pi / (2 (2 tau + 1))),
   # i.e. 2, 1, 0.618, 0.347; exact DC restores the undelayed bound 2 to first order.
   for tau, lr in plain.items():
@@ -630,9 +631,9 @@ def test_bad_input_raises_value_error_at_build(mesh8, mlp):
     local.stale(optax.sgd(0.1), -1)
   with pytest.raises(ValueError, match="delay"):
     local.stale(optax.sgd(0.1), 1.5)
-  with pytest.raises(ValueError, match="lam"):
-    local.stale(optax.sgd(0.1), 1, compensation="dc", lam=-0.1)
-  with pytest.raises(ValueError, match="lam"):
+  with pytest.raises(ValueError, match="dc_lambda"):
+    local.stale(optax.sgd(0.1), 1, compensation="dc", dc_lambda=-0.1)
+  with pytest.raises(ValueError, match="dc_lambda"):
     local.delay_compensation(jnp.ones(1), jnp.ones(1), jnp.ones(1), -1.0)
   with pytest.raises(ValueError, match="compensation"):
     local.stale(optax.sgd(0.1), 1, compensation="taylor")
@@ -669,9 +670,9 @@ def test_experiment_builders_register_the_methods():
     builders.make_optimizer(builders.Config(algo="stale", extra={"delay": -1}))
   # --algo=streaming_diloco --compensation=dc --dc_lambda=...: the flags reach the transform.
   params = contract.example_params()
-  for comp, lam in (("dc", 5.0), ("none", 0.04)):
+  for comp, dc_lambda in (("dc", 5.0), ("none", 0.04)):
     tx = builders.make_optimizer(builders.Config(algo="streaming_diloco", extra={
-        "compensation": comp, "dc_lambda": lam, "sync_every": 2, "outer_codec": "none"}))
+        "compensation": comp, "dc_lambda": dc_lambda, "sync_every": 2, "outer_codec": "none"}))
     state = jax.eval_shape(tx.init, params)
     assert (state.sent_params is None) == (comp == "none")
   with pytest.raises(ValueError, match="dc_lambda"):
@@ -699,10 +700,11 @@ def test_delayed_builds_or_raises_value_error(inner, axis_name):
 
 @FEW
 @given(inner=TRANSFORMS, delay=valid_or(st.integers(0, 3)), axis_name=AXIS_NAMES,
-       compensation=valid_or(st.sampled_from([None, "dc"])), lam=valid_or(st.floats(0, 2)))
-@example(inner=optax.sgd(0.1), delay=2, axis_name="data", compensation="dc", lam=0.5)
-def test_stale_builds_or_raises_value_error(inner, delay, axis_name, compensation, lam):
-  builds_or_value_error(lambda: local.stale(inner, delay, axis_name, compensation, lam),
+       compensation=valid_or(st.sampled_from([None, "dc"])),
+       dc_lambda=valid_or(st.floats(0, 2)))
+@example(inner=optax.sgd(0.1), delay=2, axis_name="data", compensation="dc", dc_lambda=0.5)
+def test_stale_builds_or_raises_value_error(inner, delay, axis_name, compensation, dc_lambda):
+  builds_or_value_error(lambda: local.stale(inner, delay, axis_name, compensation, dc_lambda),
                         lambda tx: run_update(tx, axis_name))
 
 

@@ -1,6 +1,7 @@
 """sync.powersgd: exactness at full rank, rank-r recovery, error memory, start_iter, bytes,
 convergence with and without error feedback on digits, bad input."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -170,7 +171,7 @@ def test_rank2_with_ef_matches_dp_and_beats_no_ef_on_digits(mesh8):
   acc = lambda p: models.accuracy(model, p, x, y)
   results = {}
   for name, s in [("dp", sync.mean()), ("ef", sync.powersgd(2)),
-                  ("no_ef", sync.powersgd(2, error_feedback=False))]:
+                  ("no_ef", sync.powersgd(2, memory=None))]:
     trainer = train.Trainer(loss, optax.chain(s, optax.sgd(0.1, momentum=0.9)), mesh8,
                             has_aux=True)
     state = trainer.init(params)
@@ -191,9 +192,21 @@ def test_bad_input_fails_when_built():
                      (lambda: sync.powersgd(2, start_iter=-1), "start_iter"),
                      (lambda: sync.powersgd(2, min_compression_rate=-1), "min_compression_rate"),
                      (lambda: sync.powersgd(2, orthogonalization_epsilon=-1.0),
-                      "orthogonalization_epsilon")]:
+                      "orthogonalization_epsilon"),
+                     (lambda: sync.powersgd(2, memory="ef21"), "memory"),
+                     (lambda: sync.lq_sgd(2, memory=True), "memory"),
+                     (lambda: sync.powersgd(2, key=0), "key"),
+                     (lambda: sync.lq_sgd(2, key=jax.random.key(0, impl="rbg")), "key")]:
     with pytest.raises(ValueError, match=word):
       make()
+
+
+def test_key_none_is_the_fixed_default_key_0():
+  params = {"w": jnp.zeros((8, 4))}
+  first_q = lambda **kw: sync.powersgd(2, min_compression_rate=0, **kw).init(params).q[0]
+  chex.assert_trees_all_equal(first_q(), first_q(key=jax.random.key(0)))
+  chex.assert_trees_all_equal(first_q(), first_q(key=jax.random.PRNGKey(0)))  # raw key data
+  assert not jnp.allclose(first_q(), first_q(key=jax.random.key(1)))
 
 
 def test_conv_kernels_are_viewed_with_output_features_last():

@@ -56,7 +56,7 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
 def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
            sync_every: int, axis_name: comm.AxisName = "data", *,
            codec: codecs.Codec | None = None, memory: str | None = None,
-           participation: _core.Participation = None, seed: int = 0
+           participation: _core.Participation = None, key: jax.Array | None = None
            ) -> optax.GradientTransformation:
   """DiLoCo: H inner steps per worker, then one outer step on the averaged progress.
 
@@ -82,7 +82,8 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     participation: optional live-worker mask per sync: bool[num_syncs, W] (rows past the end
       all live) or a traceable `fn(sync_index) -> bool[W]`. The outer gradient averages the
       live workers only; every worker, live or not, continues from the new θ_out.
-    seed: seed of the PRNG key for stochastic codecs.
+    key: PRNG key of stochastic codecs (shared by all workers); None is the fixed default
+      `jax.random.key(0)`.
 
   Returns:
     An `optax.GradientTransformation` that needs `params` in `update`.
@@ -104,14 +105,14 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   memory = v.one_of("memory", memory, MEMORIES)
   if memory is not None and codec is None:
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
-  seed = v.integer("seed", seed)
+  key = v.key("key", key)
   return build(inner, outer, sync_every, axis_name, codec=codec, memory=memory is not None,
-               decay=1.0, live_fn=live_fn, seed=seed, name="diloco")
+               decay=1.0, live_fn=live_fn, key=key, name="diloco")
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          live_fn, seed: int, name: str) -> optax.GradientTransformation:
-  """The DiLoCo transform from checked arguments (shared with `sparseloco`)."""
+          live_fn, key: jax.Array, name: str) -> optax.GradientTransformation:
+  """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data."""
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):
@@ -120,7 +121,7 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
         count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
         outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
         memory=jnp.zeros((n,), jnp.float32) if memory else None,
-        key=jax.random.PRNGKey(seed),
+        key=key,
         wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None):

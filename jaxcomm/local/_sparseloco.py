@@ -143,4 +143,4 @@ def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: fl
   outer_lr = v.number("outer_lr", outer_lr, low=0.0, low_open=True)
   return _diloco.build(inner, optax.sgd(outer_lr), sync_every, axis_name,
                        codec=topk_chunks(density, bits, chunk), memory=True, decay=decay,
-                       live_fn=live_fn, seed=0, name="sparseloco")
+                       live_fn=live_fn, key=v.key("key", None), name="sparseloco")

@@ -23,16 +23,18 @@ class StaleState(NamedTuple):
   wire_bytes: jax.Array       # u32[]: cumulative bytes sent (mod 2**32)
 
 
-def _check_lam(lam: Any) -> Any:
+def _check_dc_lambda(dc_lambda: Any) -> Any:
   """A finite number >= 0; a (possibly traced) jax array is taken as given."""
-  return lam if isinstance(lam, jax.Array) else v.number("lam", lam, low=0)
+  return dc_lambda if isinstance(dc_lambda, jax.Array) else v.number("dc_lambda", dc_lambda,
+                                                                     low=0)
 
 
 def delay_compensation(grads: optax.Updates, params_now: optax.Params,
-                       params_stale: optax.Params, lam: float | jax.Array) -> optax.Updates:
+                       params_stale: optax.Params, dc_lambda: float | jax.Array
+                       ) -> optax.Updates:
   """DC-ASGD's first-order correction of a gradient computed at stale parameters.
 
-  g~ = g + lam * g * g * (theta_now - theta_stale): a Taylor step from the parameters the
+  g~ = g + dc_lambda * g * g * (theta_now - theta_stale): a Taylor step from the parameters the
   gradient was computed at to the ones it is applied to, with the Hessian approximated by
   the diagonal of the gradient's outer product (exact in expectation for log-likelihood
   losses, where the outer product of per-example gradients is the Fisher). Elementwise, so it
@@ -44,7 +46,7 @@ def delay_compensation(grads: optax.Updates, params_now: optax.Params,
     grads: the stale gradient (or delayed update) g.
     params_now: the parameters it is applied to.
     params_stale: the parameters it was computed at.
-    lam: the variance-control weight lambda >= 0 (0 turns the correction off).
+    dc_lambda: the variance-control weight lambda >= 0 (0 turns the correction off).
 
   Returns:
     The compensated gradient, in the dtype of `grads`.
@@ -56,18 +58,18 @@ def delay_compensation(grads: optax.Updates, params_now: optax.Params,
   >>> delay_compensation(jnp.array([1.0, 2.0]), jnp.array([0.5, 0.5]), jnp.zeros(2), 0.1)
   Array([1.05, 2.2 ], dtype=float32)
   """
-  lam = _check_lam(lam)
+  dc_lambda = _check_dc_lambda(dc_lambda)
 
   def correct(g, now, old):
     shift = (now - old).astype(g.dtype)
-    return g + jnp.asarray(lam, g.dtype) * g * g * shift
+    return g + jnp.asarray(dc_lambda, g.dtype) * g * g * shift
 
   return jax.tree.map(correct, grads, params_now, params_stale)
 
 
 def stale(inner: optax.GradientTransformation, delay: int,
           axis_name: comm.AxisName = "data", compensation: str | None = None,
-          lam: float = 0.04) -> optax.GradientTransformationExtraArgs:
+          dc_lambda: float = 0.04) -> optax.GradientTransformationExtraArgs:
   """Steps with gradients computed `delay` steps ago: asynchronous SGD with a fixed delay.
 
   Workers compute gradients at parameters `delay` updates old while the optimiser moves on,
@@ -86,7 +88,7 @@ def stale(inner: optax.GradientTransformation, delay: int,
     delay: tau >= 0, the staleness in updates.
     axis_name: the data axis (or tuple of axes) to average over; None for one device.
     compensation: None, or "dc" for DC-ASGD delay compensation.
-    lam: DC-ASGD's lambda >= 0 (0.04: the paper's constant-lambda setting, as recalled,
+    dc_lambda: DC-ASGD's lambda >= 0 (0.04: the paper's constant-lambda setting, as recalled,
       unverified); unused without compensation.
 
   Returns:
@@ -105,7 +107,7 @@ def stale(inner: optax.GradientTransformation, delay: int,
   """
   delay = v.integer("delay", delay, low=0)
   compensation = v.one_of("compensation", compensation, COMPENSATIONS)
-  lam = _check_lam(lam)
+  dc_lambda = _check_dc_lambda(dc_lambda)
   inner = optax.with_extra_args_support(v.transform("inner", inner))
   axis_name = v.axis_name("axis_name", axis_name)
 
@@ -122,7 +124,7 @@ def stale(inner: optax.GradientTransformation, delay: int,
     now = params if delay == 0 else jax.tree.map(lambda b: b[slot], state.past_params)
     grads = updates
     if compensation == "dc":
-      grads = delay_compensation(grads, now, params, lam)
+      grads = delay_compensation(grads, now, params, dc_lambda)
     grads, nbytes = comm.mean(grads, axis_name)
     steps, inner_state = inner.update(grads, state.inner_state, now, **extra_args)
     wire = comm.add_bytes(state.wire_bytes, nbytes)

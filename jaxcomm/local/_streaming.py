@@ -50,7 +50,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
                      sync_every: int, fragments: int = 1, overlap: int = 0, alpha: float = 0.5,
                      axis_name: comm.AxisName = "data", *,
                      codec: codecs.Codec | None | str = "auto",
-                     participation: _core.Participation = None, seed: int = 0,
+                     participation: _core.Participation = None,
+                     key: jax.Array | None = None,
                      compensation: str | None = None, dc_lambda: float = 1.0
                      ) -> optax.GradientTransformation:
   """Streaming DiLoCo: fragments sync in turn, overlapped with inner steps, in low precision.
@@ -96,7 +97,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       bfloat16 otherwise), a `jaxcomm.codecs.Codec`, or None for exact float32.
     participation: optional live-worker mask per sync (each fragment sync counts as one):
       bool[num_syncs, W] (rows past the end all live) or `fn(sync_index) -> bool[W]`.
-    seed: seed of the PRNG key for stochastic codecs.
+    key: PRNG key of stochastic codecs (shared by all workers); None is the fixed default
+      `jax.random.key(0)`.
     compensation: None, or "dc" for CoCoDC-style delay compensation of the merge.
     dc_lambda: λ >= 0 of the compensation (unused without it). Δ_p is a sum of H inner
       steps, so Δ_p ⊙ Δ_p is far smaller than a gradient's square and λ is larger than
@@ -135,7 +137,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       raise ValueError(f"codec must be 'auto', a jaxcomm.codecs.Codec or None, got {codec!r}.")
     codec = default_codec()
   codec = _transport.check_codec(codec)
-  seed = v.integer("seed", seed)
+  key = v.key("key", key)
   compensation = v.one_of("compensation", compensation, _stale.COMPENSATIONS)
   dc_lambda = v.number("dc_lambda", dc_lambda, low=0)
   phases = _core.Phases(sync_every, [p * sync_every // fragments for p in range(fragments)])
@@ -152,7 +154,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     return StreamingDilocoState(
         count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
         outer_params=outer_params, outer_state=jax.vmap(outer.init)(outer_params),
-        key=jax.random.PRNGKey(seed), wire_bytes=comm.zero_bytes(), **extra)
+        key=key, wire_bytes=comm.zero_bytes(), **extra)
 
   def send(t, local, outer_params, key, wire):
     """All-reduces fragment p's outer gradient: (p, Δ_p, this worker's θ_w,p, key, wire)."""

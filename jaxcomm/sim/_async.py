@@ -6,7 +6,7 @@ small all-gather (so every device takes the same, invariant scheduling decision)
 gradients that count with a masked sum: worker w contributes sum_j mask_wj * g(x; xi_wj),
 where the mask says which of its computations finished in time at the current iterate.
 Compute times come from a `ComputeModel` and the noise of gradient j of worker w from the key
-(seed, w, j), so a single-device event simulation can replay a run exactly.
+(key, w, j), so a single-device event simulation can replay a run exactly.
 
 The result reports loss against simulated time, which gradients each step used, their
 staleness, how much work was thrown away, and the bytes one device sends per step.
@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm.sim._workers import ComputeModel
 
@@ -291,7 +292,7 @@ _BUILDERS = {"synchronous": _synchronous, "asynchronous": _asynchronous,
 
 def simulate_workers(method: Method, grad_fn: Callable, loss_fn: Callable, params: Any,
              compute: ComputeModel, *, mesh: jax.sharding.Mesh, steps: int, lr: float,
-             axis_name: str = "data", seed: int = 0) -> SimResult:
+             axis_name: str = "data", key: jax.Array | None = None) -> SimResult:
   """Runs `steps` server steps of `method` on the workers of `axis_name`.
 
   Args:
@@ -305,7 +306,8 @@ def simulate_workers(method: Method, grad_fn: Callable, loss_fn: Callable, param
     steps: number of server steps (each is one parameter update).
     lr: step size; the step is -lr times the mean of the gradients used.
     axis_name: the mesh axis of the workers.
-    seed: seed of compute times and gradient noise.
+    key: PRNG key of compute times and gradient noise; None is the fixed default
+      `jax.random.key(0)`.
 
   Returns:
     A `SimResult` (numpy arrays on the host).
@@ -335,7 +337,7 @@ def simulate_workers(method: Method, grad_fn: Callable, loss_fn: Callable, param
       if table.shape[0] not in (1, num_workers):
         raise ValueError(f"mindflayer {name} has {table.shape[0]} values for "
                          f"{num_workers} workers.")
-  time_key, grad_key = jax.random.split(jax.random.PRNGKey(seed))
+  time_key, grad_key = jax.random.split(v.key("key", key))
   axes = (axis_name,)
   nbytes = {}
 

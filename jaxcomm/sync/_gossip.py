@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm.sync._topology import GossipGraph, gossip_graph
@@ -250,7 +251,7 @@ class ChocoState(NamedTuple):
 
 def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
           codec: codecs.Codec, *, consensus_step: float = 1.0, num_workers: int | None = None,
-          axis_name: comm.AxisName = "data", seed: int = 0,
+          axis_name: comm.AxisName = "data", key: jax.Array | None = None,
           measure_consensus: bool = False) -> optax.GradientTransformation:
   """CHOCO-SGD: gossip of compressed differences, converging with any compressor.
 
@@ -269,7 +270,8 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     consensus_step: gamma in (0, 1]; smaller for more aggressive compression.
     num_workers: the data axis size, when `graph` is a name.
     axis_name: the mesh axis the workers lie on; None means one worker (no gossip).
-    seed: seed of the codec's PRNG key (each worker folds in its index).
+    key: the codec's PRNG key (each worker folds in its index); None is the fixed default
+      `jax.random.key(0)`.
     measure_consensus: as in `dpsgd`.
 
   Returns:
@@ -296,13 +298,14 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
   if not 0.0 < consensus_step <= 1.0:
     raise ValueError(f"consensus_step must be in (0, 1], got {consensus_step}.")
   axes = _axes(axis_name)
+  key = v.key("key", key)
 
   def init_fn(params):
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     return ChocoState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                       public=jnp.zeros((n,), jnp.float32),
                       neighbour_mix=jnp.zeros((n,), jnp.float32),
-                      key=jax.random.PRNGKey(seed),
+                      key=key,
                       consensus_distance=jnp.zeros((), jnp.float32) if measure_consensus
                       else None, wire_bytes=comm.zero_bytes())
 

@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
 
@@ -105,9 +106,9 @@ def fractional_repetition(num_workers: int, stragglers: int) -> FractionalRepeti
   >>> code.num_groups, code.partitions(5)
   (4, [4, 5])
   """
-  for name, v in (("num_workers", num_workers), ("stragglers", stragglers)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-      raise ValueError(f"{name} must be an int, got {v!r}.")
+  for name, value in (("num_workers", num_workers), ("stragglers", stragglers)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise ValueError(f"{name} must be an int, got {value!r}.")
   if num_workers < 1:
     raise ValueError(f"num_workers must be >= 1, got {num_workers}.")
   if not 0 <= stragglers < num_workers:
@@ -176,7 +177,7 @@ class GradientCodingState(NamedTuple):
 def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "data",
                     num_stragglers: int | None = None, approximate: bool = False,
                     codec: codecs.Codec | None = None,
-                    seed: int = 0) -> optax.GradientTransformation:
+                    key: jax.Array | None = None) -> optax.GradientTransformation:
   """Replaces each worker's coded gradient by the decoded full-batch mean gradient.
 
   Feed the Trainer batches placed with `code.place(batch)`; each step draws a uniformly
@@ -190,7 +191,8 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
     approximate: rescale recovered groups when some group has no survivor.
     codec: send coded gradients quantised with this codec (by all-gather); None sends them
       exactly (all-reduce of the weighted gradients).
-    seed: seed of the straggler patterns (and of a stochastic codec).
+    key: PRNG key of the straggler patterns (and of a stochastic codec); None is the fixed
+      default `jax.random.key(0)`.
 
   Returns:
     An `optax.GradientTransformation` (chain it before the optimiser, like `sync.mean`).
@@ -216,10 +218,11 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
   if codec is not None and not isinstance(codec, codecs.Codec):
     raise ValueError(f"codec must be a jaxcomm.codecs.Codec or None, got {type(codec).__name__}.")
   n = code.num_workers
+  key = v.key("key", key)
 
   def init_fn(params):
     del params
-    return GradientCodingState(key=jax.random.PRNGKey(seed), stragglers=jnp.zeros((n,), bool),
+    return GradientCodingState(key=key, stragglers=jnp.zeros((n,), bool),
                                recovered=jnp.asarray(code.num_groups, jnp.float32),
                                wire_bytes=comm.zero_bytes())
 

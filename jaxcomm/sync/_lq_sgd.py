@@ -40,10 +40,11 @@ def lq_sgd_bytes(params: Any, rank: int, w: int, bits: int = 8, alpha: float = 1
 
 
 def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 256,
-           collective: str = "two_phase", warm_start: bool = True, error_feedback: bool = True,
+           collective: str = "two_phase", warm_start: bool = True, memory: str | None = "ef",
            start_iter: int = 0, min_compression_rate: float = 2,
            orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
-           axis_name: comm.AxisName = "data", seed: int = 0) -> optax.GradientTransformation:
+           axis_name: comm.AxisName = "data", key: jax.Array | None = None
+           ) -> optax.GradientTransformation:
   """PowerSGD (see `powersgd`) whose factors P and Q travel as log-quantised codes.
 
   q(x) = sign(x) log(1 + alpha |x| / s) / log(1 + alpha) with s the block's largest
@@ -59,8 +60,8 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
     alpha: log curvature, > 0.
     block: elements per float32 scale (None: one per vector / chunk).
     collective: "gather" or "two_phase".
-    warm_start, error_feedback, start_iter, min_compression_rate, orthogonalization_epsilon,
-      batch_same_shape, axis_name, seed: as in `powersgd`.
+    warm_start, memory, start_iter, min_compression_rate, orthogonalization_epsilon,
+      batch_same_shape, axis_name, key: as in `powersgd`.
 
   Returns:
     An `optax.GradientTransformation` with `PowerSGDState` state.
@@ -76,15 +77,16 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
   True
   """
   _powersgd.check_rank(rank)
-  _powersgd.check_common(start_iter, min_compression_rate, orthogonalization_epsilon)
+  key = _powersgd.check_common(memory, start_iter, min_compression_rate,
+                               orthogonalization_epsilon, key)
   if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
     raise ValueError(f"bits must be an int in 2..16, got {bits!r}.")
   if collective not in LQ_COLLECTIVES:
     raise ValueError(f"collective must be one of {LQ_COLLECTIVES} (log codes do not sum), got "
                      f"{collective!r}.")
   codec = codecs.log_quant(bits, alpha, block=block)
-  return _powersgd.low_rank(rank, warm_start=warm_start, error_feedback=error_feedback,
+  return _powersgd.low_rank(rank, warm_start=warm_start, memory=memory,
                             start_iter=start_iter, min_compression_rate=min_compression_rate,
                             orthogonalization_epsilon=float(orthogonalization_epsilon),
-                            batch_same_shape=batch_same_shape, axis_name=axis_name, seed=seed,
+                            batch_same_shape=batch_same_shape, axis_name=axis_name, key=key,
                             codec=codec, collective=collective)

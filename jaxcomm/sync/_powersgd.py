@@ -14,7 +14,10 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
+
+MEMORIES = (None, "ef")
 
 
 class PowerSGDState(NamedTuple):
@@ -111,13 +114,17 @@ def _factor_sizes(plan: _Plan) -> tuple[int, int]:
   return p, q
 
 
-def low_rank(rank: int, *, warm_start: bool, error_feedback: bool, start_iter: int,
+def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int,
              min_compression_rate: float, orthogonalization_epsilon: float,
-             batch_same_shape: bool, axis_name: comm.AxisName, seed: int,
+             batch_same_shape: bool, axis_name: comm.AxisName, key: jax.Array,
              codec: codecs.Codec | None = None,
              collective: str | None = None) -> optax.GradientTransformation:
-  """PowerSGD whose P and Q travel through `codec` (None: float32 psum). Validated by callers."""
-  base_key = jax.random.key(seed)
+  """PowerSGD whose P and Q travel through `codec` (None: float32 psum). Validated by callers.
+
+  `key` is raw key data (`check_common`'s result).
+  """
+  base_key = jax.random.wrap_key_data(key)
+  error_feedback = memory == "ef"
 
   def init_fn(params):
     leaves = jax.tree.leaves(params)
@@ -229,7 +236,10 @@ def check_rank(rank) -> int:
   return rank
 
 
-def check_common(start_iter, min_compression_rate, orthogonalization_epsilon) -> None:
+def check_common(memory, start_iter, min_compression_rate, orthogonalization_epsilon,
+                 key) -> jax.Array:
+  """Checks the options shared with `lq_sgd`; returns the key as raw key data."""
+  v.one_of("memory", memory, MEMORIES)
   if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
     raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}.")
   if not isinstance(min_compression_rate, (int, float)) or min_compression_rate < 0:
@@ -237,6 +247,7 @@ def check_common(start_iter, min_compression_rate, orthogonalization_epsilon) ->
   if not isinstance(orthogonalization_epsilon, (int, float)) or orthogonalization_epsilon < 0:
     raise ValueError(f"orthogonalization_epsilon must be a number >= 0, got "
                      f"{orthogonalization_epsilon!r}.")
+  return v.key("key", key)
 
 
 def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float = 2,
@@ -258,17 +269,18 @@ def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float =
   return comm.allreduce_bytes(4 * (p + exact), w) + (comm.allreduce_bytes(4 * q, w) if q else 0.0)
 
 
-def powersgd(rank: int, warm_start: bool = True, error_feedback: bool = True,
+def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
              start_iter: int = 0, min_compression_rate: float = 2,
              orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
-             axis_name: comm.AxisName = "data", seed: int = 0) -> optax.GradientTransformation:
+             axis_name: comm.AxisName = "data", key: jax.Array | None = None
+             ) -> optax.GradientTransformation:
   """Replaces each worker's gradient by PowerSGD's rank-r approximation of the mean.
 
   Per matrix-shaped tensor (ndim >= 2, viewed as prod(shape[:-1]) x shape[-1], oriented with
   the shorter side first so that rank = min(n, m) is exact), with M_w = g_w + e_w:
   1. P = M_w Q, psum P; 2. P^ = Gram-Schmidt(P) (`orthonormalize`); 3. Q_w = M_w^T P^;
   4. e_w <- M_w - P^ Q_w^T; 5. Q = psum(Q_w) / W; 6. the update is P^ Q^T.
-  Q starts from `seed` (the same on all workers) and is warm-started with the previous
+  Q starts from `key` (the same on all workers) and is warm-started with the previous
   step's Q. Tensors with ndim <= 1, and matrices where (n + m) r * min_compression_rate >=
   n m, are averaged exactly (they travel in the same all-reduce as P). Matrices of equal
   shape are batched into one matmul per step (`batch_same_shape`), so a step is two
@@ -283,13 +295,14 @@ def powersgd(rank: int, warm_start: bool = True, error_feedback: bool = True,
   Args:
     rank: r >= 1 (capped at min(n, m) per matrix).
     warm_start: reuse the previous Q (else a fresh shared random Q every step).
-    error_feedback: keep the per-worker error memory e_w.
+    memory: "ef" keeps the per-worker error memory e_w (error feedback); None keeps none.
     start_iter: updates done with the exact mean before compressing.
     min_compression_rate: compress a matrix only if (n + m) r * rate < n m.
     orthogonalization_epsilon: added to column norms in Gram-Schmidt.
     batch_same_shape: batch matrices of equal shape into one matmul.
     axis_name: the data axis; None for one device.
-    seed: seed of the first Q (shared by all workers).
+    key: PRNG key of the first Q (shared by all workers; also of every fresh Q without
+      `warm_start`); None is the fixed default `jax.random.key(0)`.
 
   Returns:
     An `optax.GradientTransformation`; its state keeps Q, the error memories (per worker)
@@ -306,8 +319,8 @@ def powersgd(rank: int, warm_start: bool = True, error_feedback: bool = True,
   True
   """
   check_rank(rank)
-  check_common(start_iter, min_compression_rate, orthogonalization_epsilon)
-  return low_rank(rank, warm_start=warm_start, error_feedback=error_feedback,
+  key = check_common(memory, start_iter, min_compression_rate, orthogonalization_epsilon, key)
+  return low_rank(rank, warm_start=warm_start, memory=memory,
                   start_iter=start_iter, min_compression_rate=min_compression_rate,
                   orthogonalization_epsilon=float(orthogonalization_epsilon),
-                  batch_same_shape=batch_same_shape, axis_name=axis_name, seed=seed)
+                  batch_same_shape=batch_same_shape, axis_name=axis_name, key=key)
