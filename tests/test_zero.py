@@ -42,12 +42,14 @@ def per_device_bytes(tree) -> int:
 # ---------------------------------------------------------------- the compressed scatter
 # Float payloads travel as their bit patterns (u32, u16); a payload of several leaves (int8
 # codes and f32 scales) travels packed into one u8 buffer.
-@pytest.mark.parametrize("codec,wire", [(codecs.identity(), {"u32"}),
-                                        (codecs.cast("bfloat16"), {"u16"}),
-                                        (codecs.uniform(8), {"u8"}),
-                                        (codecs.top_k(0.25), None)],
+# Bytes: every device sends 7 of its 8 encoded chunks of 16 elements: identity 7 * 64;
+# bf16 7 * 32; int8 codes + one f32 scale 7 * (16 + 4); top-4 (f32 value, u8 index) 7 * 20.
+@pytest.mark.parametrize("codec,wire,nbytes", [(codecs.identity(), {"u32"}, 448),
+                                               (codecs.cast("bfloat16"), {"u16"}, 224),
+                                               (codecs.uniform(8), {"u8"}, 140),
+                                               (codecs.top_k(0.25), None, 140)],
                          ids=["identity", "bf16", "int8", "top_k"])
-def test_reduce_scatter_encoded(mesh8, codec, wire):
+def test_reduce_scatter_encoded(mesh8, codec, wire, nbytes):
   x = jax.random.normal(jax.random.key(0), (W, W * 16))
   record = {}
 
@@ -66,7 +68,7 @@ def test_reduce_scatter_encoded(mesh8, codec, wire):
   bound = float(codec.error_bound(x.ravel())) * W
   np.testing.assert_allclose(shard, x.sum(0), atol=bound + 1e-5)
   report = comm.parse_hlo(compiled.as_text(), mesh=mesh8)
-  assert record["bytes"] == (W - 1) * codec.payload_bytes(16) == report.wire_bytes()
+  assert record["bytes"] == nbytes == report.wire_bytes()
   assert [c.op for c in report] == ["all-to-all"]
   if wire is not None:
     assert {d for c in report for d in c.dtype.split(",")} == wire
@@ -126,7 +128,10 @@ def test_zero_bytes_counted_inspected_and_formula(lm_runs):
   params, _, runs = lm_runs
   n = sum(x.size for x in jax.tree.leaves(params))
   assert n % W == 0  # so that ZeRO's padded vector is exactly DP's
-  dp = comm.allreduce_bytes(4 * n, W)
+  # DP: all-reduce of 4n bytes, 2(W-1)/W 4n. ZeRO-1: reduce-scatter of the f32 vector,
+  # (W-1)/W 4n, plus all-gather of the updated 4n/W chunk, (W-1) 4n/W: the same total.
+  dp = 2 * (W - 1) / W * 4 * n
+  assert (W - 1) / W * 4 * n + (W - 1) * 4 * n / W == dp
   for name in ("dp", "zero1"):
     run = runs[name]
     assert run["sent"] == [dp, dp] and run["report"].wire_bytes() == dp, name
@@ -140,7 +145,7 @@ def test_zero_bytes_counted_inspected_and_formula(lm_runs):
   regather = jax.tree.leaves(run["model"].param_regather())
   formula, ratios = 0.0, set()
   for x, spec, again in zip(jax.tree.leaves(params), specs, regather):
-    leaf_dp = comm.allreduce_bytes(4 * x.size, W)
+    leaf_dp = 2 * (W - 1) / W * 4 * x.size
     ratio = (1.5 if again else 1.0) if "data" in parallel.spec_axes(spec) else 1.0
     formula += ratio * leaf_dp
     ratios.add(ratio)
@@ -208,7 +213,13 @@ def test_compressed_zero1_trains_lm_like_uncompressed(mesh8, lm_runs):
     scatter_bytes[name] = report.wire_bytes(op="all-to-all" if name != "f32" else
                                             "reduce-scatter")
     assert counted[name] == report.wire_bytes()
-  assert losses["f32"] < 0.8 * first["f32"], (first, losses)  # it trains
+  # It learns more than byte frequencies: below the entropy of the targets' unigram
+  # distribution (the best loss of a model that ignores the context), measured on the same
+  # 40 batches (plug-in estimate, biased low: a strict bound).
+  targets = np.concatenate([np.ravel(batch_fn(t)["tokens"][:, 1:]) for t in range(steps)])
+  freq = np.bincount(targets, minlength=256) / targets.size
+  unigram = -np.sum(freq[freq > 0] * np.log(freq[freq > 0]))
+  assert losses["f32"] < unigram, (losses, unigram)
   for name in ("bf16", "int8"):
     assert abs(losses[name] - losses["f32"]) < 0.03 * losses["f32"], losses
   n = sum(x.size for x in jax.tree.leaves(params))
@@ -231,7 +242,7 @@ def test_accumulation_stage1_vs_stage2(mesh8):
   ref = dp.init(params)
   for t in range(4):
     ref, _ = dp.step(ref, ds.batch(t, 64))
-  rs, ag = comm.reduce_scatter_bytes(4 * n_pad, W), comm.all_gather_bytes(4 * n_pad // W, W)
+  rs, ag = (W - 1) / W * 4 * n_pad, (W - 1) * 4 * n_pad // W  # reduce-scatter, all-gather
   for stage, per_step, acc in ((1, [0, rs + ag] * 2, n_pad), (2, [rs, rs + ag] * 2, n_pad // W)):
     trainer = train.Trainer(loss, parallel.zero(adam(), stage, "data", accumulate_steps=2),
                             mesh8)
