@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomm import codecs, comm, data, local, models, sync, train
 # The property-test helpers of the foundation's validation tests.
 from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, mesh_for,
-                             valid_or)
+                             ok, valid_or)
 
 W = 8
 B = 64  # global batch: 8 examples per worker
@@ -648,11 +648,12 @@ def _mask(participation, axis_name):
   return np.ones((2, 1 if axis_name is None else W), bool)
 
 
-def runs_one_update(tx, axis_name, deferred=("participation", "fragments")):
+def runs_one_update(tx, axis_name):
   """One update (a sync when H = 1) inside shard_map; per-worker updates leave per worker.
 
   A few checks need the mesh or the parameters (a mask's width, fragments against the
-  leaves): they may raise ValueError naming their argument at init or at the first trace.
+  leaves): they raise ValueError at init or at the first trace, which the property allows
+  only for an argument drawn from junk.
   """
   params = {"w": jnp.arange(3.0), "b": jnp.ones(())}
   axes = () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else
@@ -662,39 +663,56 @@ def runs_one_update(tx, axis_name, deferred=("participation", "fragments")):
     out = tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
     return jax.tree.map(lambda x: comm.varying(x, axes)[None], out)
 
-  try:
-    if not axes:
-      out = update(params)
-    else:
-      out = jax.jit(jax.shard_map(update, mesh=mesh_for(axis_name), in_specs=P(),
-                                  out_specs=P(axes)))(params)
-  except ValueError as e:
-    assert any(word in str(e) for word in deferred), e
-    return
+  if not axes:
+    out = update(params)
+  else:
+    out = jax.jit(jax.shard_map(update, mesh=mesh_for(axis_name), in_specs=P(),
+                                out_specs=P(axes)))(params)
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+
+def _schedule(factory):
+  """`factory(inner, sync_every, axis_name, participation=...)` with the mask filled in."""
+  return lambda inner, sync_every, axis_name, participation, **kw: factory(
+      inner, sync_every, axis_name, participation=_mask(participation, axis_name), **kw)
 
 
 @FEW
 @given(inner=TRANSFORMS, h=H, axis_name=AXIS_NAMES, mask=MASKS)
-@example(inner=optax.sgd(0.1), h=1, axis_name=("a", "b"), mask="ones")
+@example(inner=ok(optax.sgd(0.1)), h=ok(1), axis_name=ok(("a", "b")), mask=ok("ones"))
 def test_local_sgd_dreamddp_scaffold_builds_or_raise_value_error(inner, h, axis_name, mask):
   for factory in (local.local_sgd, local.dreamddp, local.scaffold):
-    builds_or_value_error(
-        lambda: factory(inner, h, axis_name, participation=_mask(mask, axis_name)),
-        lambda tx: runs_one_update(tx, axis_name))
+    builds_or_value_error(_schedule(factory), lambda tx: runs_one_update(tx, axis_name.value),
+                          inner=inner, sync_every=h, axis_name=axis_name, participation=mask)
+
+
+def _diloco_joint(values):  # error feedback of what? a memory needs a codec
+  return ("memory", "codec") if values["memory"] == "ef" and values["codec"] is None else ()
 
 
 @FEW
 @given(inner=TRANSFORMS, outer=TRANSFORMS, h=H, axis_name=AXIS_NAMES,
        codec=valid_or(st.sampled_from([None, codecs.identity(), codecs.cast("bfloat16")])),
        memory=valid_or(st.sampled_from([None, "ef"])), mask=MASKS)
-@example(inner=optax.adam(0.1), outer=optax.sgd(0.7), h=1, axis_name="data",
-         codec=codecs.cast("bfloat16"), memory="ef", mask="ones")
+@example(inner=ok(optax.adam(0.1)), outer=ok(optax.sgd(0.7)), h=ok(1), axis_name=ok("data"),
+         codec=ok(codecs.cast("bfloat16")), memory=ok("ef"), mask=ok("ones"))
 def test_diloco_builds_or_raises_value_error(inner, outer, h, axis_name, codec, memory, mask):
   builds_or_value_error(
-      lambda: local.diloco(inner, outer, h, axis_name, codec=codec, memory=memory,
-                           participation=_mask(mask, axis_name)),
-      lambda tx: runs_one_update(tx, axis_name))
+      lambda inner, outer, sync_every, axis_name, participation, **kw: local.diloco(
+          inner, outer, sync_every, axis_name, participation=_mask(participation, axis_name),
+          **kw),
+      lambda tx: runs_one_update(tx, axis_name.value), joint=_diloco_joint,
+      inner=inner, outer=outer, sync_every=h, axis_name=axis_name, codec=codec, memory=memory,
+      participation=mask)
+
+
+def _streaming_joint(values):  # at most one fragment per step; merged before its next sync
+  h, bad = values["sync_every"], []
+  if isinstance(h, int) and isinstance(values["fragments"], int) and values["fragments"] > h:
+    bad.append("fragments")
+  if isinstance(h, int) and isinstance(values["overlap"], int) and values["overlap"] >= h:
+    bad.append("overlap")
+  return bad
 
 
 @FEW
@@ -703,18 +721,19 @@ def test_diloco_builds_or_raises_value_error(inner, outer, h, axis_name, codec, 
        axis_name=AXIS_NAMES, codec=valid_or(st.sampled_from(["auto", None])),
        compensation=valid_or(st.sampled_from([None, "dc"])),
        dc_lambda=valid_or(st.floats(0, 10)))
-@example(inner=optax.sgd(0.1), h=2, fragments=2, overlap=1, alpha=0.5, axis_name="data",
-         codec="auto", compensation=None, dc_lambda=1.0)
-@example(inner=optax.adam(0.1), h=2, fragments=2, overlap=1, alpha=0.5, axis_name="data",
-         codec=None, compensation="dc", dc_lambda=3.0)
+@example(inner=ok(optax.sgd(0.1)), h=ok(2), fragments=ok(2), overlap=ok(1), alpha=ok(0.5),
+         axis_name=ok("data"), codec=ok("auto"), compensation=ok(None), dc_lambda=ok(1.0))
+@example(inner=ok(optax.adam(0.1)), h=ok(2), fragments=ok(2), overlap=ok(1), alpha=ok(0.5),
+         axis_name=ok("data"), codec=ok(None), compensation=ok("dc"), dc_lambda=ok(3.0))
 def test_streaming_diloco_builds_or_raises_value_error(inner, h, fragments, overlap, alpha,
                                                       axis_name, codec, compensation,
                                                       dc_lambda):
   builds_or_value_error(
-      lambda: local.streaming_diloco(inner, optax.sgd(0.7), h, fragments, overlap, alpha,
-                                     axis_name, codec=codec, compensation=compensation,
-                                     dc_lambda=dc_lambda),
-      lambda tx: runs_one_update(tx, axis_name))
+      lambda inner, sync_every, **kw: local.streaming_diloco(inner, optax.sgd(0.7), sync_every,
+                                                             **kw),
+      lambda tx: runs_one_update(tx, axis_name.value), joint=_streaming_joint,
+      inner=inner, sync_every=h, fragments=fragments, overlap=overlap, alpha=alpha,
+      axis_name=axis_name, codec=codec, compensation=compensation, dc_lambda=dc_lambda)
 
 
 @FEW
@@ -722,34 +741,38 @@ def test_streaming_diloco_builds_or_raises_value_error(inner, h, fragments, over
        bits=valid_or(st.sampled_from([1, 2, 4, 8, None])), axis_name=AXIS_NAMES,
        chunk=valid_or(st.integers(1, 8)), decay=valid_or(st.floats(0, 1)),
        outer_lr=valid_or(st.floats(0.1, 2)))
-@example(inner=optax.sgd(0.1), h=1, density=0.5, bits=2, axis_name="data", chunk=2,
-         decay=0.9, outer_lr=1.0)
+@example(inner=ok(optax.sgd(0.1)), h=ok(1), density=ok(0.5), bits=ok(2), axis_name=ok("data"),
+         chunk=ok(2), decay=ok(0.9), outer_lr=ok(1.0))
 def test_sparseloco_builds_or_raises_value_error(inner, h, density, bits, axis_name, chunk,
                                                  decay, outer_lr):
   builds_or_value_error(
-      lambda: local.sparseloco(inner, h, density, bits, axis_name, chunk=chunk, decay=decay,
-                               outer_lr=outer_lr),
-      lambda tx: runs_one_update(tx, axis_name))
+      lambda inner, sync_every, **kw: local.sparseloco(inner, sync_every, **kw),
+      lambda tx: runs_one_update(tx, axis_name.value), inner=inner, sync_every=h,
+      density=density, bits=bits, axis_name=axis_name, chunk=chunk, decay=decay,
+      outer_lr=outer_lr)
 
 
 @FEW
-@given(inner=TRANSFORMS, h=H, worker_steps=valid_or(st.sampled_from([None, (1, 1)]),
-                                                    st.one_of(JUNK, st.just((0, 9)))),
+@given(inner=TRANSFORMS, h=H,
+       worker_steps=valid_or(st.sampled_from([None, (1, 1, 1, 1)]),  # 4 slow workers
+                             st.one_of(JUNK, st.just((0, 9)), st.just((1, 1)))),
        weighting=valid_or(st.sampled_from(["uniform", "steps"])))
-@example(inner=optax.sgd(0.1), h=1, worker_steps=(1, 1), weighting="steps")
+@example(inner=ok(optax.sgd(0.1)), h=ok(1), worker_steps=ok((1, 1, 1, 1)), weighting=ok("steps"))
 def test_hierarchical_builds_or_raises_value_error(inner, h, worker_steps, weighting):
   builds_or_value_error(
-      lambda: local.hierarchical(inner, h, "fast", "slow", worker_steps=worker_steps,
-                                 weighting=weighting),
-      lambda tx: runs_one_update(tx, ("slow", "fast"), deferred=("worker_steps",)))
+      lambda inner, sync_every, **kw: local.hierarchical(inner, sync_every, "fast", "slow",
+                                                         **kw),
+      lambda tx: runs_one_update(tx, ("slow", "fast")), inner=inner, sync_every=h,
+      worker_steps=worker_steps, weighting=weighting)
 
 
 @FEW
-@given(num_workers=valid_or(st.integers(1, 8)), alpha=valid_or(st.floats(0.05, 100)))
-@example(num_workers=8, alpha=0.1)
+@given(num_workers=valid_or(st.integers(1, 8)), alpha=valid_or(st.floats(0.1, 100)))
+@example(num_workers=ok(8), alpha=ok(0.1))
 def test_label_skew_builds_or_raises_value_error(num_workers, alpha):
-  builds_or_value_error(lambda: data.label_skew(data.digits(), num_workers, alpha),
-                        lambda ds: ds.batch(0, 8 * num_workers))
+  builds_or_value_error(lambda **kw: data.label_skew(data.digits(), **kw),
+                        lambda ds: ds.batch(0, 8 * num_workers.value),
+                        num_workers=num_workers, alpha=alpha)
 
 
 def test_experiment_builders_register_the_methods():

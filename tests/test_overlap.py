@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 from jaxcomm import codecs, comm, data, local, models, sync, train
 from tests import contract
 # The property-test helpers of the foundation's validation tests.
-from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, builds_or_value_error, run_update,
-                             valid_or)
+from test_validation import (AXIS_NAMES, JUNK, TRANSFORMS, Drawn, builds_or_value_error, ok,
+                             run_update, valid_or)
 
 W = 8
 BATCH = 64  # 8 examples per worker
@@ -692,27 +692,29 @@ COUNTS_OR_JUNK = valid_or(st.one_of(st.integers(1, 4), st.lists(st.integers(1, 3
 
 @FEW
 @given(inner=TRANSFORMS, axis_name=AXIS_NAMES)
-@example(inner=optax.adam(0.1), axis_name="data")
+@example(inner=ok(optax.adam(0.1)), axis_name=ok("data"))
 def test_delayed_builds_or_raises_value_error(inner, axis_name):
-  builds_or_value_error(lambda: local.delayed(inner, axis_name),
-                        lambda tx: run_update(tx, axis_name))
+  builds_or_value_error(local.delayed, lambda tx: run_update(tx, axis_name.value), inner=inner,
+                        axis_name=axis_name)
 
 
 @FEW
 @given(inner=TRANSFORMS, delay=valid_or(st.integers(0, 3)), axis_name=AXIS_NAMES,
        compensation=valid_or(st.sampled_from([None, "dc"])),
        dc_lambda=valid_or(st.floats(0, 2)))
-@example(inner=optax.sgd(0.1), delay=2, axis_name="data", compensation="dc", dc_lambda=0.5)
+@example(inner=ok(optax.sgd(0.1)), delay=ok(2), axis_name=ok("data"), compensation=ok("dc"),
+         dc_lambda=ok(0.5))
 def test_stale_builds_or_raises_value_error(inner, delay, axis_name, compensation, dc_lambda):
-  builds_or_value_error(lambda: local.stale(inner, delay, axis_name, compensation, dc_lambda),
-                        lambda tx: run_update(tx, axis_name))
+  builds_or_value_error(local.stale, lambda tx: run_update(tx, axis_name.value), inner=inner,
+                        delay=delay, axis_name=axis_name, compensation=compensation,
+                        dc_lambda=dc_lambda)
 
 
 @FEW
 @given(inner=TRANSFORMS, axis_name=AXIS_NAMES, counts=COUNTS_OR_JUNK)
-@example(inner=optax.adam(0.1), axis_name=("a", "b"), counts=(1, 2, 3, 1, 2, 3, 1, 2))
+@example(inner=ok(optax.adam(0.1)), axis_name=ok(("a", "b")), counts=ok((1, 2, 3, 1, 2, 3, 1, 2)))
 def test_acco_builds_or_raises_value_error(inner, axis_name, counts):
-  if isinstance(counts, tuple) and axis_name is None:
-    counts = counts[:1]  # one device: one count
-  builds_or_value_error(lambda: local.acco(inner, axis_name, micro_batches=counts),
-                        lambda tx: run_update(tx, axis_name))
+  if isinstance(counts.value, tuple) and axis_name.value is None and counts.valid:
+    counts = Drawn(counts.value[:1], True)  # one device: one count
+  builds_or_value_error(local.acco, lambda tx: run_update(tx, axis_name.value), inner=inner,
+                        axis_name=axis_name, micro_batches=counts)

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, data, models, parallel, sync, train
 from tests import contract
+from test_validation import JUNK, builds_or_value_error, junk, ok, valid_or
 
 W = 8
 LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=8)
@@ -294,52 +295,79 @@ def test_zero_bad_input():
 
 
 # ------------------------------------------------ property: builds and works, or ValueError
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.floats(allow_nan=True),
-                 st.text(max_size=3), st.just(()), st.just(print))
+def _zero_joint(values):
+  """Valid alone, not together: a memory needs a codec; stage 3 takes neither a codec nor
+  micro-batches (its reduce-scatter is the model's backward pass)."""
+  bad = []
+  if values["memory"] == "ef" and values["codec"] is None:
+    bad += ["memory", "codec"]
+  if values["stage"] == 3 and (values["codec"] is not None or values["accumulate_steps"] != 1):
+    bad += ["codec", "accumulate_steps"]
+  return bad
 
 
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(stage=st.one_of(st.sampled_from([1, 2, 3]), JUNK),
-       axis_name=st.one_of(st.sampled_from([None, "data"]), JUNK),
-       codec=st.one_of(st.sampled_from([None, codecs.cast("bfloat16")]), JUNK),
-       memory=st.one_of(st.sampled_from([None, "ef"]), JUNK),
-       accumulate_steps=st.one_of(st.integers(1, 2), JUNK))
-@example(stage=1, axis_name="data", codec=codecs.cast("bfloat16"), memory="ef",
-         accumulate_steps=2)
-@example(stage=3, axis_name="data", codec=None, memory=None, accumulate_steps=1)
+@given(stage=valid_or(st.sampled_from([1, 2, 3])),
+       axis_name=valid_or(st.sampled_from([None, "data"])),
+       codec=valid_or(st.sampled_from([None, codecs.cast("bfloat16")])),
+       memory=valid_or(st.sampled_from([None, "ef"])),
+       accumulate_steps=valid_or(st.integers(1, 2)))
+@example(stage=ok(1), axis_name=ok("data"), codec=ok(codecs.cast("bfloat16")), memory=ok("ef"),
+         accumulate_steps=ok(2))
+@example(stage=ok(3), axis_name=ok("data"), codec=ok(None), memory=ok(None),
+         accumulate_steps=ok(1))
 def test_zero_builds_and_runs_or_raises_value_error(mesh8, stage, axis_name, codec, memory,
                                                     accumulate_steps):
   params = {"w": jnp.arange(8.0), "b": jnp.ones(())}
   specs = {"w": P("data"), "b": P()}
-  try:
-    tx = parallel.zero(optax.sgd(0.1), stage, axis_name, codec, memory, param_specs=specs,
-                       accumulate_steps=accumulate_steps)
-  except ValueError:
-    return
 
-  def update(p):
-    return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+  def check(tx):
+    def update(p):
+      return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
 
-  if axis_name is None:
-    out = update(params)
-  else:
-    in_specs = (specs,) if stage == 3 else (P(),)
-    out = jax.jit(jax.shard_map(update, mesh=mesh8, in_specs=in_specs,
-                                out_specs=in_specs[0]))(params)
-  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+    if axis_name.value is None:
+      out = update(params)
+    else:
+      in_specs = (specs,) if stage.value == 3 else (P(),)
+      out = jax.jit(jax.shard_map(update, mesh=mesh8, in_specs=in_specs,
+                                  out_specs=in_specs[0]))(params)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+  builds_or_value_error(
+      lambda **kw: parallel.zero(optax.sgd(0.1), param_specs=specs, **kw), check,
+      joint=_zero_joint, stage=stage, axis_name=axis_name, codec=codec, memory=memory,
+      accumulate_steps=accumulate_steps)
+
+
+def _layout(shape, rules, sequence_parallel):
+  return parallel.Layout(parallel.make_mesh(shape), rules=rules,
+                         sequence_parallel=sequence_parallel)
+
+
+def _layout_joint(values):  # sequence parallelism splits over a tensor axis of size > 1
+  shape = values["shape"]
+  if values["sequence_parallel"] is True and isinstance(shape, (dict, str)) and \
+     "tensor" not in str(shape):
+    return ["sequence_parallel"]
+  return []
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(shape=st.one_of(st.sampled_from(["data=8", "data=2,fsdp=2,tensor=2", {"tensor": 8}]),
-                       st.dictionaries(st.sampled_from(["data", "tensor", "x"]),
-                                       st.integers(0, 8), max_size=2), JUNK),
-       rules=st.one_of(st.sampled_from([None, {"embed": "tensor"}, (("mlp", ("data",)),)]),
-                       st.dictionaries(st.text(max_size=3), JUNK, max_size=2), JUNK),
-       sp=st.one_of(st.booleans(), JUNK))
+@given(shape=valid_or(st.sampled_from(["data=8", "data=2,fsdp=2,tensor=2", {"tensor": 8}]),
+                      st.one_of(st.dictionaries(st.sampled_from(["data", "tensor", "x"]),
+                                                st.integers(0, 8), max_size=2), JUNK)),
+       # A table replaces the defaults: valid ones are complete (make_rules keeps the rest).
+       rules=valid_or(st.sampled_from([None, parallel.make_rules(embed="tensor"),
+                                       tuple(parallel.make_rules(mlp=("data",)))]),
+                      st.one_of(st.sampled_from([{"embed": "tensor"}, (("mlp", ("data",)),)]),
+                                st.dictionaries(st.text(max_size=3), JUNK, max_size=2), JUNK)),
+       sp=valid_or(st.booleans()))
+@example(shape=ok("data=2,fsdp=2,tensor=2"), rules=ok(parallel.make_rules(embed="tensor")),
+         sp=ok(True))
+@example(shape=ok("data=8"), rules=junk({"embed": "tensor"}), sp=ok(False))  # no 'batch' rule
 def test_layout_builds_or_raises_value_error(shape, rules, sp):
-  try:
-    layout = parallel.Layout(parallel.make_mesh(shape), rules=rules, sequence_parallel=sp)
-  except ValueError:
-    return
-  assert layout.spec(("batch",)) is not None
+  def check(layout):
+    assert layout.spec(("batch",)) is not None
+  builds_or_value_error(_layout, check, joint=_layout_joint, shape=shape, rules=rules,
+                        sequence_parallel=sp)

@@ -57,11 +57,15 @@ def make_mesh(shape: Mapping[str, int] | str, devices=None) -> jax.sharding.Mesh
   {'data': 2, 'fsdp': 2, 'tensor': 2}
   """
   if isinstance(shape, str):
-    shape = parse_mesh(shape)
+    try:
+      shape = parse_mesh(shape)
+    except ValueError as e:
+      raise ValueError(f"shape: {e}") from None
   if not isinstance(shape, Mapping):
     raise ValueError(f"shape must be a dict {{axis: size}} or text like 'data=2,tensor=4', "
                      f"got {shape!r}.")
   unknown = [a for a in shape if a not in AXES]
   if unknown:
-    raise ValueError(f"mesh axis names {unknown} are unknown; allowed: {', '.join(AXES)}.")
+    raise ValueError(f"shape: mesh axis names {unknown} are unknown; allowed: "
+                     f"{', '.join(AXES)}.")
   return train.make_mesh(dict(shape), devices=devices)
