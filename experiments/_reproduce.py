@@ -142,7 +142,8 @@ def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
 
   Returns a record: the loss and wire bytes of every step, their summaries (final smoothed
   train loss, mean and peak bytes per step, exact DP's all-reduce bytes for the same
-  parameters), and the held-out metrics of the parameters averaged over workers (the
+  parameters, the bytes of the compiled step's collectives read by `comm.inspect`), and the
+  held-out metrics of the parameters averaged over workers (the
   parameters themselves where they are replicated; DiLoCo's workers all hold θ_out right
   after a sync). `info` is copied into the record (the swept setting, e.g. H). A run
   already made in this process with the same config, scale and workers is not repeated.
@@ -167,6 +168,9 @@ def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
   state, history = train.fit(trainer, state, batch_fn, scale.steps, log_every=1,
                              progress=False)
   seconds = time.perf_counter() - start
+  # The collectives of the step program (already compiled by the run: no second compile);
+  # branches that run only on some steps (a DiLoCo sync) are in `compiled_branch_bytes`.
+  report = comm.inspect(trainer.step_fn(state, batch_fn(0)), state, batch_fn(0))
   per_worker = trainer.layout.params
   final = jax.tree.map(lambda pw, x: np.asarray(x).mean(0) if pw else np.asarray(x),
                        per_worker, state.params)
@@ -180,6 +184,8 @@ def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
       "bytes_per_step": float(step_bytes.mean()),
       "peak_bytes_per_step": float(step_bytes.max()),
       "total_bytes": float(step_bytes.sum()),
+      "compiled_step_bytes": float(report.wire_bytes(conditional=False)),
+      "compiled_branch_bytes": float(report.wire_bytes(conditional=True)),
       "dp_bytes_per_step": float(comm.allreduce_bytes(comm.tree_bytes(params), workers)),
       "train_seconds": seconds,
       "curve": {"loss": losses.tolist(), "wire_bytes": step_bytes.tolist()},
