@@ -123,7 +123,10 @@ def check_on_mesh(tx: optax.GradientTransformation, mesh, axis_name="data", step
 
   Each worker minimises 0.5 ||p - t_w||^2 with its own target t_w. Returns
   `(trainer, state, measurements, report)`: the last step's state and measurements and the
-  `comm.inspect` report of the compiled step.
+  `comm.inspect` report of the compiled step. `comm.inspect` turns operand bytes into wire
+  bytes with the same per-op helpers as the counters, so bytes == inspect proves operand
+  shapes and trip counts; the caller holds the bytes against a literal or formula of its own
+  (docs/algorithms.md), and tests/test_comm.py pins the helpers themselves.
   """
   axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   w = math.prod(mesh.shape[a] for a in axes)

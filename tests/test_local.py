@@ -6,7 +6,8 @@ is held against it; bytes are held three ways (counted in state, comm.inspect in
 conditional, docs/algorithms.md formula). Tiny MLP on digits, few steps: compile time dominates.
 
 Byte formulas are written out by hand for the MLP's parameters (BYTES below), never taken
-from the library's helpers.
+from the library's helpers; `comm.inspect` shares the counters' per-op byte helpers, so
+counted == inspected proves the shapes and branches, and BYTES the convention's arithmetic.
 """
 
 import math

@@ -1,8 +1,10 @@
 """ZeRO 1/2/3: equal to data parallelism, bytes three ways, 1/W memory, compression.
 
 Stages 1-3 are held against exact DP with the same optimiser; counted bytes against
-`comm.inspect` of the compiled step and the formulas; per-device optimiser-state bytes
-against the compiled memory analysis; compressed stage 1 against uncompressed training.
+`comm.inspect` of the compiled step (which shares the counters' per-op byte helpers: it
+proves shapes and trip counts) and against formulas written here from docs/algorithms.md;
+per-device optimiser-state bytes against the compiled memory analysis; compressed stage 1
+against uncompressed training.
 """
 
 import chex
