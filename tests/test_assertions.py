@@ -4,16 +4,17 @@ A test that asserts nothing passes whatever the code does. A test function count
 asserting when its body (nested functions and lambdas included) contains an `assert`, a
 `raise AssertionError`, a call of an assertion function (`np.testing.assert_*`,
 `chex.assert_*`, any `assert...` name), a `pytest.raises` / `pytest.warns` / `pytest.fail`,
-or a call of a helper defined in tests/ that asserts, resolved transitively: a bare name
-defined in the same file or imported from a tests/ module (`from test_validation import
-run_update`), or `module.name` of an imported tests/ module (`contract.check_on_mesh`,
-`faults.restore`).
+or a call of a helper that asserts, resolved transitively: a bare name defined in the same
+file or imported from a tests/ module (`from test_validation import run_update`), or
+`module.name` of an imported tests/ module (`contract.check_on_mesh`, `faults.restore`) or
+of the contract checks jaxcomm ships for users (`jaxcomm/testing`, when it exists).
 """
 
 import ast
 import pathlib
 
 TESTS = pathlib.Path(__file__).resolve().parent
+TESTING = TESTS.parent / "jaxcomm" / "testing"  # the shipped checks (a module or a package)
 _PYTEST_ASSERTING = ("raises", "warns", "fail", "deprecated_call")
 
 
@@ -33,12 +34,10 @@ class _Module:
         for alias in node.names:
           self.imported_modules[alias.asname or alias.name] = alias.name
       elif isinstance(node, ast.ImportFrom) and node.module:
-        for alias in node.names:
-          if node.module == "tests":
-            self.imported_modules[alias.asname or alias.name] = alias.name
-          else:
-            self.imported_names[alias.asname or alias.name] = (node.module.split(".")[-1],
-                                                                alias.name)
+        for alias in node.names:  # `from m import x`: x may be a module or a function
+          self.imported_modules[alias.asname or alias.name] = alias.name
+          self.imported_names[alias.asname or alias.name] = (node.module.split(".")[-1],
+                                                              alias.name)
 
   def tests(self):
     """The test functions pytest collects: module-level test_* and test_* of Test* classes."""
@@ -123,7 +122,11 @@ def unasserted_tests(sources: dict) -> list:
 
 
 def _sources() -> dict:
-  return {p.stem: p.read_text(encoding="utf-8") for p in sorted(TESTS.glob("*.py"))}
+  sources = {p.stem: p.read_text(encoding="utf-8") for p in sorted(TESTS.glob("*.py"))}
+  kit = sorted(TESTING.glob("*.py")) + [p for p in [TESTING.with_suffix(".py")] if p.is_file()]
+  if kit:  # one module `testing`, whatever files it is split into
+    sources["testing"] = "\n".join(p.read_text(encoding="utf-8") for p in kit)
+  return sources
 
 
 def test_every_test_function_asserts_something():

@@ -46,6 +46,8 @@ def test_mesh_rules_and_bad_input():
     parallel.make_rules(embed="model")
   with pytest.raises(ValueError, match="unknown mesh axis"):
     parallel.Layout(mesh, rules={"embed": "expert"})
+  with pytest.raises(ValueError, match="rules must map the logical axis 'batch'"):
+    parallel.Layout(mesh, rules={"embed": "tensor"})  # a table replaces the defaults
   with pytest.raises(ValueError, match="no rule"):
     layout.spec(("experts", "embed"))
   with pytest.raises(ValueError, match="divisible by the tensor axis"):
