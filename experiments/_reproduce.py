@@ -170,7 +170,8 @@ def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
   seconds = time.perf_counter() - start
   # The collectives of the step program (already compiled by the run: no second compile);
   # branches that run only on some steps (a DiLoCo sync) are in `compiled_branch_bytes`.
-  report = comm.inspect(trainer.step_fn(state, batch_fn(0)), state, batch_fn(0))
+  batch = trainer.shard_batch(batch_fn(0))  # as fit passes it: the compiled program is reused
+  report = comm.inspect(trainer.step_fn(state, batch), state, batch)
   per_worker = trainer.layout.params
   final = jax.tree.map(lambda pw, x: np.asarray(x).mean(0) if pw else np.asarray(x),
                        per_worker, state.params)

@@ -36,11 +36,11 @@ W = 8
 
 # Byte formulas of docs/algorithms.md written out from the parameters' shapes (the library's
 # *_bytes helpers are held against hand literals in the sync tests, not used here).
-def _allreduce(nbytes):
-  return 2 * (W - 1) / W * nbytes
+def _allreduce(nbytes, w=W):
+  return 2 * (w - 1) / w * nbytes
 
 
-def _powersgd_bytes(params, rank, rate=2):
+def _powersgd_bytes(params, rank, w=W, rate=2):
   """Each matrix n x m (shorter side first, rows = prod(shape[:-1])) with (n + m) r rate < n m
   sends P (n r) in the all-reduce of the exact leaves and Q (m r) in a second one."""
   p = q = exact = 0
@@ -54,7 +54,7 @@ def _powersgd_bytes(params, rank, rate=2):
       p, q = p + n * r, q + m * r
     else:
       exact += x.size
-  return _allreduce(4 * (p + exact)) + (_allreduce(4 * q) if q else 0.0)
+  return _allreduce(4 * (p + exact), w) + (_allreduce(4 * q, w) if q else 0.0)
 
 
 def _demo_bytes(params, chunk=64, k=32):
@@ -114,22 +114,25 @@ def test_diloco(tmp_path):
 def test_powersgd(tmp_path):
   workdir = str(tmp_path)
   # table=True: ResNet-18's compression table, whose rows are checked counted == compiled.
-  s = reproduce_powersgd.run(TINY, workdir, ranks=(1,), table=True)
+  # 4 workers: the same laws at half the devices' memory and threads.
+  w = 4
+  s = reproduce_powersgd.run(TINY, workdir, ranks=(1,), table=True, workers=w)
   _check_outputs(workdir, s, s["runs"], "powersgd.png")
   params = _params("mlp")
   dp, *lowrank = s["runs"]
   assert [(r["rank"], r["error_feedback"]) for r in lowrank] == \
       [(1, True), (1, False)]
   for r in lowrank:  # error feedback changes what is sent, not how much
-    assert r["bytes_per_step"] == r["compiled_step_bytes"] == _powersgd_bytes(params, r["rank"])
+    assert r["bytes_per_step"] == r["compiled_step_bytes"] == \
+        _powersgd_bytes(params, r["rank"], w)
     assert 0 <= r["heldout_accuracy"] <= 1
   assert dp["bytes_per_step"] == dp["dp_bytes_per_step"] == dp["compiled_step_bytes"]
   # ResNet-18 (11,173,962 parameters): the table's bytes (counted, checked against the
   # compiled program inside run()) against the formula on its shapes.
   resnet = compression_table.model_params("resnet18")
   (_, size, dp_bytes, _, _), (name, _, rank1, _, ratio) = s["compression"]
-  assert size == 11_173_962 and dp_bytes == _allreduce(4 * size)
-  assert name == "PowerSGD rank 1" and rank1 == _powersgd_bytes(resnet, 1)
+  assert size == 11_173_962 and dp_bytes == _allreduce(4 * size, w)
+  assert name == "PowerSGD rank 1" and rank1 == _powersgd_bytes(resnet, 1, w)
   assert ratio == dp_bytes / rank1 > 100
 
 
