@@ -42,7 +42,7 @@ COMMON_FLAGS = {
 
 def define_flags(**program_flags) -> None:
   """Defines COMMON_FLAGS and the program's own {name: (kind, default, help)}; a flag that
-  an imported module already defined (compression_table's --devices) is reused."""
+  an imported module already defined is reused."""
   for name, (kind, default, help_text) in {**COMMON_FLAGS, **program_flags}.items():
     if name not in flags.FLAGS:
       getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
