@@ -51,22 +51,14 @@ def methods():
 
 def task(model: str):
   """(loss_fn, params, batch, has_aux) for the model, one fixed global batch."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from experiments import builders  # pylint: disable=import-outside-toplevel
-  from jaxcomm import data, models  # pylint: disable=import-outside-toplevel
-  cfg = builders.Config()
-  if model == "lm":
-    lm = models.TransformerLM(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                              num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
-    params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
-    batch = data.pydoc_text().batch(0, cfg.batch_size, seq_len=cfg.seq_len)
-    return models.lm_loss(lm), params, batch, False
+  from experiments import build, config  # pylint: disable=import-outside-toplevel
+  if model not in ("lm", "mlp"):
+    raise ValueError(f"model {model!r} is unknown; allowed: lm, mlp.")
+  c = config.base_config()  # the experiments' default LM; the digits MLP at batch 128
   if model == "mlp":
-    mlp = models.MLP(hidden=cfg.hidden, num_classes=10)
-    params = jax.jit(mlp.init)(jax.random.key(0), jnp.zeros((1, 64)))
-    return models.classifier_loss(mlp), params, data.digits().batch(0, 128), True
-  raise ValueError(f"model {model!r} is unknown; allowed: lm, mlp.")
+    c.model.name, c.data.name, c.data.batch_size = "mlp", "digits", 128
+  _, loss_fn, has_aux, params, batches = build.model_task(c)
+  return loss_fn, params, batches(0), has_aux
 
 
 def time_steps(trainer, state, batch, steps):

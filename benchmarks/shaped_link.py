@@ -24,7 +24,7 @@ Methods: exact data parallelism (`sync.mean`: one all-reduce per leaf, combined 
 into one tuple all-reduce that gloo runs leaf by leaf), the same with the gradients in one
 flat buffer (`dp_bucketed`, like DDP's buckets), the bf16 mean (two-phase all-to-all +
 all-gather), periodic parameter averaging every H steps as one flat buffer (local SGD:
-DiLoCo with outer SGD at lr 1), and, through experiments/builders.py's registry
+DiLoCo with outer SGD at lr 1), and, built by experiments/build.py from their settings
 (`registry_methods`), PowerSGD rank 4 with error feedback and DiLoCo with the same H (its
 outer all-reduce is one psum per parameter leaf, like `dp`'s).
 """
@@ -51,17 +51,13 @@ RATE_MBIT = 100
 NETNS_ETC = "/etc/netns"
 TCP_PAYLOAD_FRACTION = 1448 / 1514  # TCP payload per Ethernet frame at MTU 1500
 
-# Methods built through experiments/builders.py's registry: (label, algo, Config overrides,
-# period in steps). The `extra` entries are every setting those builders read
-# (experiments/algos_lowrank.py, experiments/algos_local.py); DiLoCo's H is --sync_every.
-# A method whose algo is not registered on this branch is skipped with a note.
-def registry_methods(sync_every: int) -> tuple:
+# Methods built by experiments/build.py from their settings (experiments/methods/; every
+# setting not named keeps its factory default): (label, method, settings, period in steps).
+# DiLoCo's H is --sync_every.
+def configured_methods(sync_every: int) -> tuple:
   return (
-      ("powersgd_r4", "powersgd", {"extra": {"rank": 4, "memory": "ef", "start_iter": 0}}, 1),
-      (f"diloco_h{sync_every}", "diloco",
-       {"extra": {"sync_every": sync_every, "outer_lr": 0.7, "outer_momentum": 0.9,
-                  "outer_codec": None, "outer_memory": False, "participation": None}},
-       sync_every),
+      ("powersgd_r4", "powersgd", {"rank": 4}, 1),
+      (f"diloco_h{sync_every}", "diloco", {"sync_every": sync_every}, sync_every),
   )
 
 
@@ -325,21 +321,18 @@ def worker(args) -> None:
   import numpy as np  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
-  from experiments import builders  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm, data, models, sim, sync, train  # pylint: disable=import-outside-toplevel
+  from experiments import build, config  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm, sim, sync, train  # pylint: disable=import-outside-toplevel
 
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()
-  cfg = builders.Config(model="lm", d_model=128, num_layers=4, num_heads=4, d_ff=512,
-                        seq_len=64, batch_size=args.local_batch * w, lr=1e-3)
-  lm = models.TransformerLM(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                            num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
-  params = lm.init(jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
-  loss_fn = models.lm_loss(lm)
-  corpus = data.pydoc_text()
-  local_batches = [corpus.batch(t, cfg.batch_size, seq_len=cfg.seq_len,
-                                process_index=jax.process_index(), process_count=2)
-                   for t in range(args.steps + 2)]
+  cfg = config.base_config("dp")
+  cfg.model.update(d_model=128, num_layers=4, num_heads=4, d_ff=512)
+  cfg.data.update(seq_len=64, batch_size=args.local_batch * w)
+  cfg.optimizer.lr = 1e-3
+  lr = cfg.optimizer.lr
+  _, loss_fn, _, params, batch_fn = build.model_task(cfg)
+  local_batches = [batch_fn(t) for t in range(args.steps + 2)]
 
   # tbf meters whole Ethernet frames: with MTU 1500 and TCP timestamps a 1514-byte frame
   # carries 1448 payload bytes, so the payload rate is that fraction of the shaped rate.
@@ -347,26 +340,26 @@ def worker(args) -> None:
 
   # (label, axis -> transform, period: steps over which a method's traffic repeats)
   methods = [
-      ("dp", lambda axis: optax.chain(sync.mean(axis), optax.adamw(cfg.lr)), 1),
-      ("dp_bucketed", lambda axis: optax.chain(bucketed_mean(axis), optax.adamw(cfg.lr)), 1),
+      ("dp", lambda axis: optax.chain(sync.mean(axis), optax.adamw(lr)), 1),
+      ("dp_bucketed", lambda axis: optax.chain(bucketed_mean(axis), optax.adamw(lr)), 1),
       ("dp_bf16", lambda axis: optax.chain(sync.mean(axis, dtype=jnp.bfloat16),
-                                           optax.adamw(cfg.lr)), 1),
+                                           optax.adamw(lr)), 1),
       (f"localsgd_h{args.sync_every}",
-       lambda axis: periodic_average(optax.adamw(cfg.lr), args.sync_every, axis)
-       if axis else optax.adamw(cfg.lr), args.sync_every),
+       lambda axis: periodic_average(optax.adamw(lr), args.sync_every, axis)
+       if axis else optax.adamw(lr), args.sync_every),
   ]
   notes = []
-  for label, algo, overrides, period in registry_methods(args.sync_every):
-    if algo not in builders.ALGORITHMS:
-      notes.append(f"{label}: skipped, algo {algo!r} is not registered on this branch.")
-      continue
+  for label, method, settings, period in configured_methods(args.sync_every):
 
-    def build(axis, algo=algo, overrides=overrides):
-      import dataclasses  # pylint: disable=import-outside-toplevel
-      return builders.make_optimizer(dataclasses.replace(cfg, algo=algo, axis_name=axis,
-                                                         **overrides))
+    def make(axis, method=method, settings=settings):
+      c = cfg.copy_and_resolve_references()
+      c.method = config.method_config(method, **settings)
+      ctx = build.Context(config=c, inner=optax.adamw(lr), axis_name=axis,
+                          num_workers=w if axis else 1, mesh_shape={"data": w},
+                          key=jax.random.key(c.seed))
+      return build.make_optimizer(c, ctx)
 
-    methods.append((label, build, period))
+    methods.append((label, make, period))
 
   # Calibration: the bare all-reduce of the parameters, as a tree of leaves (what the DP
   # step compiles to) and as one flat buffer of the same bytes, measured and predicted.
@@ -446,9 +439,8 @@ def worker(args) -> None:
     # The compiled step's collectives on the shaped link, on the simulated clock.
     report = comm.inspect(step_fn, state, batches[0], mesh=mesh)
     comm_s = sim.comm_seconds_per_step(sent, _cost(report, link))
-    overlap = sim.overlap_steps(label)
-    predict = lambda c, comm_s=comm_s, overlap=overlap: sim.simulate(
-        c, comm_s, overlap_steps=overlap).total / args.steps
+    # Every method here waits for its communication (none overlaps it with later steps).
+    predict = lambda c, comm_s=comm_s: sim.simulate(c, comm_s).total / args.steps
     rows.append({"method": label, "measured_step_s": float(np.median(periods)),
                  "predicted_step_s": predict(float(np.median(compute_s))),
                  "compute_s": float(np.median(compute_s)),
@@ -467,8 +459,10 @@ def worker(args) -> None:
     result = {"load_average": os.getloadavg(), "nice": os.nice(0),
               "link": {"rate_mbit": args.rate_mbit, "latency": latency,
                        "bandwidth_bytes_per_s": goodput},
-              "model": f"TransformerLM d_model={cfg.d_model} layers={cfg.num_layers}",
-              "param_bytes": comm.tree_bytes(params), "local_batch": cfg.batch_size // w,
+              "model": f"TransformerLM d_model={cfg.model.d_model} "
+                       f"layers={cfg.model.num_layers}",
+              "param_bytes": comm.tree_bytes(params),
+              "local_batch": cfg.data.batch_size // w,
               "methods": rows, "calibration": calibration, "notes": notes}
     with open(os.path.join(args.out, "result.json"), "w", encoding="utf-8") as f:
       json.dump(result, f, indent=2)

@@ -1,9 +1,10 @@
 """What every paper reproduction (`experiments/reproduce_*.py`) shares.
 
-* the flags (`--workdir`, `--steps`, sizes) and the `Scale` they build: every reproduction
-  runs the same task sizes, so a flag means the same thing in each;
+* the flags (`--workdir`, `--steps`, sizes) and the base config they give
+  (`base_config`, experiments/config.py's tree): every reproduction runs the same task
+  sizes, so a flag means the same thing in each;
 * `train_run`: one method for N steps on W emulated workers, built through
-  `experiments/builders.py` and `jaxcomm.train`, returning its loss curve, the wire bytes
+  `experiments/build.py` and `jaxcomm.train`, returning its loss curve, the wire bytes
   counted at every step (mean, peak) and its loss (and accuracy) on a held-out split the
   training batches never touch;
 * `write_results`: `results.md` (the markdown table), `results.json` (every number) and the
@@ -14,7 +15,6 @@ Numbers in the tables are read from these records; nothing is typed in.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -48,35 +48,32 @@ def define_flags(**program_flags) -> None:
       getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
 
 
-@dataclasses.dataclass(frozen=True)
-class Scale:
-  """Task sizes and run lengths shared by every method of a reproduction."""
-  steps: int = 150
-  batch_size: int = 32
-  seq_len: int = 64
-  d_model: int = 64
-  num_layers: int = 2
-  num_heads: int = 4
-  d_ff: int = 256
-  hidden: tuple = (64,)     # the digits MLP
-  eval_batch: int = 256     # held-out LM sequences (digits: the whole held-out split)
-  smooth: int = 10          # steps in the trailing mean reported as "final train loss"
-  seed: int = 0
-
-  def __post_init__(self):
-    for name in ("steps", "batch_size", "seq_len", "d_model", "num_layers", "num_heads",
-                 "d_ff", "eval_batch", "smooth"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+def base_config(steps: int = 150, batch_size: int = 32, seq_len: int = 64, d_model: int = 64,
+                num_layers: int = 2, seed: int = 0, eval_batch: int = 256, smooth: int = 10):
+  """What every method of a reproduction shares (experiments/config.py's tree), with the
+  reproduction's own settings under `reproduce`: held-out LM sequences (`eval_batch`; digits
+  uses its whole held-out split) and the steps in the trailing mean reported as the final
+  train loss (`smooth`). Training batches come from the train split only."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  c = _config.base_config("dp")
+  c.steps, c.seed, c.checkpoint_every = steps, seed, 0
+  c.data.update(batch_size=batch_size, seq_len=seq_len, split="train")
+  c.model.update(d_model=d_model, num_layers=num_layers, d_ff=4 * d_model)
+  c.reproduce = ml_collections.ConfigDict(dict(eval_batch=eval_batch, smooth=smooth))
+  for path, value in (("eval_batch", eval_batch), ("smooth", smooth)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"config.reproduce.{path} must be an integer >= 1, got {value!r}.")
+  _config.check(c)
+  return c
 
 
-def scale_from_flags(default_steps: int, **overrides) -> Scale:
-  """The Scale the command line asks for (the program's step default unless --steps)."""
+def base_from_flags(default_steps: int):
+  """The base config the command line asks for (the program's step default unless --steps)."""
   f = flags.FLAGS
   steps = f.steps if f.steps is not None else default_steps
-  return Scale(steps=steps, batch_size=f.batch_size, seq_len=f.seq_len, d_model=f.d_model,
-               num_layers=f.num_layers, seed=f.seed, **overrides)
+  return base_config(steps=steps, batch_size=f.batch_size, seq_len=f.seq_len,
+                     d_model=f.d_model, num_layers=f.num_layers, seed=f.seed)
 
 
 def workdir_from_flags(program: str) -> str:
@@ -89,37 +86,36 @@ def start_devices() -> None:
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
 
 
-def config(scale: Scale, model: str, algo: str, **overrides):
-  """A builders.Config for `model` ("lm" on pydoc, "mlp" on digits) at this scale."""
-  from experiments import builders  # pylint: disable=import-outside-toplevel
-  fields = dict(model=model, dataset="pydoc" if model == "lm" else "digits", algo=algo,
-                steps=scale.steps, batch_size=scale.batch_size, seq_len=scale.seq_len,
-                seed=scale.seed, d_model=scale.d_model, num_layers=scale.num_layers,
-                num_heads=scale.num_heads, d_ff=scale.d_ff, hidden=scale.hidden)
-  return builders.Config(**{**fields, **overrides})
+def config(base, model: str, method: str, *, optimizer: str | None = None,
+           lr: float | None = None, batch_size: int | None = None, **settings):
+  """`base` with `model` ("lm" on pydoc, "mlp" on digits), `method` and its `settings`."""
+  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  c = base.copy_and_resolve_references()
+  c.model.name = model
+  c.data.name = "pydoc" if model == "lm" else "digits"
+  if optimizer is not None:
+    c.optimizer.name = optimizer
+  if lr is not None:
+    c.optimizer.lr = lr
+  if batch_size is not None:
+    c.data.batch_size = batch_size
+  c.method = _config.method_config(method, **settings)
+  return c
 
 
-def heldout_task(cfg, eval_batch: int):
-  """(loss_fn, params, batch_fn, has_aux, eval batch) with training batches drawn only from
-  the train split (TextDataset/ArrayDataset.split) and the eval batch from the test split."""
-  from experiments import builders  # pylint: disable=import-outside-toplevel
+def heldout_batch(c):
+  """The held-out batch: LM sequences from the test split, or digits' whole test split."""
   from jaxcomm import data  # pylint: disable=import-outside-toplevel
-  _, loss_fn, params, _, has_aux = builders.make_task(cfg)
-  train_ds, test_ds = data.load(cfg.dataset).split()
-  if cfg.model == "lm":
-    batch_fn = lambda t: train_ds.batch(t, cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed)
-    held_out = test_ds.batch(0, eval_batch, seq_len=cfg.seq_len, seed=cfg.seed + 1)
-  else:
-    batch_fn = lambda t: train_ds.batch(t, cfg.batch_size, seed=cfg.seed)
-    held_out = test_ds.all()
-  return loss_fn, params, batch_fn, has_aux, held_out
+  test = data.load(c.data.name).split()[1]
+  if c.model.name == "lm":
+    return test.batch(0, c.reproduce.eval_batch, seq_len=c.data.seq_len, seed=c.seed + 1)
+  return test.all()
 
 
-def mesh_of(workers: int):
-  """A {"data": workers} mesh on the first `workers` devices."""
+def mesh_devices(workers: int) -> list:
+  """The first `workers` devices."""
   import jax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
-  return train.make_mesh({"data": workers}, devices=jax.devices()[:workers])
+  return jax.devices()[:workers]
 
 
 def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
@@ -132,45 +128,46 @@ def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
   return {"heldout_loss": float(out)}
 
 
-# (config, scale, workers) -> record: a run two sweeps share (DP as every reference, the
-# 8-worker DiLoCo of both DiLoCo sweeps) trains once per process. Runs are deterministic.
+# (config, workers) -> record: a run two sweeps share (DP as every reference, the 8-worker
+# DiLoCo of both DiLoCo sweeps) trains once per process. Runs are deterministic.
 _DONE: dict[str, dict] = {}
 
 
-def train_run(label: str, cfg, scale: Scale, workers: int = 8, **info) -> dict:
-  """Trains `cfg` (built by builders.make_optimizer) for scale.steps on `workers` workers.
+def train_run(label: str, c, workers: int = 8, **info) -> dict:
+  """Trains config `c` (through experiments.build) for c.steps on `workers` workers.
 
   Returns a record: the loss and wire bytes of every step, their summaries (final smoothed
   train loss, mean and peak bytes per step, exact DP's all-reduce bytes for the same
   parameters, the bytes of the compiled step's collectives read by `comm.inspect`), and the
-  held-out metrics of the parameters averaged over workers (the
-  parameters themselves where they are replicated; DiLoCo's workers all hold θ_out right
-  after a sync). `info` is copied into the record (the swept setting, e.g. H). A run
-  already made in this process with the same config, scale and workers is not repeated.
+  held-out metrics of the parameters averaged over workers (the parameters themselves where
+  they are replicated; DiLoCo's workers all hold θ_out right after a sync). `info` is copied
+  into the record (the swept setting, e.g. H). A run already made in this process with the
+  same config and workers is not repeated.
   """
-  key = repr((cfg, scale, workers))
+  key = c.to_json() + f"/{workers}"
   if key not in _DONE:
-    _DONE[key] = _train(cfg, scale, workers, label)
+    _DONE[key] = _train(c, workers, label)
   return {**_DONE[key], "label": label, **info}
 
 
-def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
+def _train(c, workers: int, label: str) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
-  from experiments import builders  # pylint: disable=import-outside-toplevel
+  from experiments import build  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm, sim, train  # pylint: disable=import-outside-toplevel
-  print(f"training {label} ({scale.steps} steps, {workers} workers)...", file=sys.stderr,
+  print(f"training {label} ({c.steps} steps, {workers} workers)...", file=sys.stderr,
         flush=True)
-  loss_fn, params, batch_fn, has_aux, held_out = heldout_task(cfg, scale.eval_batch)
-  trainer = train.Trainer(loss_fn, builders.make_optimizer(cfg), mesh_of(workers),
-                          axis_name="data", has_aux=has_aux)
-  state = trainer.init(params)
+  c = c.copy_and_resolve_references()
+  c.mesh = f"data={workers}"
+  run = build.build(c, devices=mesh_devices(workers))
+  trainer = run.trainer()
+  state = trainer.init(run.params)
   start = time.perf_counter()
-  state, history = train.fit(trainer, state, batch_fn, scale.steps, log_every=1,
+  state, history = train.fit(trainer, state, run.batches, run.steps, log_every=1,
                              progress=False)
   seconds = time.perf_counter() - start
   # The collectives of the step program (already compiled by the run: no second compile);
   # branches that run only on some steps (a DiLoCo sync) are in `compiled_branch_bytes`.
-  batch = trainer.shard_batch(batch_fn(0))  # as fit passes it: the compiled program is reused
+  batch = trainer.shard_batch(run.batches(0))  # as fit passes it: the program is reused
   report = comm.inspect(trainer.step_fn(state, batch), state, batch)
   per_worker = trainer.layout.params
   final = jax.tree.map(lambda pw, x: np.asarray(x).mean(0) if pw else np.asarray(x),
@@ -178,19 +175,18 @@ def _train(cfg, scale: Scale, workers: int, label: str) -> dict:
   losses = np.array([row["loss"] for row in history])
   step_bytes = np.array([row["wire_bytes"] for row in history], dtype=np.float64)
   return {
-      "algo": cfg.algo, "optimizer": cfg.optimizer, "lr": cfg.lr,
-      "extra": {k: v for k, v in cfg.extra.items() if isinstance(v, (int, float, str))},
-      "workers": workers, "steps": scale.steps, "batch_size": cfg.batch_size,
-      "final_train_loss": float(sim.smooth(losses, scale.smooth)[-1]),
+      "method": c.method.to_dict(), "optimizer": c.optimizer.name, "lr": c.optimizer.lr,
+      "workers": workers, "steps": run.steps, "batch_size": c.data.batch_size,
+      "final_train_loss": float(sim.smooth(losses, c.reproduce.smooth)[-1]),
       "bytes_per_step": float(step_bytes.mean()),
       "peak_bytes_per_step": float(step_bytes.max()),
       "total_bytes": float(step_bytes.sum()),
       "compiled_step_bytes": float(report.wire_bytes(conditional=False)),
       "compiled_branch_bytes": float(report.wire_bytes(conditional=True)),
-      "dp_bytes_per_step": float(comm.allreduce_bytes(comm.tree_bytes(params), workers)),
+      "dp_bytes_per_step": float(comm.allreduce_bytes(comm.tree_bytes(run.params), workers)),
       "train_seconds": seconds,
       "curve": {"loss": losses.tolist(), "wire_bytes": step_bytes.tolist()},
-      **evaluate(loss_fn, has_aux, final, held_out),
+      **evaluate(run.model_loss_fn, run.has_aux, final, heldout_batch(c)),
   }
 
 
@@ -269,12 +265,12 @@ def curve_lines(records: Sequence[dict], smooth: int) -> list:
 
 
 def write_results(workdir: str, title: str, sections: Sequence[tuple[str, str]],
-                  scale: Scale, summary: dict) -> dict:
+                  base, summary: dict) -> dict:
   """Writes results.md (title, then each (heading, markdown table)) and results.json
   (the scale, summary and the markdown), prints the markdown, returns the summary."""
   os.makedirs(workdir, exist_ok=True)
   text = f"# {title}\n\n" + "\n\n".join(f"## {head}\n\n{table}" for head, table in sections)
-  summary = {"scale": dataclasses.asdict(scale), **summary, "markdown": text}
+  summary = {"config": base.to_dict(), **summary, "markdown": text}
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:

@@ -52,15 +52,17 @@ def model_params(name: str):
   """Abstract parameters (ShapeDtypeStructs) of a model."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from experiments import builders  # pylint: disable=import-outside-toplevel
+  from experiments import config  # pylint: disable=import-outside-toplevel
   from jaxcomm import models  # pylint: disable=import-outside-toplevel
   if name == "resnet18":
     return jax.eval_shape(models.ResNet18().init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-  if name == "lm":
-    cfg = builders.Config()
-    lm = models.TransformerLM(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                              num_heads=cfg.num_heads, d_ff=cfg.d_ff, max_len=cfg.seq_len)
-    return jax.eval_shape(lm.init, jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32))
+  if name == "lm":  # the experiments' default LM (experiments/config.py)
+    c = config.base_config()
+    lm = models.TransformerLM(d_model=c.model.d_model, num_layers=c.model.num_layers,
+                              num_heads=c.model.num_heads, d_ff=c.model.d_ff,
+                              max_len=c.data.seq_len)
+    return jax.eval_shape(lm.init, jax.random.key(0), jnp.zeros((1, c.data.seq_len),
+                                                                 jnp.int32))
   raise ValueError(f"model {name!r} is unknown; allowed: resnet18, lm.")
 
 

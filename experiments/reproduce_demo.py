@@ -25,32 +25,32 @@ STEPS = 150
 CHUNK = 64
 
 
-def run(scale: rep.Scale, workdir: str, ks=(128, 32, 8), demo_lr: float = 1e-3,
+def run(base, workdir: str, ks=(128, 32, 8), demo_lr: float = 1e-3,
         workers: int = 8) -> dict:
-  dp = rep.train_run("DP (AdamW)", rep.config(scale, "lm", "dp"), scale, workers)
+  dp = rep.train_run("DP (AdamW)", rep.config(base, "lm", "dp"), workers)
   runs = [dp] + [rep.train_run(f"DeMo chunk {CHUNK}, k {k}",
-                               rep.config(scale, "lm", "demo", lr=demo_lr,
-                                          extra={"chunk": CHUNK, "k": k}), scale, workers, k=k)
+                               rep.config(base, "lm", "demo", lr=demo_lr,
+                                          chunk=CHUNK, k=k), workers, k=k)
                  for k in ks]
-  sections = [(f"Byte-level LM, {workers} workers, {scale.steps} steps, global batch "
-               f"{scale.batch_size}; AdamW lr {dp['lr']}, DeMo lr {demo_lr} (beta 0.999)",
-               rep.method_table(runs, dp, scale.smooth))]
+  sections = [(f"Byte-level LM, {workers} workers, {base.steps} steps, global batch "
+               f"{base.data.batch_size}; AdamW lr {dp['lr']}, DeMo lr {demo_lr} (beta 0.999)",
+               rep.method_table(runs, dp, base.reproduce.smooth))]
   figure = rep.save_figure(os.path.join(workdir, "demo.png"), [
       {"title": "training loss", "xlabel": "step",
-       "ylabel": f"train loss (mean of last {scale.smooth})",
-       "lines": rep.curve_lines(runs, scale.smooth)},
+       "ylabel": f"train loss (mean of last {base.reproduce.smooth})",
+       "lines": rep.curve_lines(runs, base.reproduce.smooth)},
       {"title": "held-out loss vs bytes per step", "xlabel": "bytes/step/device (log scale)",
        "ylabel": "held-out loss", "logx": True,
        "lines": [(r["label"], [r["bytes_per_step"]], [r["heldout_loss"]]) for r in runs]},
   ])
   return rep.write_results(workdir, "DeMo against AdamW data parallelism (arXiv 2411.19870)",
-                           sections, scale, {"runs": runs, "figures": [figure]})
+                           sections, base, {"runs": runs, "figures": [figure]})
 
 
 def main(argv):
   del argv
   rep.start_devices()
-  run(rep.scale_from_flags(STEPS), rep.workdir_from_flags("reproduce_demo"),
+  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_demo"),
       [int(k) for k in flags.FLAGS.ks], flags.FLAGS.demo_lr)
 
 

@@ -29,25 +29,25 @@ from experiments import _reproduce as rep
 STEPS = 150
 
 
-def _diloco(scale: rep.Scale, h: int, workers: int, batch: int, **info) -> dict:
-  return rep.train_run(f"DiLoCo H={h}", rep.config(scale, "lm", "diloco", batch_size=batch,
-                                                   extra={"sync_every": h}),
-                       scale, workers, H=h, **info)
+def _diloco(base, h: int, workers: int, batch: int, **info) -> dict:
+  return rep.train_run(f"DiLoCo H={h}", rep.config(base, "lm", "diloco", batch_size=batch,
+                                                   sync_every=h),
+                       workers, H=h, **info)
 
 
-def _dp(scale: rep.Scale, workers: int, batch: int, **info) -> dict:
-  return rep.train_run("DP (AdamW)", rep.config(scale, "lm", "dp", batch_size=batch), scale,
+def _dp(base, workers: int, batch: int, **info) -> dict:
+  return rep.train_run("DP (AdamW)", rep.config(base, "lm", "dp", batch_size=batch),
                        workers, H=1, **info)
 
 
-def run(scale: rep.Scale, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4, 8),
+def run(base, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4, 8),
         h_fixed: int = 10, per_worker_batch: int = 4) -> dict:
   """Both sweeps; writes results.md, results.json and diloco.png into workdir."""
-  dp8 = _dp(scale, 8, scale.batch_size)
-  by_h = [_diloco(scale, h, 8, scale.batch_size) for h in hs]
+  dp8 = _dp(base, 8, base.data.batch_size)
+  by_h = [_diloco(base, h, 8, base.data.batch_size) for h in hs]
   # At 8 workers with per_worker_batch * 8 == batch_size these are the H sweep's runs
   # (train_run does not repeat them).
-  by_w = [(_diloco(scale, h_fixed, w, per_worker_batch * w), _dp(scale, w, per_worker_batch * w))
+  by_w = [(_diloco(base, h_fixed, w, per_worker_batch * w), _dp(base, w, per_worker_batch * w))
           for w in workers]
 
   h_rows = [["DP (AdamW)", "every step", dp8["final_train_loss"], dp8["heldout_loss"],
@@ -56,13 +56,13 @@ def run(scale: rep.Scale, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4,
               dp8["bytes_per_step"] / r["bytes_per_step"]] for r in by_h]
   w_rows = [[r["workers"], r["label"], r["batch_size"], r["final_train_loss"], r["heldout_loss"],
              r["bytes_per_step"]] for pair in by_w for r in pair]
-  train_loss = f"train loss (mean of last {scale.smooth})"
+  train_loss = f"train loss (mean of last {base.reproduce.smooth})"
   sections = [
-      (f"Loss vs H at 8 workers ({scale.steps} steps, global batch {scale.batch_size})",
+      (f"Loss vs H at 8 workers ({base.steps} steps, global batch {base.data.batch_size})",
        rep.markdown_table(["method", "H", train_loss, "held-out loss", "bytes/step/device",
                            "DP bytes / bytes"], h_rows)),
       (f"Loss vs workers at H={h_fixed} ({per_worker_batch} sequences per worker per step, "
-       f"{scale.steps} steps)",
+       f"{base.steps} steps)",
        rep.markdown_table(["workers", "method", "global batch", train_loss, "held-out loss",
                            "bytes/step/device"], w_rows)),
   ]
@@ -77,10 +77,10 @@ def run(scale: rep.Scale, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4,
                  ("exact DP", [p["workers"] for _, p in by_w],
                   [p["heldout_loss"] for _, p in by_w])]},
       {"title": "training loss (8 workers)", "xlabel": "step", "ylabel": train_loss,
-       "lines": rep.curve_lines([dp8] + by_h, scale.smooth)},
+       "lines": rep.curve_lines([dp8] + by_h, base.reproduce.smooth)},
   ])
   return rep.write_results(workdir, "DiLoCo: loss vs H and vs workers (arXiv 2311.08105)",
-                           sections, scale, {"by_h": [dp8] + by_h,
+                           sections, base, {"by_h": [dp8] + by_h,
                                              "by_workers": [r for pair in by_w for r in pair],
                                              "figures": [figure]})
 
@@ -89,7 +89,7 @@ def main(argv):
   del argv
   rep.start_devices()
   f = flags.FLAGS
-  run(rep.scale_from_flags(STEPS), rep.workdir_from_flags("reproduce_diloco"),
+  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_diloco"),
       [int(h) for h in f.hs], [int(w) for w in f.workers], f.h_fixed, f.per_worker_batch)
 
 

@@ -46,20 +46,20 @@ def compression_rows(ranks, workers: int) -> list:
   return [[name, size, counted[name], counted[name] / 4, dp / counted[name]] for name in wanted]
 
 
-def run(scale: rep.Scale, workdir: str, ranks=(1, 2, 4), table: bool = True,
+def run(base, workdir: str, ranks=(1, 2, 4), table: bool = True,
         workers: int = 8) -> dict:
   """Trains the digits runs (and compiles the ResNet-18 table); writes the results."""
-  cfg = lambda algo, **kw: rep.config(scale, "mlp", algo, optimizer="momentum", lr=LR, **kw)
-  dp = rep.train_run("DP (momentum SGD)", cfg("dp"), scale, workers)
+  cfg = lambda algo, **kw: rep.config(base, "mlp", algo, optimizer="momentum", lr=LR, **kw)
+  dp = rep.train_run("DP (momentum SGD)", cfg("dp"), workers)
   runs = [dp]
   for r in ranks:
-    for memory in ("ef", "none"):
+    for memory in ("ef", None):
       runs.append(rep.train_run(f"PowerSGD rank {r}" + (" + EF" if memory == "ef" else ", no EF"),
-                                cfg("powersgd", extra={"rank": r, "memory": memory}), scale,
+                                cfg("powersgd", rank=r, memory=memory),
                                 workers, rank=r, error_feedback=memory == "ef"))
-  sections = [(f"Digits MLP {scale.hidden}, {workers} workers, {scale.steps} steps, global batch "
-               f"{scale.batch_size}, momentum SGD lr {LR}",
-               rep.method_table(runs, dp, scale.smooth, accuracy=True))]
+  sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, global batch "
+               f"{base.data.batch_size}, momentum SGD lr {LR}",
+               rep.method_table(runs, dp, base.reproduce.smooth, accuracy=True))]
   rows = []
   if table:
     rows = compression_rows(ranks, workers)
@@ -74,18 +74,18 @@ def run(scale: rep.Scale, workdir: str, ranks=(1, 2, 4), table: bool = True,
                  for name, ef in (("with error feedback", True), ("without", False))]
        + [("exact DP", [min(ranks), max(ranks)], [dp["heldout_accuracy"]] * 2)]},
       {"title": "training loss on digits", "xlabel": "step",
-       "ylabel": f"train loss (mean of last {scale.smooth})", "logy": True,
-       "lines": rep.curve_lines(runs, scale.smooth)},
+       "ylabel": f"train loss (mean of last {base.reproduce.smooth})", "logy": True,
+       "lines": rep.curve_lines(runs, base.reproduce.smooth)},
   ])
   return rep.write_results(workdir, "PowerSGD: compression and accuracy (arXiv 1905.13727)",
-                           sections, scale, {"runs": runs, "compression": rows,
+                           sections, base, {"runs": runs, "compression": rows,
                                              "figures": [figure]})
 
 
 def main(argv):
   del argv
   rep.start_devices()
-  run(rep.scale_from_flags(STEPS), rep.workdir_from_flags("reproduce_powersgd"),
+  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_powersgd"),
       [int(r) for r in flags.FLAGS.ranks], flags.FLAGS.table)
 
 

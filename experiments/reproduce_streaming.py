@@ -25,32 +25,32 @@ from experiments import _reproduce as rep
 STEPS = 160
 
 
-def run(scale: rep.Scale, workdir: str, h: int = 20, fragments: int = 4, overlap: int = 1,
+def run(base, workdir: str, h: int = 20, fragments: int = 4, overlap: int = 1,
         workers: int = 8) -> dict:
-  lm = lambda algo, **extra: rep.config(scale, "lm", algo, extra={"sync_every": h, **extra})
-  dp = rep.train_run("DP (AdamW)", rep.config(scale, "lm", "dp"), scale, workers)
-  diloco = rep.train_run(f"DiLoCo H={h}", lm("diloco"), scale, workers)
+  lm = lambda method, **settings: rep.config(base, "lm", method, sync_every=h, **settings)
+  dp = rep.train_run("DP (AdamW)", rep.config(base, "lm", "dp"), workers)
+  diloco = rep.train_run(f"DiLoCo H={h}", lm("diloco"), workers)
   exact = rep.train_run(f"Streaming P={fragments}, f32, overlap 0",
                         lm("streaming_diloco", fragments=fragments, overlap=0,
-                           outer_codec="none"), scale, workers, fragments=fragments)
+                           codec="none"), workers, fragments=fragments)
   paper = rep.train_run(f"Streaming P={fragments}, fp4, overlap {overlap}",
                         lm("streaming_diloco", fragments=fragments, overlap=overlap),
-                        scale, workers, fragments=fragments)
+                        workers, fragments=fragments)
   runs = [dp, diloco, exact, paper]
-  sections = [(f"Byte-level LM, {workers} workers, {scale.steps} inner steps, global batch "
-               f"{scale.batch_size}, H={h}, P={fragments}",
-               rep.method_table(runs, dp, scale.smooth, peak=True))]
+  sections = [(f"Byte-level LM, {workers} workers, {base.steps} inner steps, global batch "
+               f"{base.data.batch_size}, H={h}, P={fragments}",
+               rep.method_table(runs, dp, base.reproduce.smooth, peak=True))]
   figure = rep.save_figure(os.path.join(workdir, "streaming.png"), [
       {"title": "training loss", "xlabel": "step",
-       "ylabel": f"train loss (mean of last {scale.smooth})",
-       "lines": rep.curve_lines(runs, scale.smooth)},
+       "ylabel": f"train loss (mean of last {base.reproduce.smooth})",
+       "lines": rep.curve_lines(runs, base.reproduce.smooth)},
       {"title": "bytes sent per step (first 2H steps)", "xlabel": "step",
        "ylabel": "bytes sent by one device in the step",
        "lines": [(r["label"], list(range(1, 2 * h + 1)), r["curve"]["wire_bytes"][:2 * h])
                  for r in runs[1:]]},
   ])
   return rep.write_results(workdir, "Streaming DiLoCo: peak bandwidth and loss "
-                           "(arXiv 2501.18512)", sections, scale,
+                           "(arXiv 2501.18512)", sections, base,
                            {"runs": runs, "figures": [figure]})
 
 
@@ -58,7 +58,7 @@ def main(argv):
   del argv
   rep.start_devices()
   f = flags.FLAGS
-  run(rep.scale_from_flags(STEPS), rep.workdir_from_flags("reproduce_streaming"), f.h,
+  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_streaming"), f.h,
       f.fragments, f.overlap)
 
 

@@ -24,30 +24,30 @@ STEPS = 300
 LR = 0.5  # plain SGD on the digits MLP
 
 
-def run(scale: rep.Scale, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
-  cfg = lambda algo, **kw: rep.config(scale, "mlp", algo, optimizer="sgd", lr=LR, **kw)
-  dp = rep.train_run("DP (SGD)", cfg("dp"), scale, workers)
+def run(base, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
+  cfg = lambda algo, **kw: rep.config(base, "mlp", algo, optimizer="sgd", lr=LR, **kw)
+  dp = rep.train_run("DP (SGD)", cfg("dp"), workers)
   runs = [dp]
   for f in fractions:
-    for memory in ("ef", "none"):
+    for memory in ("ef", None):
       runs.append(rep.train_run(
           f"top-{f:g} " + ("with memory" if memory == "ef" else "without memory"),
-          cfg("compressed", extra={"codec": "top_k", "fraction": f, "memory": memory}), scale,
+          cfg("compressed", codec=f"top_k:fraction={f}", memory=memory),
           workers, fraction=f, memory=memory))
-  sections = [(f"Digits MLP {scale.hidden}, {workers} workers, {scale.steps} steps, global batch "
-               f"{scale.batch_size}, SGD lr {LR}",
-               rep.method_table(runs, dp, scale.smooth, accuracy=True))]
+  sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, global batch "
+               f"{base.data.batch_size}, SGD lr {LR}",
+               rep.method_table(runs, dp, base.reproduce.smooth, accuracy=True))]
   figure = rep.save_figure(os.path.join(workdir, "topk.png"), [
       {"title": "training loss on digits", "xlabel": "step",
-       "ylabel": f"train loss (mean of last {scale.smooth})", "logy": True,
-       "lines": rep.curve_lines(runs, scale.smooth)},
+       "ylabel": f"train loss (mean of last {base.reproduce.smooth})", "logy": True,
+       "lines": rep.curve_lines(runs, base.reproduce.smooth)},
       {"title": "training loss vs communication", "xlabel": "cumulative bytes sent per device",
-       "ylabel": f"train loss (mean of last {scale.smooth})", "logx": True, "logy": True,
+       "ylabel": f"train loss (mean of last {base.reproduce.smooth})", "logx": True, "logy": True,
        "lines": [(r["label"], _cumsum(r["curve"]["wire_bytes"]), y)
-                 for r, (_, _, y) in zip(runs, rep.curve_lines(runs, scale.smooth))]},
+                 for r, (_, _, y) in zip(runs, rep.curve_lines(runs, base.reproduce.smooth))]},
   ])
   return rep.write_results(workdir, "Top-k with and without memory (Stich et al. 2018)",
-                           sections, scale, {"runs": runs, "figures": [figure]})
+                           sections, base, {"runs": runs, "figures": [figure]})
 
 
 def _cumsum(values):
@@ -58,7 +58,7 @@ def _cumsum(values):
 def main(argv):
   del argv
   rep.start_devices()
-  run(rep.scale_from_flags(STEPS), rep.workdir_from_flags("reproduce_topk"),
+  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_topk"),
       [float(f) for f in flags.FLAGS.fractions])
 
 

@@ -2,7 +2,8 @@
 
 Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs), `sync`
 (every-step gradient synchronisation), `local` (when it travels), `parallel` (layouts),
-`models`, `data`, `train`, `sim`.
+`models`, `data`, `train`, `sim`; `testing` holds the contract checks every codec and
+transform passes, for your own tests.
 """
 
 from jaxcomm import codecs
@@ -13,6 +14,7 @@ from jaxcomm import models
 from jaxcomm import parallel
 from jaxcomm import sim
 from jaxcomm import sync
+from jaxcomm import testing
 from jaxcomm import train
 
 __version__ = "0.1.0"
@@ -26,5 +28,6 @@ __all__ = (
     "parallel",
     "sim",
     "sync",
+    "testing",
     "train",
 )

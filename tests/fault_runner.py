@@ -1,14 +1,14 @@
 r"""experiments/train.py with a kill switch and the fault tests' method settings.
 
-  python tests/fault_runner.py --algo=powersgd --rank=2 --steps=12 --workdir=... --kill_at=7
-  python tests/fault_runner.py --algos=dp,powersgd --steps=12 --workdir=...
-  python tests/fault_runner.py --algo=diloco --steps=12 --workdir=... --term_at=6
+  python tests/fault_runner.py <faults.flag_args("powersgd", 12)> --workdir=... --kill_at=7
+  python tests/fault_runner.py <faults.flag_args("dp", 12)> --algos=dp,powersgd --workdir=...
+  python tests/fault_runner.py <faults.flag_args("diloco", 12)> --workdir=... --term_at=6
 
-Runs `experiments.train.main` unchanged (so the tests exercise the real program: flags,
-resume from --workdir, multi-host start-up, checkpoints). --algos runs several methods one
-after the other in one process (one start-up, one set of processes), each in
---workdir/<algo> with its settings from `faults.SETTINGS` (the flags' values from the
-command line otherwise).
+Runs `experiments.train.main` unchanged (so the tests exercise the real program: config
+flags, resume from --workdir, multi-host start-up, checkpoints). --algos runs several
+methods one after the other in one process (one start-up, one set of processes), each in
+--workdir/<algo>: the command line's config with the method's settings from
+`faults.SETTINGS`.
 
 With --kill_at=T, process --kill_process sends itself SIGKILL when it is about to take step
 T, once a checkpoint of an earlier step is complete on disk (a kill "after a checkpoint";
@@ -19,6 +19,7 @@ outside (a preemption notice arriving mid-run).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -31,7 +32,8 @@ from absl import app  # pylint: disable=wrong-import-position
 from absl import flags  # pylint: disable=wrong-import-position
 
 import faults  # pylint: disable=wrong-import-position
-from experiments import builders  # pylint: disable=wrong-import-position
+from experiments import build  # pylint: disable=wrong-import-position
+from experiments import config as experiments_config  # pylint: disable=wrong-import-position
 from experiments import train  # pylint: disable=wrong-import-position
 
 _KILL_AT = flags.DEFINE_integer("kill_at", -1, "SIGKILL this process before step N.")
@@ -64,44 +66,52 @@ def _wait_for_sigterm(step: int, timeout_s: float = 60) -> None:
     time.sleep(0.01)
 
 
-def _with_kill_switch(make_task):
-  def make_task_killing(cfg):
+def _with_kill_switch(build_fn):
+  """`build.build` whose runs' batches first apply --term_at and --kill_at."""
+  def build_killing(config, *args, **kwargs):
     import jax  # pylint: disable=import-outside-toplevel
-    model, loss, params, batch_fn, has_aux = make_task(cfg)
+    run = build_fn(config, *args, **kwargs)
     checkpoints = os.path.join(flags.FLAGS.workdir, "checkpoints")
 
-    def batch_fn_killing(step):
+    def batches_killing(step, batches=run.batches):
       if step == _TERM_AT.value:
         _wait_for_sigterm(step)
       if step == _KILL_AT.value and jax.process_index() == _KILL_PROCESS.value:
-        deadline = time.monotonic() + (60 if flags.FLAGS.checkpoint_every else 0)
+        deadline = time.monotonic() + (60 if config.checkpoint_every else 0)
         while not _complete_checkpoint(checkpoints) and time.monotonic() < deadline:
           time.sleep(0.05)
         print(f"fault_runner: SIGKILL at step {step}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-      return batch_fn(step)
+      return batches(step)
 
-    return model, loss, params, batch_fn_killing, has_aux
+    return dataclasses.replace(run, batches=batches_killing)
 
-  return make_task_killing
+  return build_killing
 
 
 def main(argv):
   if not _ALGOS.value:
     return train.main(argv)
+  # Several methods in turn in one process: the command line's config (its experiment and
+  # cadence) with each method's settings from faults.SETTINGS, each in workdir/<algo>.
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
+  from jaxcomm import train as jaxcomm_train  # pylint: disable=import-outside-toplevel
+  jaxcomm_train.start_distributed(flags.FLAGS.coordinator, flags.FLAGS.num_processes,
+                                  flags.FLAGS.process_id,
+                                  heartbeat_timeout_s=flags.FLAGS.heartbeat_timeout)
   base = flags.FLAGS.workdir
-  names = {name for settings in faults.SETTINGS.values() for name in settings}
-  command_line = {name: flags.FLAGS[name].value for name in names}
-  for i, algo in enumerate(_ALGOS.value):
-    flags.FLAGS.algo, flags.FLAGS.workdir = algo, os.path.join(base, algo)
-    for name, value in {**command_line, **faults.SETTINGS[algo]}.items():
-      setattr(flags.FLAGS, name, value)
-    if i:  # The device count is set once, before JAX starts its backend.
-      flags.FLAGS.devices = 0
-    train.main(argv)
+  for algo in _ALGOS.value:
+    config = flags.FLAGS.config.copy_and_resolve_references()
+    with config.unlocked():
+      config.method = experiments_config.method_config(algo, **faults.SETTINGS[algo])
+    flags.FLAGS.workdir = os.path.join(base, algo)
+    status = train.execute(config, flags.FLAGS.workdir)
+    if status:
+      sys.exit(status)
   return None
 
 
 if __name__ == "__main__":
-  builders.make_task = _with_kill_switch(builders.make_task)
+  build.build = _with_kill_switch(build.build)
   app.run(main)

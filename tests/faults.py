@@ -1,8 +1,8 @@
 """The fault tests' methods and shared helpers.
 
 The fault tests hold that every kind of state survives a kill, a restore on another process
-count, and a skipped step. They run the real registered methods (`--algo` values), each
-with the settings (`SETTINGS`) that make it carry the state in question:
+count, and a skipped step. They run the real methods (experiments/methods/), each with the
+settings (`SETTINGS`) that make it carry the state in question:
 
 * `dp`: exact data parallelism (no state beyond the inner optimiser's momentum).
 * `powersgd`: rank 2 with error feedback: a per-worker error memory and a warm-start Q
@@ -13,17 +13,16 @@ with the settings (`SETTINGS`) that make it carry the state in question:
 * `compressed`: QSGD (a stochastic codec) with error feedback: a per-worker error memory
   and a PRNG key split every step (each worker folds in its index).
 
-To run the fault tests on another method, add its `--algo` name to `METHODS`,
-`MULTIHOST_METHODS` and/or `NONFINITE_METHODS` with its settings in `SETTINGS`: every
-parametrised test picks it up. The experiment is `FLAGS` (a tiny MLP on digits). The
-settings reach the subprocess runs as `--name=value` flags (experiments/train.py puts them
-in `cfg.extra`) and the in-process references in `Config.extra`; `assert_same_config`
-holds the two alike.
+To run the fault tests on another method, add its name to `METHODS`, `MULTIHOST_METHODS`
+and/or `NONFINITE_METHODS` with its settings in `SETTINGS`: every parametrised test picks it
+up. The experiment (`EXPERIMENT`, a tiny MLP on digits) and the settings reach the
+subprocess runs as `--config.<path>=<value>` overrides of experiments/configs/default.py
+(`flag_args`) and the in-process references as the same config (`config`);
+`assert_same_config` holds the two alike.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -33,91 +32,65 @@ import sys
 import jax
 import numpy as np
 
-from experiments import builders
+from experiments import build
+from experiments import config as _config
 from jaxcomm import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "tests", "fault_runner.py")
+DEFAULT_CONFIG = os.path.join(ROOT, "experiments", "configs", "default.py")
 
 W = 8  # workers: 8 emulated devices, in one process or two
 SYNC_EVERY = 3  # of diloco
 
-# Every method's settings of its own: experiments/train.py flags (the names in its
-# EXTRA_FLAGS), which reach the method's builder in `cfg.extra`.
+# Every method's settings of its own (config.method.<name>).
 SETTINGS = {
     "dp": {},
     "powersgd": {"rank": 2, "memory": "ef"},
     "diloco": {"sync_every": SYNC_EVERY},  # checkpoints every 4 steps fall mid-period
-    "compressed": {"codec": "qsgd", "bits": 4, "memory": "ef"},
+    "compressed": {"codec": "qsgd:7", "memory": "ef"},
 }
-# Every method the resume tests run (builders.ALGORITHMS names).
+# Every method the resume tests run (experiments/methods/ names).
 METHODS = ("dp", "powersgd", "diloco", "compressed")
 # Methods whose multi-process run must equal the single-process one (within float error).
 MULTIHOST_METHODS = ("dp", "powersgd", "diloco")
 # Methods whose state must survive a skipped non-finite step untouched.
 NONFINITE_METHODS = ("dp", "powersgd", "diloco", "compressed")
 
-# The experiment the subprocess tests run, as experiments.train flags and as a Config.
-FLAGS = {"model": "mlp", "dataset": "digits", "optimizer": "momentum", "lr": 0.05,
-         "batch_size": 32, "seed": 0}
+# The experiment the subprocess tests run: config paths and values.
+EXPERIMENT = {"model.name": "mlp", "data.name": "digits", "optimizer.name": "momentum",
+              "optimizer.lr": 0.05, "data.batch_size": 32, "seed": 0}
 
 
-def config(algo: str, steps: int) -> builders.Config:
-  """The Config experiments/train.py builds from `flag_args(algo, steps)` on W workers."""
-  # train.py also puts the worker count in extra (local methods size their masks with it).
-  return builders.Config(algo=algo, steps=steps, **FLAGS,
-                         extra={**SETTINGS[algo], "num_workers": W})
+def _set(c, path: str, value) -> None:
+  *parents, leaf = path.split(".")
+  for part in parents:
+    c = c[part]
+  c[leaf] = value
+
+
+def config(algo: str, steps: int, **overrides):
+  """The config experiments/train.py builds from `flag_args(algo, steps)` (and overrides
+  such as `checkpoint_every=4`)."""
+  c = _config.base_config(algo, **SETTINGS[algo])
+  for path, value in {**EXPERIMENT, "steps": steps, **overrides}.items():
+    _set(c, path, value)
+  return c
 
 
 def flag_args(algo: str, steps: int) -> list[str]:
-  return [f"--algo={algo}", f"--steps={steps}"] + [
-      f"--{k}={v}" for k, v in {**FLAGS, **SETTINGS[algo]}.items()]
+  """experiments/train.py's command line for `config(algo, steps)`."""
+  return [f"--config={DEFAULT_CONFIG}:{algo}", f"--config.steps={steps}"] + [
+      f"--config.{k}={v}" for k, v in EXPERIMENT.items()] + [
+      f"--config.method.{k}={v}" for k, v in SETTINGS[algo].items()]
 
 
-class _Reads(dict):
-  """A `cfg.extra` that records every setting read from it, with the value the reader got."""
-
-  def __init__(self, *args):
-    super().__init__(*args)
-    self.read = {}
-
-  def get(self, key, default=None):
-    self.read[key] = super().get(key, default)
-    return self.read[key]
-
-  def __getitem__(self, key):
-    self.read[key] = super().__getitem__(key)
-    return self.read[key]
-
-
-def settings_read(algo: str, steps: int) -> dict:
-  """{setting: value} of every `cfg.extra` entry the task and method builders read."""
-  cfg = config(algo, steps)
-  cfg.extra = _Reads(cfg.extra)
-  builders.make_task(cfg)
-  builders.make_optimizer(cfg)
-  return cfg.extra.read
-
-
-def assert_same_config(algo: str, steps: int, saved: dict) -> None:
-  """`saved` (the config.json experiments/train.py wrote) builds what `config` builds.
-
-  Every field agrees; in `extra`, every setting the builders read has the value they read
-  here (train.py's flag defaults included), and every setting of `SETTINGS` is read.
-  """
-  saved = dict(saved)
-  ours = json.loads(json.dumps(dataclasses.asdict(config(algo, steps)), default=str))
-  ours.pop("steps")
-  saved.pop("skip_nonfinite", None)
-  saved_extra, extra = saved.pop("extra"), ours.pop("extra")
-  assert saved == ours
-  read = json.loads(json.dumps(settings_read(algo, steps), default=str))
-  unread = set(SETTINGS[algo]) - set(read)
-  assert not unread, f"{algo}'s builder does not read its settings {unread}"
-  for name, value in {**read, **extra}.items():
-    assert saved_extra.get(name, value) == value, (algo, name, saved_extra.get(name), value)
-  for name in extra:
-    assert name in saved_extra, (algo, name)
+def assert_same_config(algo: str, steps: int, saved: dict, **overrides) -> None:
+  """`saved` (the config.json experiments/train.py wrote) is `config(algo, steps,
+  **overrides)`: every setting agrees, method settings and factory defaults included."""
+  ours = json.loads(config(algo, steps, **overrides).to_json())
+  changed = _config.differences(saved, ours)
+  assert not changed, f"{algo}: {changed}"
 
 
 def _program(args: list[str]) -> tuple[list[str], dict]:
@@ -141,16 +114,20 @@ def start_program(args: list[str]) -> subprocess.Popen:
 
 
 @functools.lru_cache(maxsize=None)
+def built(algo: str, steps: int) -> build.Run:
+  """The run `config(algo, steps)` describes, on 8 devices (cached per test session)."""
+  return build.build(config(algo, steps))
+
+
+@functools.lru_cache(maxsize=None)
 def uninterrupted(algo: str, steps: int):
   """(trainer, initial params, final state, history): the run done in this process on 8
   devices, the reference the subprocess runs are compared with (cached per test session)."""
-  cfg = config(algo, steps)
-  _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
-  trainer = train.Trainer(loss, builders.make_optimizer(cfg), train.make_mesh({"data": 8}),
-                          has_aux=has_aux)
-  state, history = train.fit(trainer, trainer.init(params), batch_fn, steps, log_every=1,
-                             progress=False)
-  return trainer, params, state, history
+  run = built(algo, steps)
+  trainer = run.trainer()
+  state, history = train.fit(trainer, trainer.init(run.params), run.batches, steps,
+                             log_every=1, progress=False)
+  return trainer, run.params, state, history
 
 
 def restore(trainer, params, directory: str):
@@ -175,4 +152,4 @@ def assert_bitwise_equal(a, b) -> None:
     assert x.tobytes() == y.tobytes(), f"{jax.tree_util.keystr(path)} differs"
 
 
-assert all(m in builders.ALGORITHMS for m in METHODS), "register every method in METHODS"
+assert all(m in build.available_methods() for m in METHODS), "METHODS names methods"

@@ -22,7 +22,6 @@ import optax
 import pytest
 
 import faults
-from experiments import builders
 from jaxcomm import train
 
 STEPS, EVERY = 12, 4
@@ -40,7 +39,7 @@ def resumed_runs(tmp_path_factory):
   Returns {algo: (its workdir, the step it resumed from)}.
   """
   base = tmp_path_factory.mktemp("resume")
-  common = [f"--checkpoint_every={EVERY}", "--keep=2", "--log_every=1"]
+  common = [f"--config.checkpoint_every={EVERY}", "--config.keep=2", "--config.log_every=1"]
   for algo in faults.METHODS:
     args = faults.flag_args(algo, STEPS) + [f"--workdir={base / algo}"] + common
     killed = faults.run_program(args + [f"--kill_at={kill_step(algo)}"])
@@ -77,7 +76,8 @@ def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
 def test_program_and_reference_build_the_method_alike(algo, resumed_runs):
   """The settings train.py used (its config.json) are those of the in-process reference."""
   workdir, _ = resumed_runs[algo]
-  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()))
+  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()),
+                            checkpoint_every=EVERY, keep=2, log_every=1)
 
 
 def _per_worker_and_distinct(tree):
@@ -97,7 +97,7 @@ def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
   """At the step it resumed from, each real method carries the state the resume must keep."""
   _, start = resumed_runs[algo]
   trainer, params, _, _ = faults.uninterrupted(algo, STEPS)
-  batch_fn = builders.make_task(faults.config(algo, STEPS))[3]
+  batch_fn = faults.built(algo, STEPS).batches
   init = trainer.init(params)
   state, _ = train.fit(trainer, init, batch_fn, start, progress=False)
   get = lambda s, name: optax.tree_utils.tree_get(s.opt_state, name)
@@ -119,7 +119,7 @@ TERM_AT = 6  # SIGTERM arrives before step 6 -> 7 runs: the run saves step 7, no
 def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
   algo = "diloco"  # per-worker parameters mid-period at step 7
   proc = faults.start_program(faults.flag_args(algo, STEPS) + [
-      f"--workdir={tmp_path}", f"--checkpoint_every={EVERY}", "--log_every=1",
+      f"--workdir={tmp_path}", f"--config.checkpoint_every={EVERY}", "--config.log_every=1",
       f"--term_at={TERM_AT}"])
   deadline = threading.Timer(180, proc.kill)  # a runner that never gets there fails the test
   deadline.start()
@@ -140,7 +140,7 @@ def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
   assert train.Checkpointer(checkpoints).steps == [EVERY, TERM_AT + 1]  # nothing lost
 
   trainer, params, reference, _ = faults.uninterrupted(algo, STEPS)
-  batch_fn = builders.make_task(faults.config(algo, STEPS))[3]
+  batch_fn = faults.built(algo, STEPS).batches
   ckpt = train.Checkpointer(checkpoints, every=EVERY)
   assert int(ckpt.restore(trainer, trainer.init(params))[0].step) == TERM_AT + 1
   state, _ = train.fit(trainer, trainer.init(params), batch_fn, STEPS, progress=False,
@@ -215,8 +215,7 @@ def saved_run(tmp_path_factory):
   """A run with per-worker state checkpointed at steps 2, 4, 6 (and its final state)."""
   trainer, params, reference, _ = faults.uninterrupted("powersgd", 6)
   directory = str(tmp_path_factory.mktemp("ckpt"))
-  cfg = faults.config("powersgd", 6)
-  batch_fn = builders.make_task(cfg)[3]
+  batch_fn = faults.built("powersgd", 6).batches
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   state, _ = train.fit(trainer, trainer.init(params), batch_fn, 6, progress=False,
                        checkpointer=ckpt)

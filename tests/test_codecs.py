@@ -8,10 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcomm import codecs, comm
-from tests import contract
+from jaxcomm import codecs, comm, testing
 
-ZOO = contract.codec_zoo()
+ZOO = testing.codec_zoo()
 N = 1000
 
 
@@ -25,13 +24,16 @@ def vec():
 
 
 @pytest.mark.parametrize("name", list(ZOO))
-def test_codec_bytes_wire_types_and_error_bound(name, vec):
+def test_every_codec_passes_the_contract(name, vec):
+  # Partial blocks and chunks, odd lengths, and the heavy-tailed vec (1000 elements).
   codec = ZOO[name]
-  contract.check_codec(codec, vec, jax.random.key(1))
-  for n in (1, 37, 4099):  # partial blocks and chunks, odd lengths
-    payload = jax.eval_shape(codec.encode, jax.ShapeDtypeStruct((n,), jnp.float32),
-                             jax.random.key(0))
-    assert comm.tree_bytes(payload) == codec.payload_bytes(n)
+  testing.check_codec(codec, vec, jax.random.key(1), lengths=(1, 37))
+  # Past 4096 elements (uint16 -> uint32 indices, chunk counts): the bytes, from shapes only.
+  assert comm.tree_bytes(codecs.payload_spec(codec, 4099)) == codec.payload_bytes(4099)
+
+
+def test_tiled_dct_passes_the_contract_at_its_length():
+  testing.check_codec(codecs.tiled_dct_top_k([(24, 20), (20,), (2, 3, 5), ()], chunk=10, k=3))
 
 
 def test_wire_formats_are_narrow():

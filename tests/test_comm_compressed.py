@@ -15,11 +15,10 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm
-from tests import contract
+from jaxcomm import codecs, comm, testing
 
 W, N = 8, 1003  # odd length: the two-phase padding travels and is counted
-ZOO = contract.codec_zoo()
+ZOO = testing.codec_zoo()
 
 
 def _psum_ok(c):
@@ -176,3 +175,26 @@ def test_no_axis_is_the_round_trip():
     total = jax.jit(run)(x)
     assert record["bytes"] == 0.0
     np.testing.assert_allclose(total, jax.jit(codec.roundtrip)(x))
+
+
+def test_gather_weights_scale_each_devices_decoded_payload(mesh8, xs):
+  # Reference: sum_w weights[w] * D(C(x_w)), each worker's round trip on one device.
+  codec = ZOO["top_k(k=4, chunk=64)"]
+  weights = jnp.asarray([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.5])
+
+  def body(xb):
+    out, nbytes = comm.compressed_sum(xb[0], codec, "data", "gather", weights=weights)
+    return out.total[None], nbytes
+
+  total = jax.jit(jax.shard_map(lambda xb: body(xb)[0], mesh=mesh8, in_specs=P("data"),
+                                out_specs=P()))(xs)
+  want = sum(float(weights[w]) * np.asarray(codec.roundtrip(xs[w])) for w in range(W))
+  np.testing.assert_allclose(total[0], want, rtol=1e-5, atol=1e-5)
+  # Without an axis the one weight applies.
+  x = xs[0]
+  total, nbytes = comm.gather_sum(codec.encode(x, None), lambda p: codec.decode(p, N), None,
+                                  weights=jnp.asarray([0.5]))
+  assert nbytes == 0.0
+  np.testing.assert_allclose(total, 0.5 * np.asarray(codec.roundtrip(x)), rtol=1e-6)
+  with pytest.raises(ValueError, match="gather"):
+    comm.compressed_sum(x, codec, None, "two_phase", weights=weights)

@@ -3,7 +3,6 @@ the properties of its figures: counted bytes against the compiled step, compress
 overlap on the simulated clock, and dp_bf16 really reducing in bfloat16."""
 
 import copy
-import dataclasses
 import json
 import os
 
@@ -14,20 +13,23 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from experiments import builders
+from experiments import build
 from experiments import compare
+from experiments.configs import compare as compare_config
 from jaxcomm import codecs
 from jaxcomm import comm
 
-TINY = compare.Settings(steps=6, batch_size=16, seq_len=16, d_model=16, num_layers=1,
-                        num_heads=2, d_ff=32, smooth=2, compute_repeats=2)
+TINY = compare_config.get_config()
+TINY.steps = 6
+TINY.data.update(batch_size=16, seq_len=16)
+TINY.model.update(d_model=16, num_layers=1, num_heads=2, d_ff=32)
+TINY.compare.update(smooth=2, compute_repeats=2)
 W = 8
 H = 3  # TINY's local-update period: two syncs in its 6 steps
 TINY_METHODS = {
     **{label: compare.METHODS[label] for label in ("dp", "dp_bf16", "topk1%_ef", "acco")},
     # Streaming DiLoCo as compare.METHODS has it, with a period short enough for TINY.
-    "streaming": ("streaming_diloco", {"extra": {
-        **compare.METHODS["streaming_h10"][1]["extra"], "sync_every": H, "overlap": 1}}),
+    "streaming": {**compare.METHODS["streaming_h10"], "sync_every": H, "overlap": 1},
 }
 
 
@@ -65,7 +67,7 @@ def test_numbers_come_from_the_run(summary):
   assert 1.9 < bf16["compression_ratio"] <= 2.0  # bf16 halves it (plus padding to W chunks)
   for m in (dp, bf16):
     assert len(m["curve"]["loss"]) == TINY.steps and np.all(np.isfinite(m["curve"]["loss"]))
-    assert m["final_loss"] == pytest.approx(np.mean(m["curve"]["loss"][-TINY.smooth:]))
+    assert m["final_loss"] == pytest.approx(np.mean(m["curve"]["loss"][-TINY.compare.smooth:]))
     for network, net in m["networks"].items():
       times = np.array(net["time"])
       assert np.all(np.diff(times) > 0) and net["total_seconds"] == times[-1]
@@ -86,7 +88,7 @@ def test_a_target_never_reached_is_reported_as_not_reached(summary):
   compare.add_time_to_target(methods, -1.0, TINY)
   assert all(net["time_to_target"] is None for m in methods for net in m["networks"].values())
   assert compare.table(methods, TINY, -1.0).count("not reached") == \
-      len(methods) * len(TINY.networks)
+      len(methods) * len(TINY.compare.networks)
 
 
 def test_counted_bytes_are_the_compiled_steps(summary):
@@ -101,7 +103,7 @@ def test_counted_bytes_are_the_compiled_steps(summary):
     if m["algo"] == "streaming_diloco":
       assert every == 0 and cond > 0
       assert TINY.steps % H == 0
-      fragments = TINY_METHODS["streaming"][1]["extra"]["fragments"]
+      fragments = TINY_METHODS["streaming"]["fragments"]
       # Counters round each sync's bytes to whole bytes.
       assert m["wire_bytes_per_step"] == pytest.approx(fragments * cond / H, abs=1.0)
     else:
@@ -160,9 +162,11 @@ def test_dp_bf16_builder_reduces_in_bfloat16(mesh8):
   grads = 1.0 + (jnp.arange(W, dtype=jnp.float32)[:, None] + 1) * 2.0 ** -12 * jnp.ones((W, 5))
 
   def update_of(label):
-    cfg = compare._config(TINY, *compare.METHODS[label], "data")  # pylint: disable=protected-access
-    cfg = dataclasses.replace(cfg, optimizer="sgd", lr=1.0)
-    tx = builders.make_optimizer(cfg)
+    cfg = compare.method_config(TINY, compare.METHODS[label])
+    cfg.optimizer.update(name="sgd", lr=1.0)
+    tx = build.make_optimizer(cfg, build.Context(
+        config=cfg, inner=build.inner_optimizer(cfg), axis_name="data", num_workers=W,
+        mesh_shape={"data": W}, key=jax.random.key(0)))
 
     def body(g):  # g: f32[1, 5], this worker's gradient
       return tx.update({"g": g[0]}, tx.init({"g": g[0]}))[0]["g"]

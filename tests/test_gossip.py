@@ -362,23 +362,3 @@ def test_bad_input_fails_at_build(mesh8):
   trainer = train.Trainer(loss, sync.dpsgd(optax.sgd(0.1), "ring", num_workers=4), mesh8)
   with pytest.raises(ValueError, match="has 4 workers but the mesh axis"):
     trainer.init(params)
-
-
-def test_experiment_builders_register_gossip_methods():
-  from experiments import builders  # pylint: disable=import-outside-toplevel
-  for algo, topology in (("dpsgd", "torus"), ("dpsgd", "one_peer_exponential"),
-                         ("choco", "exponential")):
-    cfg = builders.Config(algo=algo, optimizer="sgd",
-                          extra={"topology": topology, "num_workers": W,
-                                 "gossip_codec": "bfloat16"})
-    tx = builders.make_optimizer(cfg)
-    assert hasattr(tx, "update")
-  with pytest.raises(ValueError, match="unknown; allowed"):
-    builders.make_optimizer(builders.Config(algo="dpsgd", extra={"topology": "hypercube",
-                                                                 "num_workers": W}))
-  with pytest.raises(ValueError, match="time-varying"):
-    builders.make_optimizer(builders.Config(algo="choco", extra={
-        "topology": "one_peer_exponential", "num_workers": W}))
-  with pytest.raises(ValueError, match="gossip_codec"):
-    builders.make_optimizer(builders.Config(algo="choco", extra={
-        "topology": "ring", "num_workers": W, "gossip_codec": "zip"}))

@@ -491,6 +491,25 @@ def test_cast_codec_outer_gradient_travels_narrow(task):
   close(state.opt_state.memory, delta - sent_w, atol=1e-7)
 
 
+def test_shared_key_codec_outer_gradient_is_decoded_with_the_key(task):
+  """random_k with a shared key is linear: every worker keeps the same k coordinates, only
+  the values are all-reduced, and the receiver regenerates the indices from the key."""
+  params, loss, batches, grads = task
+  codec = codecs.random_k(k=64)
+  tx = local.diloco(SGD, optax.sgd(1.0), 2, codec=codec)
+  _, state, sent = run_trainer(loss, tx, params, batches, 2)
+  assert sent == [0, 448]  # psum of the 64 float32 values (256 bytes): 2 * 7/8 * 256
+  ps = stack(params)
+  for t in range(2):
+    ps = jax.tree.map(lambda p, g: p - LR * g, ps, grads(ps, blocks(batches[t])))
+  flat, unflatten = codecs.flatten(params)
+  delta = flat[None] - jax.vmap(lambda p: codecs.flatten(p)[0])(ps)
+  sub = jax.random.split(jax.random.key_data(jax.random.key(0)))[1]  # the sync's shared key
+  total = sum(jax.jit(codec.roundtrip)(d, sub) for d in delta)
+  assert 0 < int(jnp.count_nonzero(total)) <= 64  # at most the k shared coordinates
+  close(state.opt_state.outer_params, unflatten(flat - total / W), atol=1e-6)
+
+
 def test_streaming_default_codec_bytes_in_compiled_program(task):
   params, loss, batches, _ = task
   tx = local.streaming_diloco(optax.sgd(LR), NESTEROV, 4, 2, 1, 0.5)  # codec "auto": fp4
@@ -659,8 +678,9 @@ def runs_one_update(tx, axis_name):
   axes = () if axis_name is None else (axis_name if isinstance(axis_name, tuple) else
                                        (axis_name,))
 
-  def update(p):
-    out = tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+  def update(p):  # each worker's own gradient (varying), as the Trainer passes it
+    grads = jax.tree.map(lambda x: x + 1, comm.varying(p, axes))
+    out = tx.update(grads, tx.init(p), p)[0]
     return jax.tree.map(lambda x: comm.varying(x, axes)[None], out)
 
   if not axes:
@@ -774,29 +794,3 @@ def test_label_skew_builds_or_raises_value_error(num_workers, alpha):
                         lambda ds: ds.batch(0, 8 * num_workers.value),
                         num_workers=num_workers, alpha=alpha)
 
-
-def test_experiment_builders_register_the_methods():
-  from experiments import algos_local, builders  # pylint: disable=import-outside-toplevel
-  extra = {"sync_every": 4, "num_workers": W, "participation": "drop:2,5@1",
-           "outer_codec": "bf16", "outer_memory": True, "fragments": 2, "overlap": 1,
-           "merge_alpha": 0.5,
-           "slow_axis": "slow", "fast_axis": "fast", "num_slow": 2, "worker_steps": [4, 2],
-           "weighting": "steps"}
-  for algo in ("local_sgd", "diloco", "streaming_diloco", "sparseloco", "dreamddp",
-               "scaffold", "hierarchical"):
-    extra_algo = {**extra, "num_workers": 2} if algo == "hierarchical" else extra
-    if algo == "hierarchical":
-      extra_algo = {**extra_algo, "participation": "drop:1@1"}
-    tx = builders.make_optimizer(builders.Config(algo=algo, steps=20, extra=extra_algo))
-    assert callable(tx.init) and callable(tx.update)
-  mask = algos_local.participation_mask("drop:2,5@1", W, 3)
-  assert mask.sum(1).tolist() == [W, W - 2, W] and not mask[1, [2, 5]].any()
-  rand = algos_local.participation_mask("random:0.5", W, 50, seed=1)
-  assert rand.any(1).all() and 0.3 < rand.mean() < 0.7
-  for bad in ("drop:9@0", "drop:x", "random:1.5", "sometimes"):
-    with pytest.raises(ValueError, match="participation"):
-      algos_local.participation_mask(bad, W, 3)
-  with pytest.raises(ValueError, match="codec"):
-    builders.make_optimizer(builders.Config(algo="diloco", extra={"outer_codec": "zip"}))
-  with pytest.raises(ValueError, match="hierarchical"):
-    builders.make_optimizer(builders.Config(algo="hierarchical", extra={}))

@@ -40,7 +40,7 @@ def two_process_run(tmp_path_factory):
   base = tmp_path_factory.mktemp("multihost")
   result, report = launch(faults.flag_args("dp", STEPS) + [
       f"--workdir={base}", f"--algos={','.join(faults.MULTIHOST_METHODS)}",
-      f"--checkpoint_every={EVERY}", "--log_every=1"])
+      f"--config.checkpoint_every={EVERY}", "--config.log_every=1"])
   assert result.returncode == 0 and report["returncodes"] == [0, 0], result.stderr[-4000:]
   return {algo: base / algo for algo in faults.MULTIHOST_METHODS}
 
@@ -48,7 +48,8 @@ def two_process_run(tmp_path_factory):
 @pytest.mark.parametrize("algo", faults.MULTIHOST_METHODS)
 def test_two_processes_train_like_one(algo, two_process_run):
   workdir = two_process_run[algo]
-  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()))
+  faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()),
+                            checkpoint_every=EVERY, log_every=1)
   trainer, params, reference, history = faults.uninterrupted(algo, STEPS)
   # The checkpoint written by two processes restores in this single process on 8 devices.
   final = faults.restore(trainer, params, str(workdir / "checkpoints"))
@@ -72,7 +73,8 @@ def test_two_processes_train_like_one(algo, two_process_run):
 
 def test_a_dead_process_brings_the_other_down_within_the_heartbeat_timeout(tmp_path):
   result, report = launch(faults.flag_args("dp", 100_000) + [
-      f"--workdir={tmp_path}", "--checkpoint_every=0", "--kill_at=3", "--kill_process=1"],
+      f"--workdir={tmp_path}", "--config.checkpoint_every=0", "--kill_at=3",
+      "--kill_process=1"],
       heartbeat_s=HEARTBEAT_S, timeout=180)
   assert report is not None, result.stderr[-4000:]
   assert report["failed"] == 1 and report["returncodes"][1] == -9

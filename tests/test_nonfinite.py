@@ -12,7 +12,6 @@ import optax
 import pytest
 
 import faults
-from experiments import builders
 from jaxcomm import comm, sync, train
 
 W = 8
@@ -39,10 +38,10 @@ def bitwise(a, b):
 
 @pytest.mark.parametrize("algo", faults.NONFINITE_METHODS)
 def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
-  cfg = faults.config(algo, STEPS)
-  _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
-  tx = sync.skip_nonfinite(builders.make_optimizer(cfg), "data")
-  trainer = train.Trainer(loss, tx, mesh8, has_aux=has_aux)
+  run = faults.built(algo, STEPS)
+  params, batch_fn = run.params, run.batches
+  tx = sync.skip_nonfinite(run.optimizer, "data")
+  trainer = train.Trainer(run.loss_fn, tx, mesh8, has_aux=run.has_aux)
   state, history = train.fit(trainer, trainer.init(params), poisoned(batch_fn), STEPS,
                              log_every=1, progress=False)
   assert [h["skipped_steps"] for h in history] == [0] * NAN_STEP + [1] * (STEPS - NAN_STEP)
@@ -62,10 +61,9 @@ def test_nan_on_one_worker_skips_the_step_everywhere(algo, mesh8):
 
 def test_without_the_wrapper_the_nan_spreads(mesh8):
   """What the wrapper prevents: one worker's NaN reaches the (replicated) parameters."""
-  cfg = faults.config("dp", NAN_STEP + 1)
-  _, loss, params, batch_fn, has_aux = builders.make_task(cfg)
-  trainer = train.Trainer(loss, builders.make_optimizer(cfg), mesh8, has_aux=has_aux)
-  state, _ = train.fit(trainer, trainer.init(params), poisoned(batch_fn), NAN_STEP + 1,
+  run = faults.built("dp", NAN_STEP + 1)
+  trainer = run.trainer()
+  state, _ = train.fit(trainer, trainer.init(run.params), poisoned(run.batches), NAN_STEP + 1,
                        progress=False)
   assert any(np.isnan(np.asarray(x)).any() for x in jax.tree.leaves(state.params))
 

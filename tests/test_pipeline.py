@@ -164,18 +164,3 @@ def test_fewer_microbatches_than_stages_fail_before_compile():
     models.lm_stage_params({"params": {f"block{i}": {} for i in range(3)}}, 2)
   with pytest.raises(ValueError, match="num_layers"):
     models.lm_loss_pipeline(models.TransformerLM(**LM), parallel.schedule_1f1b(3, 3))
-
-
-def test_train_layouts_reject_bad_flags_before_compile():
-  from experiments import builders, layouts_sequence  # pylint: disable=import-outside-toplevel
-  with pytest.raises(ValueError, match="multiplies"):
-    layouts_sequence.parse_mesh("data=2,sequence=3", 8)
-  assert layouts_sequence.parse_mesh("data=2,pipeline=4", 8) == {"data": 2, "pipeline": 4}
-  with pytest.raises(ValueError, match="seq_len"):
-    layouts_sequence.build(builders.Config(seq_len=30), {"data": 2, "sequence": 4})
-  with pytest.raises(ValueError, match="num_heads"):
-    layouts_sequence.build(builders.Config(num_heads=2, extra={"attention": "ulysses"}),
-                           {"data": 2, "sequence": 4})
-  with pytest.raises(ValueError, match="num_microbatches"):
-    layouts_sequence.build(builders.Config(num_layers=4, extra={"microbatches": 2}),
-                           {"data": 2, "pipeline": 4})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import _reproduce as rep
-from experiments import builders
+from experiments import build
 from experiments import compression_table
 from experiments import reproduce_demo
 from experiments import reproduce_diloco
@@ -19,12 +19,13 @@ from experiments import reproduce_streaming
 from experiments import reproduce_topk
 
 # One scale for every test: the DP and DiLoCo runs the reproductions share train once.
-TINY = rep.Scale(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1, num_heads=2,
-                 d_ff=32, hidden=(16,), eval_batch=8, smooth=2)
+TINY = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
+                       eval_batch=8, smooth=2)
+TINY.model.update(num_heads=2, d_ff=32, hidden=(16,))
 
 
 def _params(model: str):
-  return builders.make_task(rep.config(TINY, model, "dp"))[2]
+  return build.model_task(rep.config(TINY, model, "dp"))[3]
 
 
 def _num_params(model: str) -> int:
@@ -181,6 +182,8 @@ def test_streaming(tmp_path):
   assert np.count_nonzero(exact["curve"]["wire_bytes"]) == p * scale.steps // h
 
 
-def test_bad_scale():
+def test_bad_base_config():
   with pytest.raises(ValueError, match="steps"):
-    rep.Scale(steps=0)
+    rep.base_config(steps=0)
+  with pytest.raises(ValueError, match="smooth"):
+    rep.base_config(smooth=0)

@@ -9,11 +9,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm, sync, train
-from tests import contract
+from jaxcomm import codecs, comm, sync, testing, train
 
 W = 8
-ZOO = contract.codec_zoo()
+ZOO = testing.codec_zoo()
 KEY = jax.random.key(0)
 
 
@@ -23,7 +22,7 @@ def test_contract_every_codec_with_error_feedback(name):
   # EF is stable for lr below about the codec's contraction (top-1 of 16 here): small lr.
   codec = ZOO[name]
   tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=None, key=KEY), optax.sgd(0.02))
-  contract.check_transform(tx, steps=300)
+  testing.check_transform(tx, steps=300)
 
 
 @pytest.mark.parametrize("memory", [None, "ef21", "loco"])
@@ -31,7 +30,7 @@ def test_contract_memories(memory):
   codec = codecs.top_k(0.25) if memory else codecs.qsgd(15, bucket=None)
   tx = optax.chain(sync.compressed(codec, memory=memory, axis_name=None, key=KEY),
                    optax.sgd(0.05 if memory else 0.3))
-  contract.check_transform(tx, steps=300)
+  testing.check_transform(tx, steps=300)
 
 
 # ---------------------------------------------------------------------------- one update
@@ -163,18 +162,18 @@ def test_per_worker_keys_unless_shared(mesh8, grads):
 # ---------------------------------------------------------------------------- hierarchical
 def test_hierarchical_fast_axis_exact_slow_axis_compressed(mesh4x2):
   axes = ("tensor", "data")  # first axis fast (exact), the rest slow (compressed)
-  n = sum(x.size for x in jax.tree.leaves(contract.example_params()))
+  n = sum(x.size for x in jax.tree.leaves(testing.example_params()))
   # Exact codec: the same parameters as sync.mean over both axes, in the Trainer.
-  _, ref, _, _ = contract.check_on_mesh(optax.chain(sync.mean(axes), optax.sgd(0.1)),
+  _, ref, _, _ = testing.check_on_mesh(optax.chain(sync.mean(axes), optax.sgd(0.1)),
                                         mesh4x2, axis_name=axes)
-  _, state, _, _ = contract.check_on_mesh(
+  _, state, _, _ = testing.check_on_mesh(
       optax.chain(sync.compressed(codecs.identity(), axis_name=axes), optax.sgd(0.1)),
       mesh4x2, axis_name=axes)
   chex.assert_trees_all_close(state.params, ref.params, atol=1e-6)
   # A lossy codec: float32 on the fast axis, the codec's bytes on the slow axis only.
   codec = codecs.uniform(4, block=64)
   tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=axes), optax.sgd(0.1))
-  trainer, _, m, report = contract.check_on_mesh(tx, mesh4x2, axis_name=axes)
+  trainer, _, m, report = testing.check_on_mesh(tx, mesh4x2, axis_name=axes)
   assert trainer.layout.opt_state[0].memory
   assert n == 16  # each of the F = 2 fast devices owns m = 8 slots
   # Fast axis, float32: reduce-scatter of f32[16] (1/2 * 64 bytes) and all-gather of the
@@ -229,7 +228,7 @@ def test_top_k_with_memory_tracks_sgd_and_without_stalls(mesh8):
 
 
 # ---------------------------------------------------------------------------- bytes in state
-# The 16 parameters of contract.example_params, W = 8; bytes worked out by hand.
+# The 16 parameters of testing.example_params, W = 8; bytes worked out by hand.
 @pytest.mark.parametrize("codec,memory,collective,want", [
     # top-2 of 16 (round(0.1 * 16)): 2 x (f32 value, u8 index) = 10 bytes, gathered: 7 * 10.
     (codecs.top_k(0.1), "ef", None, 70),
@@ -246,9 +245,9 @@ def test_top_k_with_memory_tracks_sgd_and_without_stalls(mesh8):
 def test_bytes_in_state_equal_inspect_and_formula(mesh8, codec, memory, collective, want):
   tx = optax.chain(sync.compressed(codec, memory=memory, collective=collective, key=KEY),
                    optax.sgd(0.1))
-  trainer, _, m, _ = contract.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
+  trainer, _, m, _ = testing.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
   assert bool(trainer.layout.opt_state[0].memory) == (memory is not None)  # per worker
-  assert sum(x.size for x in jax.tree.leaves(contract.example_params())) == 16
+  assert sum(x.size for x in jax.tree.leaves(testing.example_params())) == 16
   assert int(m["wire_bytes"]) == want
 
 

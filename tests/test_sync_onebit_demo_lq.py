@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxcomm import codecs, comm, data, models, sync, train
+from jaxcomm import codecs, comm, data, models, sync, testing, train
 from tests import contract
 
 W = 8
@@ -37,11 +37,11 @@ def test_contract(name):
         "demo": lambda: sync.demo(0.02, beta=0.9, chunk=8, k=4, axis_name=None),
         "lq_sgd": lambda: optax.chain(sync.lq_sgd(1, bits=6, min_compression_rate=0,
                                                   axis_name=None), optax.sgd(0.2))}[name]()
-  contract.check_transform(tx, steps=300)
+  testing.check_transform(tx, steps=300)
 
 
 # ---------------------------------------------------------------------------- bytes
-# Bytes worked out by hand (docs/algorithms.md) for contract.example_params: w f32[3, 4],
+# Bytes worked out by hand (docs/algorithms.md) for testing.example_params: w f32[3, 4],
 # b f32[4], n = 16 elements, W = 8.
 # 1-bit Adam after the freeze: two-phase, chunks of 2: 2 sign bits in 1 byte + one f32 scale
 # = 5 bytes, 7 times in each phase: 2 * 7 * 5.
@@ -70,12 +70,12 @@ def test_bytes_counted_equal_inspect_and_formula(mesh8):
                    optax.sgd(0.1)), LQ_EXAMPLE["gather"]),
   ]
   for tx, want in cases:
-    _, _, m, _ = contract.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
+    _, _, m, _ = testing.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
     assert int(m["wire_bytes"]) == want
 
 
 def test_byte_helpers_equal_hand_literals(task):
-  params = contract.example_params(jnp.float32)
+  params = testing.example_params(jnp.float32)
   assert sync.onebit_adam_bytes(16, W, True) == ONEBIT_EXAMPLE
   assert sync.onebit_adam_bytes(1210, W, False) == ONEBIT_DIGITS["exact"]
   assert sync.onebit_adam_bytes(1210, W, True) == ONEBIT_DIGITS["onebit"]

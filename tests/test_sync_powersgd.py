@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxcomm import codecs, comm, data, models, sync, train
+from jaxcomm import codecs, comm, data, models, sync, testing, train
 from tests import contract
 
 W = 8
@@ -35,10 +35,10 @@ def _local_grads(task, t=0):
 def test_contract(warm_start):
   tx = optax.chain(sync.powersgd(1, warm_start=warm_start, min_compression_rate=0,
                                  axis_name=None), optax.sgd(0.2))
-  contract.check_transform(tx, steps=300)
+  testing.check_transform(tx, steps=300)
 
 
-# contract.example_params: w f32[3, 4] (n = 3 rows <= m = 4 columns, so not transposed) and
+# testing.example_params: w f32[3, 4] (n = 3 rows <= m = 4 columns, so not transposed) and
 # b f32[4], averaged exactly. Rank 1: P is 3 x 1, Q is 4 x 1. All-reduce of P with b,
 # (3 + 4) x 4 = 28 bytes: 2 * 7/8 * 28 = 49; all-reduce of Q, 16 bytes: 2 * 7/8 * 16 = 28.
 EXAMPLE_RANK1 = 49 + 28
@@ -53,13 +53,13 @@ DIGITS_RANK1 = 364 + 560
 
 def test_bytes_counted_equal_inspect_and_formula(mesh8):
   tx = optax.chain(sync.powersgd(1, min_compression_rate=0), optax.sgd(0.1))
-  _, _, m, report = contract.check_on_mesh(tx, mesh8, steps=2)  # asserts counted == inspect
+  _, _, m, report = testing.check_on_mesh(tx, mesh8, steps=2)  # asserts counted == inspect
   assert int(m["wire_bytes"]) == EXAMPLE_RANK1
   assert len(report.collectives) == 2  # one all-reduce for P (+ exact leaves), one for Q
 
 
 def test_powersgd_bytes_helper_equals_hand_literals(task):
-  params = contract.example_params(jnp.float32)
+  params = testing.example_params(jnp.float32)
   assert sync.powersgd_bytes(params, 1, W, min_compression_rate=0) == EXAMPLE_RANK1
   assert sync.powersgd_bytes(task[0], 1, W) == DIGITS_RANK1
   # Rate 2 on the example: (3 + 4) x 1 x 2 = 14 >= 12, so w is averaged exactly too.
@@ -68,7 +68,7 @@ def test_powersgd_bytes_helper_equals_hand_literals(task):
 
 
 def test_start_iter_bytes_counted_per_branch_equal_inspect_and_formula(mesh8):
-  params = contract.example_params(jnp.float32)
+  params = testing.example_params(jnp.float32)
   loss = lambda p, b: 0.5 * sum(jnp.sum((x - b["t"][0, i]) ** 2)
                                 for i, x in enumerate(jax.tree.leaves(p)))
   batch = {"t": jnp.arange(W * 2, dtype=jnp.float32).reshape(W, 2) / W}

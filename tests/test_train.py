@@ -1,5 +1,6 @@
 """The step builder: DP equals the single-device step, bytes agree three ways, per-worker state."""
 
+import sys
 from typing import NamedTuple
 
 import chex
@@ -156,3 +157,66 @@ def test_bad_input_fails_before_compile(mesh8, digits_task):
     train.make_mesh({"data": 3})
   with pytest.raises(ValueError, match="dtype"):
     sync.mean("data", dtype=jnp.int8)
+
+
+def test_fit_writes_tensorboard_events_with_each_log_step(mesh8, digits_task, tmp_path):
+  """Event files read back with TensorBoard's reader: the loss and byte counts at every log
+  step, the simulated clock, the consensus distance of DiLoCo's workers, the bytes table."""
+  # pylint: disable=import-outside-toplevel
+  from tensorboard.backend.event_processing import event_accumulator
+  from jaxcomm import local
+  _, params, loss, _ = digits_task
+  trainer = train.Trainer(loss, local.diloco(optax.adam(1e-2), optax.sgd(0.7), 4,
+                                             axis_name="data"), mesh8)
+  ds = data.digits()
+  seconds = lambda nbytes: 0.01 + nbytes / 1e6  # 10 ms of compute, a 1 MB/s link
+  state, history = train.fit(trainer, trainer.init(params), lambda t: ds.batch(t, 16), 6,
+                             workdir=str(tmp_path), log_every=3, progress=False,
+                             sim_step_seconds=seconds)
+  events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"scalars": 0,
+                                                                            "tensors": 0})
+  events.Reload()
+  scalars = lambda tag: [(e.step, e.value) for e in events.Scalars(tag)]
+  assert scalars("loss") == [(h["step"], pytest.approx(h["loss"])) for h in history]
+  assert [h["step"] for h in history] == [3, 6]
+  sync_bytes = history[0]["total_wire_bytes"]  # steps 1-3 send nothing, step 4 syncs
+  assert sync_bytes == 0 and history[1]["total_wire_bytes"] > 0
+  assert scalars("total_wire_bytes") == [(3, 0), (6, history[1]["total_wire_bytes"])]
+  assert scalars("wire_bytes") == [(3, 0), (6, 0)]  # bytes of the logged step itself
+  step_bytes = [0, 0, 0, history[1]["total_wire_bytes"], 0, 0]
+  assert history[1]["sim_seconds"] == pytest.approx(sum(map(seconds, step_bytes)))
+  assert scalars("sim_seconds")[-1][1] == pytest.approx(history[1]["sim_seconds"])
+  # Workers differ two steps after the sync of step 4: the distance of the final state.
+  assert history[1]["consensus_distance"] == pytest.approx(
+      sync.stacked_consensus_distance(state.params), rel=1e-4)
+  assert history[1]["consensus_distance"] > 0
+  table, = events.Tensors("wire_bytes_per_axis/text_summary")
+  assert "| data | 1 |" in table.tensor_proto.string_val[0].decode()
+  assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_fit_reads_the_devices_only_at_log_steps(mesh8, digits_task, monkeypatch):
+  _, params, loss, _ = digits_task
+  trainer = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh8)
+  ds = data.digits()
+  state = trainer.init(params)
+  reads, step = [], [0]
+  device_get, measure = jax.device_get, trainer.measure
+  monkeypatch.setattr(jax, "device_get", lambda x: reads.append(step[0]) or device_get(x))
+  monkeypatch.setattr(trainer, "measure", lambda *a: reads.append(step[0]) or measure(*a))
+
+  def batch_fn(t):
+    step[0] = t
+    return ds.batch(t, 16)
+
+  _, history = train.fit(trainer, state, batch_fn, 7, log_every=3, progress=False)
+  assert [h["step"] for h in history] == [3, 6, 7]
+  assert sorted(set(reads)) == [2, 5, 6]  # the steps whose results are logged (0-based)
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+  from jaxcomm.train import _metrics  # pylint: disable=import-outside-toplevel
+  assert _metrics.progress_bar(10, 0, True).disable  # pytest's stderr is not a terminal
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+  assert not _metrics.progress_bar(10, 0, True).disable
+  assert _metrics.progress_bar(10, 0, False).disable

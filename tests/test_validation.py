@@ -28,7 +28,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, data, sync, train
+from jaxcomm import codecs, comm, data, sync, train
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -134,17 +134,23 @@ def mesh_for(axis_name):
 
 
 def run_update(tx, axis_name):
-  """One update of `tx` on a tiny gradient, inside shard_map over `axis_name`'s mesh."""
+  """One update of `tx` on a tiny gradient, inside shard_map over `axis_name`'s mesh.
+
+  The gradient is each worker's own (varying over the axes), as the Trainer passes it.
+  """
   params = {"w": jnp.arange(3.0), "b": jnp.ones(())}
+  axes = () if axis_name is None else tuple(mesh_for(axis_name).axis_names)
 
   def update(p):
-    return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+    grads = jax.tree.map(lambda x: x + 1, comm.varying(p, axes))
+    out = tx.update(grads, tx.init(p), p)[0]
+    return jax.tree.map(lambda x: comm.varying(x, axes)[None], out)
 
   mesh = mesh_for(axis_name)
   if mesh is None:
     out = update(params)
   else:
-    out = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=P(), out_specs=P()))(params)
+    out = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=P(), out_specs=P(axes)))(params)
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
 
 

@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm, data, models, parallel, sync, train
-from tests import contract
+from jaxcomm import codecs, comm, data, models, parallel, sync, testing, train
 from test_validation import JUNK, builds_or_value_error, junk, ok, valid_or
 
 W = 8
@@ -266,7 +265,7 @@ def test_accumulation_stage1_vs_stage2(mesh8):
                                     dict(stage=3, param_specs={"w": P(), "b": P()})],
                          ids=["stage1", "stage2_accumulate", "stage1_int8_ef", "stage3"])
 def test_zero_contract_one_device(kwargs):
-  contract.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
+  testing.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
 
 
 @pytest.mark.parametrize("kwargs", [dict(stage=1, codec=codecs.uniform(8), memory="ef"),
@@ -275,7 +274,7 @@ def test_zero_contract_one_device(kwargs):
                          ids=["stage1_int8_ef", "stage1_accumulate", "stage2_accumulate"])
 def test_zero_contract_on_mesh(mesh8, kwargs):
   # Compiles once, keeps the state's types, counts exactly what comm.inspect reads.
-  contract.check_on_mesh(parallel.zero(optax.sgd(0.1), axis_name="data", **kwargs), mesh8)
+  testing.check_on_mesh(parallel.zero(optax.sgd(0.1), axis_name="data", **kwargs), mesh8)
 
 
 def test_zero_bad_input():
@@ -325,15 +324,18 @@ def test_zero_builds_and_runs_or_raises_value_error(mesh8, stage, axis_name, cod
   specs = {"w": P("data"), "b": P()}
 
   def check(tx):
-    def update(p):
-      return tx.update(jax.tree.map(lambda x: x + 1, p), tx.init(p), p)[0]
+    def update(p):  # each worker's own gradient (varying), as the Trainer passes it
+      grads = jax.tree.map(lambda x: x + 1,
+                           comm.varying(p, "data" if axis_name.value else None))
+      return tx.update(grads, tx.init(p), p)[0]
 
     if axis_name.value is None:
       out = update(params)
     else:
       in_specs = (specs,) if stage.value == 3 else (P(),)
-      out = jax.jit(jax.shard_map(update, mesh=mesh8, in_specs=in_specs,
-                                  out_specs=in_specs[0]))(params)
+      stack = lambda out: jax.tree.map(lambda x: comm.varying(x, "data")[None], out)
+      out = jax.jit(jax.shard_map(lambda p: stack(update(p)), mesh=mesh8, in_specs=in_specs,
+                                  out_specs=P("data")))(params)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
 
   builds_or_value_error(

@@ -1,31 +1,5 @@
-"""The codec contract: what travels, as a pure encode/decode pair.
-
-A codec works on one flat float32 vector of static length n (callers flatten and
-concatenate a gradient tree first: fewer, larger ops). `encode(x, key)` returns the payload,
-a tuple of arrays that is exactly what goes on the wire, already in wire dtypes (packed
-bits in uint8, indices in the narrowest unsigned integer, scales in float32);
-`decode(payload, n)` returns float32[n]. `payload_bytes(n)` is the exact byte count of
-`encode` for length n, a static int. Codecs import nothing of jaxcomm and call no
-collectives.
-
-`linear` codecs decode the sum of payloads to the sum of inputs, so their payloads may be
-summed with psum; all others must travel by gather or the two-phase all-reduce.
-`stochastic` codecs need a PRNG key (a key shared by all workers is what makes random-k
-linear); deterministic ones ignore it.
-
-Optional parts of the contract (all default to the plain behaviour above, so a codec built
-with the original six fields keeps working):
-
-* `shared_key`: encode and decode must see the same key on every worker (random-k with a
-  shared seed sends only values; the receiver regenerates the indices from the key). Such a
-  codec's `decode` takes the key as a third argument: `decode(payload, n, key)`. Call
-  `codec.decode_with(payload, n, key)` to decode any codec without caring which it is.
-* `unbiased` and `variance_bound(x)`: E_key[D(C(x))] = x, and an upper bound on
-  E_key ||D(C(x)) - x||^2 (stochastic quantisers; used by the statistics tests).
-* `collective`: the collective a non-linear codec prefers when the caller does not name one:
-  "gather" (sparse payloads whose supports differ between workers) or "two_phase"
-  (quantisers: the payload of a reduced chunk is as small as a worker's).
-"""
+"""The `Codec` record and the exact codecs (identity, cast). The contract every codec keeps
+is written in `jaxcomm.codecs`'s module docstring."""
 
 from __future__ import annotations
 
@@ -43,7 +17,37 @@ Payload = tuple
 
 @dataclasses.dataclass(frozen=True)
 class Codec:
-  """An encode/decode pair with its exact payload size. See the module docstring."""
+  """An encode/decode pair with its exact payload size (the contract: `help(jaxcomm.codecs)`).
+
+  Attributes:
+    name: how the codec shows up in tables and error messages.
+    encode: `(x f32[n], key) -> payload`, a tuple of arrays in wire dtypes whose shapes
+      depend on n only; `key` is a PRNG key for stochastic codecs, None otherwise.
+    decode: `(payload, n) -> f32[n]`; `(payload, n, key)` for shared-key codecs.
+    payload_bytes: `n -> int`, the exact bytes of `encode`'s payload for n elements.
+    linear: decode(sum of payloads) = sum of decodes, so payloads may be psum'd.
+    stochastic: `encode` draws random numbers from `key` (others get key=None).
+    error_bound: `x -> f32[]`, an upper bound on max |decode(encode(x)) - x|; None means
+      the codec is exact.
+    shared_key: `decode` needs the encoder's key, the same on every worker.
+    unbiased: E_key decode(encode(x)) = x.
+    variance_bound: `x -> f32[]`, an upper bound on E_key ||decode(encode(x)) - x||^2.
+    collective: how a non-linear codec prefers to travel: "gather" or "two_phase".
+    length: the one vector length the codec accepts (a per-tensor codec built for a
+      parameter tree's shapes); such a codec needs the whole vector, so collectives that
+      split it (two-phase, hierarchical axes, ZeRO's reduce-scatter) refuse it.
+
+  A codec of your own (`jaxcomm.testing.check_codec` holds it to the contract):
+
+  >>> import jax.numpy as jnp
+  >>> from jaxcomm import codecs
+  >>> halves = codecs.Codec(
+  ...     "my_bf16", encode=lambda x, key: (x.astype(jnp.bfloat16),),
+  ...     decode=lambda p, n: p[0].astype(jnp.float32), payload_bytes=lambda n: 2 * n,
+  ...     error_bound=lambda x: jnp.max(jnp.abs(x)) * 2.0 ** -8)
+  >>> halves.roundtrip(jnp.array([1.0, 3.0])), halves.payload_bytes(2)
+  (Array([1., 3.], dtype=float32), 4)
+  """
   name: str
   encode: Callable[[jax.Array, Any], Payload]   # (f32[n], key) -> payload
   decode: Callable[..., jax.Array]              # (payload, n[, key]) -> f32[n]
@@ -55,6 +59,7 @@ class Codec:
   unbiased: bool = False       # E_key D(C(x)) = x
   variance_bound: Callable[[jax.Array], jax.Array] | None = None  # x -> >= E||D(C(x))-x||^2
   collective: str = "gather"   # preferred collective when not linear: gather | two_phase
+  length: int | None = None    # the only n it accepts; needs the whole vector (no splitting)
 
   def decode_with(self, payload: Payload, n: int, key: Any = None) -> jax.Array:
     """decode(payload, n), passing `key` only to codecs whose decode needs it."""

@@ -76,12 +76,24 @@ def unpack_bits(packed: jax.Array, bits: int, m: int) -> jax.Array:
 
 
 def num_blocks(n: int, block: int | None) -> int:
-  """Blocks of `block` elements covering n (one block when block is None)."""
+  """Blocks of `block` elements covering n (one block when block is None).
+
+  >>> num_blocks(10, 4), num_blocks(10, None), num_blocks(0, 4)
+  (3, 1, 1)
+  """
   return 1 if block is None else max(1, math.ceil(n / block))
 
 
 def blocks(x: jax.Array, block: int | None, fill: float = 0.0) -> tuple[jax.Array, jax.Array]:
-  """x as [num_blocks, block] padded with `fill`, and the mask of real elements."""
+  """x as [num_blocks, block] padded with `fill`, and the mask of real elements.
+
+  Per-block statistics (a scale per block) then need no special case for a vector whose
+  length is not a multiple of the block: mask the padding, or pick a neutral `fill`.
+
+  >>> xb, valid = blocks(jnp.arange(5.0), 2)
+  >>> xb.tolist(), valid[-1].tolist()
+  ([[0.0, 1.0], [2.0, 3.0], [4.0, 0.0]], [True, False])
+  """
   n = x.shape[0]
   b = max(n, 1) if block is None else block
   nb = num_blocks(n, block)
@@ -91,7 +103,11 @@ def blocks(x: jax.Array, block: int | None, fill: float = 0.0) -> tuple[jax.Arra
 
 
 def unblock(xb: jax.Array, n: int) -> jax.Array:
-  """Inverse of `blocks`: the first n elements, flat."""
+  """Inverse of `blocks`: the first n elements, flat.
+
+  >>> unblock(blocks(jnp.arange(5.0), 2)[0], 5).tolist()
+  [0.0, 1.0, 2.0, 3.0, 4.0]
+  """
   return xb.reshape(-1)[:n]
 
 
@@ -111,5 +127,6 @@ def check_block(block, name: str = "block") -> int | None:
   return int(block)
 
 
-# Slack for float32 arithmetic in the error bounds: a few ulps of the largest magnitude.
+# Slack for float32 arithmetic in the error bounds: a few ulps of the largest magnitude
+# (a bound computed in float32 adds F32_SLACK * max |x|).
 F32_SLACK = 64 * float(np.finfo(np.float32).eps)

@@ -136,8 +136,10 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
     k: coefficients kept per tile, >= 1 (DeMo: 32); tiles smaller than k send them all.
 
   Returns:
-    A deterministic, non-linear `Codec` (gather) for vectors of sum(prod(shape)) elements;
-    error bound: the largest L2 norm of a tile's dropped coefficients.
+    A deterministic, non-linear `Codec` (gather) for vectors of exactly sum(prod(shape))
+    elements (its `length`: it needs the whole vector); error bound: the largest L2 norm of
+    a tile's dropped coefficients. As a factory for transforms:
+    `functools.partial(tiled_dct_top_k, chunk=64, k=32)` (see `for_tree`).
 
   References:
     Peng, Quesnelle, Kingma, DeMo: Decoupled Momentum Optimization, arXiv 2411.19870.
@@ -213,4 +215,5 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
     return sum(t.tiles * t.k for t in tilings) * (4 + idx_dtype.itemsize)
 
   return Codec(f"tiled_dct_top_k(chunk={chunk}, k={k})", encode, decode,
-               payload_bytes=payload_bytes, error_bound=error_bound, collective="gather")
+               payload_bytes=payload_bytes, error_bound=error_bound, collective="gather",
+               length=size)

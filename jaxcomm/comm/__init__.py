@@ -4,23 +4,24 @@ latency-bandwidth cost of collectives on a network topology.
 This is the only jaxcomm module that calls `jax.lax` collectives.
 """
 
+from jaxcomm.comm._branch import cond
+from jaxcomm.comm._branch import switch
 from jaxcomm.comm._collectives import AxisName
 from jaxcomm.comm._collectives import all_gather
 from jaxcomm.comm._collectives import all_gather_bytes
 from jaxcomm.comm._collectives import all_to_all
 from jaxcomm.comm._collectives import all_to_all_bytes
 from jaxcomm.comm._collectives import allreduce_bytes
+from jaxcomm.comm._collectives import axis_names
 from jaxcomm.comm._collectives import axis_size
 from jaxcomm.comm._collectives import from_bits
-from jaxcomm.comm._collectives import mean
 from jaxcomm.comm._collectives import ppermute
 from jaxcomm.comm._collectives import reduce_scatter
 from jaxcomm.comm._collectives import reduce_scatter_bytes
+from jaxcomm.comm._collectives import require_varying
 from jaxcomm.comm._collectives import shift
-from jaxcomm.comm._collectives import sum  # pylint: disable=redefined-builtin
 from jaxcomm.comm._collectives import to_bits
 from jaxcomm.comm._collectives import tree_bytes
-from jaxcomm.comm._collectives import two_phase_sum
 from jaxcomm.comm._collectives import varying
 from jaxcomm.comm._collectives import varying_axes
 from jaxcomm.comm._compressed import COLLECTIVES
@@ -32,6 +33,9 @@ from jaxcomm.comm._compressed import gather_sum
 from jaxcomm.comm._compressed import linear_sum
 from jaxcomm.comm._compressed import reduce_scatter_encoded
 from jaxcomm.comm._compressed import two_phase
+from jaxcomm.comm._sum import mean
+from jaxcomm.comm._sum import sum  # pylint: disable=redefined-builtin
+from jaxcomm.comm._sum import two_phase_sum
 from jaxcomm.comm._cost import ALGORITHMS
 from jaxcomm.comm._cost import CollectiveCost
 from jaxcomm.comm._cost import CommCost
@@ -75,11 +79,13 @@ __all__ = (
     "all_to_all",
     "all_to_all_bytes",
     "allreduce_bytes",
+    "axis_names",
     "axis_size",
     "collective_time",
     "compiled_text",
     "compressed_bytes",
     "compressed_sum",
+    "cond",
     "cost",
     "counted_bytes",
     "from_bits",
@@ -93,8 +99,10 @@ __all__ = (
     "reduce_scatter",
     "reduce_scatter_bytes",
     "reduce_scatter_encoded",
+    "require_varying",
     "shift",
     "sum",
+    "switch",
     "to_bits",
     "topology",
     "tree_bytes",

@@ -20,13 +20,19 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcomm.codecs import Codec
-from jaxcomm.codecs import flatten as _flatten
 
 AxisName = str | tuple[str, ...] | None
 
 
-def _axes(axis_name: AxisName) -> tuple[str, ...]:
+def axis_names(axis_name: AxisName) -> tuple[str, ...]:
+  """An axis argument as a tuple of axis names: None -> (), "data" -> ("data",).
+
+  The one normalisation of every `axis_name` argument (and of a PartitionSpec entry).
+
+  Example:
+    >>> axis_names(None), axis_names("data"), axis_names(["replica", "data"])
+    ((), ('data',), ('replica', 'data'))
+  """
   if axis_name is None:
     return ()
   return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
@@ -39,7 +45,7 @@ def axis_size(axis_name: AxisName) -> int:
     >>> axis_size(None)
     1
   """
-  return math.prod(lax.axis_size(a) for a in _axes(axis_name))
+  return math.prod(lax.axis_size(a) for a in axis_names(axis_name))
 
 
 def tree_bytes(tree: Any, dtype: Any = None) -> int:
@@ -109,7 +115,7 @@ def varying(tree: Any, axis_name: AxisName) -> Any:
     >>> f(jnp.ones(1)).shape
     (8,)
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   if not axes:
     return tree
 
@@ -133,6 +139,63 @@ def varying_axes(x: Any) -> frozenset:
   if mat is not None:
     return frozenset(mat.varying)
   return frozenset(getattr(aval, "vma", ()))
+
+
+def _tracks_varying(axis: str) -> bool:
+  """Whether the enclosing shard_map tracks varying axes for `axis` (check_vma=True).
+
+  Only then does an invariant value mean "the same on every worker". Under `jax.vmap` with
+  an axis name, or shard_map with check_vma=False, nothing is tracked; outside both the axis
+  is unbound.
+  """
+  try:
+    return axis in varying_axes(lax.axis_index(axis))
+  except NameError:
+    return False
+
+
+def require_varying(tree: Any, axis_name: AxisName, where: str) -> None:
+  """ValueError unless every leaf of `tree` varies over every axis of `axis_name`.
+
+  Guards the local-gradient trap: inside a `shard_map`, `jax.grad` with respect to
+  replicated (invariant) parameters is summed over the workers by JAX's transpose (an
+  implicit psum), so a transform that averages per-worker gradients would average W sums.
+  Differentiating with respect to `varying(params, axis_name)` gives each worker its own
+  gradient; the Trainer does so. Checked at trace time from the types only (nothing runs);
+  a no-op outside shard_map, under vmap, or with check_vma=False.
+
+  Args:
+    tree: the gradients (or any per-worker values) the caller received.
+    axis_name: the axis (or axes) over which they must differ.
+    where: the caller's name, for the message.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> def grads_of(params, x):  # per worker: the gradient of its own loss
+    ...   g = jax.grad(lambda p: jnp.sum(p * x))(varying(params, "data"))
+    ...   require_varying(g, "data", "my_transform")  # passes; without varying it raises
+    ...   return g
+    >>> f = jax.shard_map(grads_of, mesh=mesh, in_specs=(jax.P(), jax.P("data")),
+    ...                   out_specs=jax.P("data"))
+    >>> f(jnp.ones(1), jnp.arange(8.0)).tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+  """
+  axes = [a for a in _axes(axis_name) if _tracks_varying(a)]
+  if not axes:
+    return
+  shown = _axes(axis_name)[0] if len(_axes(axis_name)) == 1 else _axes(axis_name)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    missing = [a for a in axes if a not in varying_axes(leaf)]
+    if missing:
+      raise ValueError(
+          f"{where} needs each worker's own gradient, but the leaf "
+          f"{jax.tree_util.keystr(path) or 'at the root'} is the same on every worker of "
+          f"{tuple(missing)} (invariant in shard_map's types). Inside your own shard_map, "
+          f"jax.grad with respect to replicated parameters returns the SUM over the workers "
+          f"(JAX's transpose inserts a psum), which this would then average again. "
+          f"Differentiate with respect to jaxcomm.comm.varying(params, {shown!r}) to get "
+          f"the local gradient (jaxcomm.train.Trainer does this).")
 
 
 _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
@@ -170,82 +233,14 @@ def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
   return lax.bitcast_convert_type(bits, dtype)
 
 
-def two_phase_sum(vec: jax.Array, axis_name: AxisName, dtype: Any) -> tuple[jax.Array, float]:
-  """Sum of a flat vector over `axis_name` whose payload travels as `dtype`.
-
-  All-to-all of W chunks in `dtype`, float32 reduction of chunk r on device r, all-gather of
-  the reduced chunks in `dtype`: 2(W-1)/W * S * b bytes, like a ring all-reduce, but every
-  byte on the wire really is `dtype` (XLA:CPU would widen a bf16 all-reduce to f32). The
-  vector is zero-padded to a multiple of W; the padding travels and is counted. This is
-  `two_phase` (jaxcomm/comm/_compressed.py) with a cast codec.
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    >>> f = jax.shard_map(lambda x: two_phase_sum(x, "data", jnp.bfloat16)[0], mesh=mesh,
-    ...                   in_specs=jax.P(), out_specs=jax.P())
-    >>> f(jnp.ones(16)).tolist() == [8.0] * 16
-    True
-  """
-  from jaxcomm.comm import _compressed  # pylint: disable=import-outside-toplevel  (builds on this module)
-  if not _axes(axis_name):
-    return vec, 0.0
-  dt = jnp.dtype(dtype)
-  codec = Codec(f"cast({dt.name})", encode=lambda x, key: (x.astype(dt),),
-                decode=lambda p, n: p[0].astype(jnp.float32),
-                payload_bytes=lambda n: dt.itemsize * n, linear=True)
-  out, nbytes = _compressed.two_phase(vec.astype(jnp.float32), codec, axis_name)
-  return out.total.astype(vec.dtype), nbytes
-
-
-def _reduce(tree, axis_name, dtype):
-  axes = _axes(axis_name)
+def psum_tree(tree: Any, axis_name: AxisName) -> tuple[Any, float]:
+  """psum of every leaf in its own dtype, and the all-reduce's wire bytes (`sum` without a
+  wire dtype; the building block of the compressed sums)."""
+  axes = axis_names(axis_name)
   if not axes:
     return tree, 0.0
   w = axis_size(axes)
-  leaves = jax.tree.leaves(tree)
-  if dtype is None or all(jnp.dtype(x.dtype) == jnp.dtype(dtype) for x in leaves):
-    return jax.tree.map(lambda x: lax.psum(x, axes), tree), allreduce_bytes(tree_bytes(tree), w)
-  # A different wire dtype: one flat buffer through the two-phase reduction.
-  flat, unflatten = _flatten(tree)
-  total, nbytes = two_phase_sum(flat, axes, jnp.dtype(dtype))
-  return unflatten(total), nbytes
-
-
-def sum(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]:  # pylint: disable=redefined-builtin
-  """All-reduce sum over `axis_name`.
-
-  With a `dtype` other than the leaves' own, the leaves travel as one flat buffer in `dtype`
-  through `two_phase_sum` (accumulated in float32); otherwise one `psum` per leaf.
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    >>> f = jax.shard_map(lambda x: sum(x, "data")[0], mesh=mesh, in_specs=jax.P("data"),
-    ...                   out_specs=jax.P())
-    >>> f(jnp.arange(8.0)).tolist(), sum(jnp.ones(2), None)[1]
-    ([28.0], 0.0)
-  """
-  return _reduce(tree, axis_name, dtype)
-
-
-def mean(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]:
-  """All-reduce mean over `axis_name`, optionally travelling as `dtype` (see `sum`).
-
-  The division by W happens after the reduction, in the input's dtype.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> out, nbytes = mean({"w": jnp.ones(3)}, None)  # one device: identity, nothing sent
-    >>> out["w"].tolist(), nbytes
-    ([1.0, 1.0, 1.0], 0.0)
-  """
-  axes = _axes(axis_name)
-  total, nbytes = _reduce(tree, axis_name, dtype)
-  if not axes:
-    return total, nbytes
-  w = axis_size(axes)
-  return jax.tree.map(lambda x: x / jnp.asarray(w, x.dtype), total), nbytes
+  return jax.tree.map(lambda x: lax.psum(x, axes), tree), allreduce_bytes(tree_bytes(tree), w)
 
 
 def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
@@ -265,7 +260,7 @@ def all_gather(tree: Any, axis_name: AxisName, *, axis: int = 0,
     >>> f(jnp.arange(8.0)).tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   if not axes:
     return (tree if tiled else jax.tree.map(lambda x: jnp.expand_dims(x, axis), tree)), 0.0
   w = axis_size(axes)
@@ -287,7 +282,7 @@ def reduce_scatter(tree: Any, axis_name: AxisName, *, scatter_dimension: int = 0
     >>> f(jnp.arange(8.0)).tolist()  # every device held the same vector: 8 x each slice
     [0.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0]
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   if not axes:
     return tree, 0.0
   w = axis_size(axes)
@@ -307,7 +302,7 @@ def all_to_all(tree: Any, axis_name: AxisName, *, split_axis: int = 0,
     >>> out.tolist(), nbytes
     ([0.0, 1.0, 2.0, 3.0], 0.0)
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   if not axes:
     return tree, 0.0
   w = axis_size(axes)
@@ -332,7 +327,7 @@ def ppermute(tree: Any, axis_name: AxisName,
     >>> f(jnp.arange(8.0)).tolist()
     [7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   if not axes:
     return tree, 0.0
   out = jax.tree.map(lambda x: lax.ppermute(varying(x, axes), axes, perm=list(perm)), tree)
@@ -350,7 +345,7 @@ def shift(tree: Any, axis_name: AxisName, offset: int) -> tuple[Any, float]:
     >>> f(jnp.arange(8.0)).tolist()  # device i receives from device i - 1
     [7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   if not axes:
     return tree, 0.0
   n = axis_size(axes)

@@ -34,9 +34,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxcomm.codecs import Codec
-from jaxcomm.comm._collectives import (AxisName, _axes, all_gather, all_gather_bytes, all_to_all,
-                                       all_to_all_bytes, allreduce_bytes, axis_size, from_bits,
-                                       sum as _sum, to_bits)
+from jaxcomm.comm._collectives import (AxisName, all_gather, all_gather_bytes, all_to_all,
+                                       all_to_all_bytes, allreduce_bytes, axis_names, axis_size,
+                                       from_bits, psum_tree, to_bits)
 
 COLLECTIVES = ("psum", "gather", "two_phase")
 
@@ -111,12 +111,12 @@ def linear_sum(payload: Any, decode: Callable[[Any], jax.Array],
     raise ValueError(f"linear_sum cannot psum payload leaves of dtype {narrow}: XLA:CPU widens "
                      f"narrow-float all-reduce operands to float32, so the bytes would be "
                      f"wrong. Use two_phase (the payload travels as its bits).")
-  summed, nbytes = _sum(payload, axis_name)
+  summed, nbytes = psum_tree(payload, axis_name)
   return decode(summed).astype(jnp.float32), nbytes
 
 
-def gather_sum(payload: Any, decode: Callable[[Any], jax.Array],
-               axis_name: AxisName) -> tuple[jax.Array, float]:
+def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: AxisName, *,
+               weights: jax.Array | None = None) -> tuple[jax.Array, float]:
   """All-gathers every device's payload, decodes each and sums in float32.
 
   The decoded payloads are accumulated one at a time (memory of one decoded vector, not W).
@@ -125,6 +125,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array],
     payload: this device's payload (any codec).
     decode: payload -> float32 array.
     axis_name: the axis (or axes) to gather over; None for one device.
+    weights: optional f32[W], the weight of each device's decoded payload in the sum (e.g. 0
+      for a device that does not take part); the same on every device.
 
   Returns:
     `(sum, wire bytes)`, the sum invariant over `axis_name`; bytes (W-1) * payload bytes.
@@ -134,15 +136,15 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array],
   >>> gather_sum(c.encode(jnp.array([1., -3.]), None), lambda p: c.decode(p, 2), None)
   (Array([ 0., -3.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
+  weigh = (lambda x, i: x) if weights is None else (lambda x, i: weights[i] * x)
   if not axes:
-    return decode(payload).astype(jnp.float32), 0.0
+    return weigh(decode(payload).astype(jnp.float32), 0), 0.0
   w = axis_size(axes)
   wire, nbytes = all_gather(_pack(payload, 0), axes)  # [W, ...], invariant
   gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
-  pick = lambda i: jax.tree.map(lambda x: x[i], gathered)
-  first = decode(pick(0)).astype(jnp.float32)
-  total = lax.fori_loop(1, w, lambda i, acc: acc + decode(pick(i)).astype(jnp.float32), first)
+  term = lambda i: weigh(decode(jax.tree.map(lambda x: x[i], gathered)).astype(jnp.float32), i)
+  total = lax.fori_loop(1, w, lambda i, acc: acc + term(i), term(0))
   return total, nbytes
 
 
@@ -189,11 +191,15 @@ def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
   >>> out.chunk, nbytes
   (Array([0., 1., 2., 3.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   n = vec.shape[0]
   if not axes:
     own = codec.decode_with(codec.encode(vec, key), n, key)
     return ScatteredSum(own, own), 0.0
+  if codec.length is not None:
+    raise ValueError(f"codec {codec.name!r} needs the whole vector ({codec.length} elements), "
+                     f"but a reduce-scatter or two-phase sum encodes 1/W chunks of it; send it "
+                     f"with gather_sum (collective='gather').")
   w = axis_size(axes)
   c = -(-n // w)
   chunks = jnp.pad(vec.astype(jnp.float32), (0, w * c - n)).reshape(w, c)
@@ -244,7 +250,7 @@ def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = N
     >>> f(jnp.ones(16)).tolist() == [8.0] * 16
     True
   """
-  axes = _axes(axis_name)
+  axes = axis_names(axis_name)
   n = vec.shape[0]
   if not axes:
     payload = codec.encode(vec, key)
@@ -277,8 +283,8 @@ def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = N
 
 
 def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective: str, *,
-                   key: Any = None,
-                   server_memory: jax.Array | None = None) -> tuple[CompressedSum, float]:
+                   key: Any = None, server_memory: jax.Array | None = None,
+                   weights: jax.Array | None = None) -> tuple[CompressedSum, float]:
   """Sum over `axis_name` of what `codec` makes of each device's `vec`, by `collective`.
 
   Args:
@@ -288,6 +294,8 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
     collective: "psum" (linear codecs with float32 payloads), "gather" or "two_phase".
     key: PRNG key for stochastic codecs (shared by all devices for shared-key codecs).
     server_memory: two-phase only: f32[n] owner-side error memory, or None.
+    weights: gather only: f32[W] weight of each device's payload in the sum (see
+      `gather_sum`). With a linear codec, scaling `vec` does the same on any collective.
 
   Returns:
     `(CompressedSum(total, own, server_memory), wire bytes)`: `total` is the float32 sum
@@ -300,14 +308,18 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   """
   if collective not in COLLECTIVES:
     raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}.")
+  if weights is not None and collective != "gather":
+    raise ValueError(f"weights are for collective='gather' only, got {collective!r}.")
   if collective == "two_phase":
     return two_phase(vec, codec, axis_name, key=key, server_memory=server_memory)
   n = vec.shape[0]
   payload = codec.encode(vec, key)
   decode = lambda p: codec.decode_with(p, n, key)
   own = decode(payload)
-  reduce = linear_sum if collective == "psum" else gather_sum
-  total, nbytes = reduce(payload, decode, axis_name)
+  if collective == "psum":
+    total, nbytes = linear_sum(payload, decode, axis_name)
+  else:
+    total, nbytes = gather_sum(payload, decode, axis_name, weights=weights)
   return CompressedSum(total, own, server_memory), nbytes
 
 

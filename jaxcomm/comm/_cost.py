@@ -33,6 +33,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from jaxcomm.comm._collectives import axis_names
 from jaxcomm.comm._inspect import Collective
 from jaxcomm.comm._inspect import CollectiveReport
 
@@ -176,7 +177,7 @@ class Topology:
 
   def link(self, axes: str | Sequence[str] | None) -> Link:
     """The link a collective over `axes` runs at: the slowest of the axes' links."""
-    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    axes = axis_names(axes)
     found = []
     for axis in axes or (None,):
       if axis in self.links:

@@ -1,4 +1,5 @@
-"""Embedded datasets and user text files, with deterministic per-process batches."""
+"""Embedded datasets and user text files, with deterministic per-process batches; grain
+pipelines over them (`batches`: `ds[step]` is this process's share of global batch `step`)."""
 
 from jaxcomm.data._datasets import ArrayDataset
 from jaxcomm.data._datasets import DATASETS
@@ -8,6 +9,12 @@ from jaxcomm.data._datasets import load
 from jaxcomm.data._datasets import pydoc_text
 from jaxcomm.data._datasets import stdlib_text
 from jaxcomm.data._datasets import text_file
+from jaxcomm.data._grain import ExampleSource
+from jaxcomm.data._grain import LabelSkewSampler
+from jaxcomm.data._grain import TextWindows
+from jaxcomm.data._grain import batches
+from jaxcomm.data._grain import source
+from jaxcomm.data._grain import text_folder
 from jaxcomm.data._skew import LabelSkewDataset
 from jaxcomm.data._skew import dirichlet_split
 from jaxcomm.data._skew import label_skew
@@ -15,13 +22,19 @@ from jaxcomm.data._skew import label_skew
 __all__ = (
     "ArrayDataset",
     "DATASETS",
+    "ExampleSource",
     "LabelSkewDataset",
+    "LabelSkewSampler",
     "TextDataset",
+    "TextWindows",
+    "batches",
     "digits",
     "dirichlet_split",
     "label_skew",
     "load",
     "pydoc_text",
+    "source",
     "stdlib_text",
     "text_file",
+    "text_folder",
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Any, Sequence
 
@@ -51,3 +52,18 @@ def text_path(path: Any) -> str:
 def text_length(path: str, num_bytes: int) -> None:
   if num_bytes < 2:
     raise ValueError(f"text file {path!r} is too short to train on.")
+
+
+def text_folder(path: Any, pattern: str) -> list[str]:
+  """The non-empty, non-hidden files under folder `path` matching `pattern`, sorted."""
+  if not isinstance(path, str) or not os.path.isdir(path):
+    what = "is not a folder" if isinstance(path, str) and os.path.exists(path) else \
+        "does not exist"
+    raise ValueError(f"data folder {path!r} {what}.")
+  # glob skips hidden files and folders (names starting with a dot).
+  files = sorted(f for f in glob.glob(os.path.join(path, pattern), recursive=True)
+                 if os.path.isfile(f) and os.path.getsize(f) > 0)
+  if not files:
+    raise ValueError(f"data folder {path!r} is empty: no non-empty file matches "
+                     f"{pattern!r}.")
+  return files

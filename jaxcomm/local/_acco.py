@@ -189,6 +189,7 @@ def acco(inner: optax.GradientTransformation, axis_name: comm.AxisName = "data",
                      inner_state=inner.init(shard), wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.acco")
     if params is None:
       raise ValueError("acco needs params: call update(grads, state, params).")
     # What travels this round is state (earlier rounds' gradients), not `updates`.

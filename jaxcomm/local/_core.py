@@ -1,4 +1,4 @@
-"""What every local-update schedule shares: validation, sync phases, participation, branching.
+"""What every local-update schedule shares: validation, sync phases, participation.
 
 A schedule counts its updates in an int32[] `count`; update number t = count + 1 (1-based)
 is a sync of slot s (a fragment, a layer group, or the single slot of DiLoCo) when
@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 
 from jaxcomm import _validate as v
@@ -30,15 +31,14 @@ Participation = Any
 
 def schedule_args(inner: Any, sync_every: Any, axis_name: Any, participation: Any,
                   axis_arg: str = "axis_name") -> tuple:
-  """The checked arguments every schedule shares: (inner, H, axis_name, live_fn)."""
-  return (v.transform("inner", inner), v.integer("sync_every", sync_every, low=1, high=2**30),
+  """The checked arguments every schedule shares: (inner, H, axis_name, live_fn).
+
+  `inner` comes back wrapped by `optax.with_extra_args_support`, so a schedule passes any
+  extra arguments of its own `update` on to it.
+  """
+  return (optax.with_extra_args_support(v.transform("inner", inner)),
+          v.integer("sync_every", sync_every, low=1, high=2**30),
           v.axis_name(axis_arg, axis_name), resolve_participation(participation))
-
-
-def axes_of(axis_name: comm.AxisName) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
 class Phases:
@@ -107,7 +107,7 @@ def resolve_participation(participation: Participation) -> Callable | None:
 
 def worker_index(axis_name: comm.AxisName) -> jax.Array:
   """i32[]: this worker's index along `axis_name` (0 without an axis)."""
-  axes = axes_of(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return jnp.zeros((), jnp.int32)
   return lax.axis_index(axes if len(axes) > 1 else axes[0])
@@ -166,33 +166,6 @@ def masked_average(tree: Any, mine: jax.Array, count: jax.Array,
   """
   total, nbytes = masked_sum(tree, mine, axis_name)
   return live_mean_or_keep(total, count, tree), nbytes
-
-
-def switch(index: jax.Array, branches: Sequence[Callable], *operands) -> Any:
-  """`lax.switch` whose branches may differ in varying manual axes.
-
-  A branch that synchronises returns values that are invariant over the data axis (results
-  of psum) where the others return per-worker values; shard_map needs every branch to have
-  the same types, so each output leaf is cast to the union of the branches' varying axes.
-  """
-  shapes = [jax.eval_shape(b, *operands) for b in branches]
-  want = jax.tree.map(lambda *xs: frozenset().union(*(comm.varying_axes(x) for x in xs)),
-                      *shapes)
-
-  def cast(branch):
-    def run(*ops):
-      out = branch(*ops)
-      return jax.tree.map(lambda x, axes: comm.varying(x, tuple(sorted(axes))), out, want)
-    return run
-
-  if len(branches) == 1:
-    return cast(branches[0])(*operands)
-  return lax.switch(index, [cast(b) for b in branches], *operands)
-
-
-def cond(pred: jax.Array, true_fn: Callable, false_fn: Callable, *operands) -> Any:
-  """`lax.cond` with the branch types reconciled as in `switch`."""
-  return switch(pred.astype(jnp.int32), [false_fn, true_fn], *operands)
 
 
 def updates_to(new_params: Any, params: Any) -> Any:

@@ -66,6 +66,7 @@ def delayed(inner: optax.GradientTransformation,
                         inner_state=inner.init(params), wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.delayed")
     # The previous step's local gradient travels; this step's is only stored.
     mean_grads, nbytes = comm.mean(state.local_grads, axis_name)
     new_updates, new_inner = inner.update(mean_grads, state.inner_state, params, **extra_args)

@@ -29,7 +29,7 @@ class DilocoState(NamedTuple):
 
 def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Array,
                    n_live: jax.Array, memory: jax.Array, key: jax.Array,
-                   codec: codecs.Codec | None, axis_name, decay: float = 1.0
+                   codec: codecs.CodecLike | None, axis_name, decay: float = 1.0
                    ) -> tuple[Any, jax.Array, float]:
   """Δ = θ_out − mean over live workers of θ_w, optionally encoded with error feedback.
 
@@ -44,6 +44,7 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
     total, nbytes = comm.sum(jax.tree.map(lambda d: d * mine.astype(d.dtype), delta),
                              axis_name)
     return jax.tree.map(lambda s: s / denom.astype(s.dtype), total), memory, nbytes
+  codec = codecs.for_tree(codec, delta)
   vec, unflatten = codecs.flatten(delta)
   if memory is not None:
     vec = vec + decay * memory
@@ -55,9 +56,9 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
 
 def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
            sync_every: int, axis_name: comm.AxisName = "data", *,
-           codec: codecs.Codec | None = None, memory: str | None = None,
+           codec: codecs.CodecLike | None = None, memory: str | None = None,
            participation: _core.Participation = None, key: jax.Array | None = None
-           ) -> optax.GradientTransformation:
+           ) -> optax.GradientTransformationExtraArgs:
   """DiLoCo: H inner steps per worker, then one outer step on the averaged progress.
 
   The state keeps the outer parameters θ_out and the outer optimiser's state. On every H-th
@@ -76,8 +77,9 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
       is FedAvg).
     sync_every: H >= 1, inner steps between outer steps.
     axis_name: the mesh axis (or tuple of axes) of the workers; None for one device.
-    codec: optional `jaxcomm.codecs.Codec` for the outer gradient. Linear codecs (identity,
-      cast) are summed in their wire type; others travel by gather (see `_transport`).
+    codec: optional `jaxcomm.codecs.Codec` for the outer gradient, or a factory `shapes ->
+      Codec` of the parameters' leaf shapes (`jaxcomm.codecs.for_tree`). Linear codecs
+      (identity, cast) are summed in their wire type; others travel by gather.
     memory: None or "ef" (error feedback on the encoded outer gradient; needs a codec).
     participation: optional live-worker mask per sync: bool[num_syncs, W] (rows past the end
       all live) or a traceable `fn(sync_index) -> bool[W]`. The outer gradient averages the
@@ -86,7 +88,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
       `jax.random.key(0)`.
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Douillard et al., DiLoCo, arXiv 2311.08105.
@@ -111,11 +113,13 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          live_fn, key: jax.Array, name: str) -> optax.GradientTransformation:
+          live_fn, key: jax.Array, name: str) -> optax.GradientTransformationExtraArgs:
   """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data."""
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):
+    if codec is not None:
+      codecs.for_tree(codec, params)  # a bad codec or factory fails here, before any step
     n = sum(x.size for x in jax.tree.leaves(params))
     return DilocoState(
         count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
@@ -124,9 +128,10 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
         key=key,
         wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, f"local.{name}")
     _core.require_params(params, name)
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params)
+    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)
     t = state.count + 1
 
@@ -139,10 +144,10 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
       outer_params = optax.apply_updates(outer_params, step)
       return outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes)
 
-    new_local, outer_params, outer_state, mem, key, wire = _core.cond(
+    new_local, outer_params, outer_state, mem, key, wire = comm.cond(
         phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.outer_params,
         state.outer_state, state.memory, state.key, state.wire_bytes)
     return _core.updates_to(new_local, params), DilocoState(
         t, inner_state, outer_params, outer_state, mem, key, wire)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

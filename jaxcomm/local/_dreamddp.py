@@ -38,7 +38,7 @@ def layer_groups(sizes: Sequence[int], num_groups: int) -> list[list[int]]:
 
 def dreamddp(inner: optax.GradientTransformation, sync_every: int,
              axis_name: comm.AxisName = "data", *,
-             participation: _core.Participation = None) -> optax.GradientTransformation:
+             participation: _core.Participation = None) -> optax.GradientTransformationExtraArgs:
   """Partial synchronisation: every layer is averaged once per H steps, a group per step.
 
   The parameter leaves are split into G = min(H, number of leaves) groups of nearly equal
@@ -56,7 +56,7 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
       (see `local_sgd`).
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     DreamDDP, arXiv 2502.11058.
@@ -75,9 +75,10 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
     return DreamddpState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                          wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.dreamddp")
     _core.require_params(params, "dreamddp")
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params)
+    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)
     leaves, treedef = jax.tree.flatten(local)
     groups = layer_groups([x.size for x in leaves], min(sync_every, len(leaves)))
@@ -96,8 +97,8 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
       return sync
 
     branches = [lambda *ops: ops] + [sync_group(g) for g in groups]
-    leaves, wire = _core.switch(phases.slot(t) + 1, branches, leaves, state.wire_bytes)
+    leaves, wire = comm.switch(phases.slot(t) + 1, branches, leaves, state.wire_bytes)
     local = jax.tree.unflatten(treedef, leaves)
     return _core.updates_to(local, params), DreamddpState(t, inner_state, wire)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -26,7 +26,8 @@ class HierarchicalState(NamedTuple):
 def hierarchical(inner: optax.GradientTransformation, sync_every: int,
                  fast_axis: comm.AxisName = "fast", slow_axis: comm.AxisName = "slow", *,
                  worker_steps: Sequence[int] | None = None, weighting: str = "uniform",
-                 participation: _core.Participation = None) -> optax.GradientTransformation:
+                 participation: _core.Participation = None
+                 ) -> optax.GradientTransformationExtraArgs:
   """DASO-style: all-reduce gradients on the fast axis every step, average on the slow one.
 
   Inside a group (the fast axis, e.g. the devices of one node) gradients are averaged
@@ -47,7 +48,7 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
     participation: optional live mask of slow workers per sync (see `local_sgd`).
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`. Train it with the
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`. Train it with the
     Trainer's `axis_name=(slow_axis, fast_axis)` so the batch is split over both.
 
   References:
@@ -77,10 +78,12 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
     return HierarchicalState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                              wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, comm.axis_names(fast_axis) + comm.axis_names(slow_axis),
+                         "local.hierarchical")
     _core.require_params(params, "hierarchical")
     grads, fast_bytes = comm.mean(updates, fast_axis)
-    inner_updates, inner_state = inner.update(grads, state.inner_state, params)
+    inner_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
     my_steps = jnp.ones((), jnp.float32)
     if steps is not None:
       _core.check_width("worker_steps", steps.size, slow_axis)
@@ -103,7 +106,7 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
       return avg, comm.add_bytes(wire, nbytes)
 
     wire = comm.add_bytes(state.wire_bytes, fast_bytes)
-    local, wire = _core.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local, wire)
+    local, wire = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local, wire)
     return _core.updates_to(local, params), HierarchicalState(t, inner_state, wire)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

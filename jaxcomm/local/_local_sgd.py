@@ -21,7 +21,7 @@ class LocalSgdState(NamedTuple):
 
 def local_sgd(inner: optax.GradientTransformation, sync_every: int,
               axis_name: comm.AxisName = "data", *,
-              participation: _core.Participation = None) -> optax.GradientTransformation:
+              participation: _core.Participation = None) -> optax.GradientTransformationExtraArgs:
   """Each worker takes `sync_every` steps of `inner` on its own data, then all average.
 
   On a sync step the returned updates move every worker to the mean of the live workers'
@@ -38,7 +38,7 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
       contribute nothing and continue from the average.
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     McMahan et al., arXiv 1602.05629; Stich, arXiv 1805.09767.
@@ -59,9 +59,10 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     return LocalSgdState(count=jnp.zeros((), jnp.int32),
                          inner_state=inner.init(params), wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.local_sgd")
     _core.require_params(params, "local_sgd")
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params)
+    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)
     t = state.count + 1
 
@@ -70,8 +71,8 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
       avg, nbytes = _core.masked_average(local, mine, n_live, axis_name)
       return avg, comm.add_bytes(wire, nbytes)
 
-    new_local, wire = _core.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local,
+    new_local, wire = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local,
                                  state.wire_bytes)
     return _core.updates_to(new_local, params), LocalSgdState(t, inner_state, wire)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -24,7 +24,7 @@ class ScaffoldState(NamedTuple):
 
 def scaffold(inner: optax.GradientTransformation, sync_every: int,
              axis_name: comm.AxisName = "data", *,
-             participation: _core.Participation = None) -> optax.GradientTransformation:
+             participation: _core.Participation = None) -> optax.GradientTransformationExtraArgs:
   """SCAFFOLD: each local step uses g_w − c_w + c; controls track the workers' gradients.
 
   Worker w steps its inner optimiser with the corrected gradient g_w − c_w + c, where c_w
@@ -46,7 +46,7 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
     participation: optional live-worker mask per sync (see `local_sgd`).
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Karimireddy et al., SCAFFOLD, arXiv 1910.06378; ST-GT, arXiv 2512.01732.
@@ -71,11 +71,12 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
                          control=zeros(), global_control=zeros(), grad_sum=zeros(),
                          wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.scaffold")
     _core.require_params(params, "scaffold")
     corrected = jax.tree.map(lambda g, cw, c: g - cw + c, updates, state.control,
                              state.global_control)
-    inner_updates, inner_state = inner.update(corrected, state.inner_state, params)
+    inner_updates, inner_state = inner.update(corrected, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)
     grad_sum = jax.tree.map(jnp.add, state.grad_sum, updates)
     t = state.count + 1
@@ -92,10 +93,10 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
       grad_sum = jax.tree.map(jnp.zeros_like, grad_sum)
       return local, control, global_control, grad_sum, comm.add_bytes(wire, nbytes)
 
-    local, control, global_control, grad_sum, wire = _core.cond(
+    local, control, global_control, grad_sum, wire = comm.cond(
         phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.control,
         state.global_control, grad_sum, state.wire_bytes)
     return _core.updates_to(local, params), ScaffoldState(
         t, inner_state, control, global_control, grad_sum, wire)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -100,7 +100,7 @@ def topk_chunks(density: float, bits: int | None = 2, chunk: int = 4096) -> code
 def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: float = 0.02,
                bits: int | None = 2, axis_name: comm.AxisName = "data", *,
                chunk: int = 4096, decay: float = 0.95, outer_lr: float = 1.0,
-               participation: _core.Participation = None) -> optax.GradientTransformation:
+               participation: _core.Participation = None) -> optax.GradientTransformationExtraArgs:
   """SparseLoCo: H inner steps, then a sparse, low-bit outer gradient with error feedback.
 
   After H inner steps worker w has Δ_w = θ − θ_w; its error memory becomes
@@ -123,8 +123,8 @@ def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: fl
     participation: optional live-worker mask per sync (see `diloco`).
 
   Returns:
-    An `optax.GradientTransformation` (its state is a `DilocoState` whose outer optimiser is
-    SGD(α)) that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` (its state is a `DilocoState` whose outer
+    optimiser is SGD(α)) that needs `params` in `update`.
 
   References:
     SparseLoCo, arXiv 2508.15706.

@@ -117,6 +117,7 @@ def stale(inner: optax.GradientTransformation, delay: int,
                       inner_state=inner.init(params), wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.stale")
     if params is None:
       raise ValueError("stale needs params: call update(grads, state, params).")
     # params: the stale iterate theta_{t - delay} the gradient was computed at.

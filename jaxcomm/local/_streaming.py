@@ -31,9 +31,8 @@ class StreamingDilocoState(NamedTuple):
 
 
 def default_codec() -> codecs.Codec:
-  """4-bit floats (E2M1) when `jaxcomm.codecs` has them, else bfloat16."""
-  fp4 = getattr(codecs, "fp4", None)
-  return fp4() if callable(fp4) else codecs.cast("bfloat16")
+  """The paper's outer-gradient codec: 4-bit floats (E2M1, `codecs.fp4()`)."""
+  return codecs.fp4()
 
 
 def _fragments(vec: jax.Array, num: int) -> jax.Array:
@@ -49,11 +48,11 @@ def _unfragment(mat: jax.Array, n: int) -> jax.Array:
 def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
                      sync_every: int, fragments: int = 1, overlap: int = 0, alpha: float = 0.5,
                      axis_name: comm.AxisName = "data", *,
-                     codec: codecs.Codec | None | str = "auto",
+                     codec: codecs.CodecLike | None | str = "auto",
                      participation: _core.Participation = None,
                      key: jax.Array | None = None,
                      compensation: str | None = None, dc_lambda: float = 1.0
-                     ) -> optax.GradientTransformation:
+                     ) -> optax.GradientTransformationExtraArgs:
   """Streaming DiLoCo: fragments sync in turn, overlapped with inner steps, in low precision.
 
   The flattened parameters are dealt into P fragments like cards (element i to fragment
@@ -93,8 +92,9 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     alpha: mixing weight of the local fragment at the merge, in [0, 1] (0.5 is the paper's
       reading, *unverified*).
     axis_name: the mesh axis (or tuple of axes) of the workers; None for one device.
-    codec: the outer gradient's codec: "auto" (fp4 E2M1 when `jaxcomm.codecs` has it,
-      bfloat16 otherwise), a `jaxcomm.codecs.Codec`, or None for exact float32.
+    codec: the outer gradient's codec: "auto" (fp4 E2M1, `codecs.fp4()`), a
+      `jaxcomm.codecs.Codec` or a factory `shapes -> Codec` (a fragment travels as one flat
+      vector, so the factory sees `[(m,)]`), or None for exact float32.
     participation: optional live-worker mask per sync (each fragment sync counts as one):
       bool[num_syncs, W] (rows past the end all live) or `fn(sync_index) -> bool[W]`.
     key: PRNG key of stochastic codecs (shared by all workers); None is the fixed default
@@ -105,7 +105,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       DC-ASGD's (the default 1.0 is a placeholder, not the paper's value).
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Douillard et al., Streaming DiLoCo, arXiv 2501.18512.
@@ -134,7 +134,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   alpha = v.number("alpha", alpha, low=0.0, high=1.0)
   if isinstance(codec, str):
     if codec != "auto":
-      raise ValueError(f"codec must be 'auto', a jaxcomm.codecs.Codec or None, got {codec!r}.")
+      raise ValueError(f"codec must be 'auto', a jaxcomm.codecs.Codec (or a factory of one) or "
+                       f"None, got {codec!r}.")
     codec = default_codec()
   codec = _transport.check_codec(codec)
   key = v.key("key", key)
@@ -148,6 +149,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       raise ValueError(f"fragments ({fragments}) must be <= the number of parameter leaves "
                        f"({len(leaves)}).")
     outer_params = _fragments(codecs.flatten(params)[0], fragments)
+    if codec is not None:  # a fragment travels as one flat vector: a factory sees [(m,)]
+      codecs.for_tree(codec, outer_params[0])
     extra = {}
     if compensation is not None:
       extra = dict(in_flight=jnp.zeros_like(outer_params), sent_params=outer_params)
@@ -193,10 +196,10 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     return unflatten(_unfragment(mat, vec.shape[0]))
 
   def update_plain(t, local, state):
-    outer_params, outer_state, key, wire = _core.cond(
+    outer_params, outer_state, key, wire = comm.cond(
         phases.slot(t) >= 0, lambda *ops: sync(t, local, *ops), lambda *ops: ops,
         state.outer_params, state.outer_state, state.key, state.wire_bytes)
-    local = _core.cond(phases.slot(t - overlap) >= 0,
+    local = comm.cond(phases.slot(t - overlap) >= 0,
                        lambda x: merge(t, x, lambda q, *_: outer_params[q]), lambda x: x,
                        local)
     return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire)
@@ -211,7 +214,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
       p, grad, frag_local, key, wire = send(t, local, state.outer_params, key, wire)
       return key, wire, in_flight.at[p].set(grad), sent.at[p].set(frag_local)
 
-    key, wire, in_flight, sent = _core.cond(phases.slot(t) >= 0, store, keep, state.key,
+    key, wire, in_flight, sent = comm.cond(phases.slot(t) >= 0, store, keep, state.key,
                                             state.wire_bytes, state.in_flight,
                                             state.sent_params)
 
@@ -231,19 +234,20 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
 
       return merge(t, x, target), new_params, new_state
 
-    local, outer_params, outer_state = _core.cond(
+    local, outer_params, outer_state = comm.cond(
         phases.slot(t - overlap) >= 0, arrive, keep, local, state.outer_params,
         state.outer_state)
     return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire,
                                        in_flight, sent)
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "local.streaming_diloco")
     _core.require_params(params, "streaming_diloco")
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params)
+    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     local = optax.apply_updates(params, inner_updates)
     step = update_plain if compensation is None else update_compensated
     local, new_state = step(state.count + 1, local, state)
     return (_core.updates_to(local, params),
             new_state._replace(inner_state=inner_state))
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

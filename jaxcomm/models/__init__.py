@@ -1,4 +1,4 @@
-"""Flax models used by experiments and tests."""
+"""Flax models used by experiments and tests: linen (with layouts) and NNX versions."""
 
 from jaxcomm.models._lm_parallel import SEQUENCE_ATTENTION
 from jaxcomm.models._lm_parallel import check_sequence_layout
@@ -14,6 +14,10 @@ from jaxcomm.models._lm_parallel import sequence_attention
 from jaxcomm.models._mlp import MLP
 from jaxcomm.models._mlp import accuracy
 from jaxcomm.models._mlp import classifier_loss
+from jaxcomm.models._nnx import NnxMLP
+from jaxcomm.models._nnx import NnxTransformerLM
+from jaxcomm.models._nnx import nnx_classifier_loss
+from jaxcomm.models._nnx import nnx_lm_loss
 from jaxcomm.models._resnet import BasicBlock
 from jaxcomm.models._resnet import ResNet18
 from jaxcomm.models._transformer import Block
@@ -25,6 +29,8 @@ __all__ = (
     "BasicBlock",
     "Block",
     "MLP",
+    "NnxMLP",
+    "NnxTransformerLM",
     "ResNet18",
     "SEQUENCE_ATTENTION",
     "TransformerLM",
@@ -41,5 +47,7 @@ __all__ = (
     "lm_stage_params",
     "lm_stage_specs",
     "lm_unstage_params",
+    "nnx_classifier_loss",
+    "nnx_lm_loss",
     "sequence_attention",
 )

@@ -41,13 +41,13 @@ def classifier_loss(model: nn.Module):
     ((), ['accuracy'])
   """
 
-  def loss_fn(params, batch):
-    logits = model.apply(params, batch["x"])
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
-    return loss, {"accuracy": accuracy}
+  return lambda params, batch: classification_loss(model.apply(params, batch["x"]), batch["y"])
 
-  return loss_fn
+
+def classification_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, dict]:
+  """(mean cross-entropy, {'accuracy': ...}) of logits f32[B, C] against labels i32[B]."""
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == labels)}
 
 
 def accuracy(model: nn.Module, params, x, y) -> float:

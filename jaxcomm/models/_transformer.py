@@ -34,20 +34,7 @@ from jaxcomm import comm
 from jaxcomm import parallel
 
 
-def causal_attention(q, k, v):
-  """Softmax attention with a causal mask. q, k, v: f32[B, T, H, Dh] -> f32[B, T, H, Dh].
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> q = jnp.ones((1, 4, 2, 8))
-    >>> causal_attention(q, q, q).shape
-    (1, 4, 2, 8)
-  """
-  t = q.shape[1]
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-  mask = jnp.tril(jnp.ones((t, t), bool))
-  scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
-  return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+causal_attention = parallel.causal_attention  # the single-device reference attention
 
 
 def layer_norm(x, scale, bias, eps: float = 1e-6):
@@ -91,6 +78,20 @@ def _block_table(d, h, dh, f):
   }
 
 
+def lm_tables(vocab_size: int, d_model: int, num_heads: int, d_ff: int, max_len: int):
+  """(embed, block, head) tables of the LM's parameters (shared by the linen and NNX LMs)."""
+  d, v = d_model, vocab_size
+  embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+  embed = {"embed": {"embedding": _Param((v, d), ("vocab", "embed"), embed_init, False)},
+           "pos": _Param((max_len, d), ("length", "embed"), nn.initializers.normal(0.02),
+                         False)}
+  head = {"ln_f": {"scale": _Param((d,), ("norm",), _ones),
+                   "bias": _Param((d,), ("norm",), _zeros)},
+          "head": {"kernel": _Param((d, v), ("embed", "vocab"), _kernel()),
+                   "bias": _Param((v,), ("vocab",), _zeros, regather=False)}}
+  return embed, _block_table(d, num_heads, d // num_heads, d_ff), head
+
+
 def _field(table, name):
   return jax.tree.map(lambda e: getattr(e, name), table, is_leaf=lambda e: isinstance(e, _Param))
 
@@ -125,15 +126,20 @@ def _run(layout, table, fn, params, *inputs):
 
 
 def block_forward(p: dict, x: jax.Array, *, attention_fn: Callable = causal_attention,
-                  layout: Any = None) -> jax.Array:
-  """One pre-norm block on whole (or tensor-sharded) parameters `p`."""
+                  layout: Any = None, dropout: Callable | None = None) -> jax.Array:
+  """One pre-norm block on whole (or tensor-sharded) parameters `p`.
+
+  `dropout`, when given, is applied to the attention and MLP outputs before each residual
+  add (the NNX LM passes its `nnx.Dropout`).
+  """
   axis = layout.tensor_axis if layout is not None else None
   sp = dict(sequence_parallel=layout is not None and layout.sequence_parallel,
             collective_matmul=layout is not None and layout.collective_matmul)
+  drop = dropout if dropout is not None else (lambda y: y)
   h = layer_norm(x, **p["ln_attn"])
-  x = x + parallel.attention_tp(h, p["qkv"], p["proj"], axis, attention_fn, **sp)
+  x = x + drop(parallel.attention_tp(h, p["qkv"], p["proj"], axis, attention_fn, **sp))
   h = layer_norm(x, **p["ln_mlp"])
-  return x + parallel.mlp_tp(h, p["fc_in"], p["fc_out"], axis, **sp)
+  return x + drop(parallel.mlp_tp(h, p["fc_in"], p["fc_out"], axis, **sp))
 
 
 class Block(nn.Module):
@@ -202,17 +208,7 @@ class TransformerLM(nn.Module):
     super().__post_init__()
 
   def _tables(self):
-    d, v = self.d_model, self.vocab_size
-    embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-    embed = {"embed": {"embedding": _Param((v, d), ("vocab", "embed"), embed_init, False)},
-             "pos": _Param((self.max_len, d), ("length", "embed"),
-                           nn.initializers.normal(0.02), False)}
-    head = {"ln_f": {"scale": _Param((d,), ("norm",), _ones),
-                     "bias": _Param((d,), ("norm",), _zeros)},
-            "head": {"kernel": _Param((d, v), ("embed", "vocab"), _kernel()),
-                     "bias": _Param((v,), ("vocab",), _zeros, regather=False)}}
-    block = _block_table(d, self.num_heads, d // self.num_heads, self.d_ff)
-    return embed, block, head
+    return lm_tables(self.vocab_size, self.d_model, self.num_heads, self.d_ff, self.max_len)
 
   def param_axes(self) -> dict:
     """Logical names of every parameter's dimensions: `{"params": {...}}` like `init`'s."""
@@ -267,9 +263,11 @@ def lm_loss(model: nn.Module):
     ((), True)
   """
 
-  def loss_fn(params, batch):
-    tokens = batch["tokens"]
-    logits = model.apply(params, tokens[:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+  return lambda params, batch: next_token_loss(lambda x: model.apply(params, x), batch)
 
-  return loss_fn
+
+def next_token_loss(logits_fn: Callable, batch: dict) -> jax.Array:
+  """Mean next-token cross-entropy of `logits_fn(tokens[:, :-1])` against `tokens[:, 1:]`."""
+  tokens = batch["tokens"]
+  logits = logits_fn(tokens[:, :-1])
+  return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()

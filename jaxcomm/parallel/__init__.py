@@ -10,6 +10,7 @@ from jaxcomm.parallel._linear_attention import linear_attention_allscan_bytes
 from jaxcomm.parallel._linear_attention import linear_attention_lasp2
 from jaxcomm.parallel._linear_attention import linear_attention_lasp2_bytes
 from jaxcomm.parallel._linear_attention import linear_attention_lasp_ring
+from jaxcomm.parallel._attention import causal_attention
 from jaxcomm.parallel._mesh import AXES
 from jaxcomm.parallel._mesh import BATCH_AXES
 from jaxcomm.parallel._mesh import make_mesh
@@ -60,6 +61,7 @@ __all__ = (
     "attention_ulysses",
     "attention_ulysses_bytes",
     "bubble_fraction_gpipe",
+    "causal_attention",
     "dense_column",
     "dense_row",
     "fsdp",

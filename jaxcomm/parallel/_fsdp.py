@@ -25,14 +25,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm
-from jaxcomm.parallel._rules import _mesh_axes
 
 
 def gather_dims(spec: P, axes: tuple) -> tuple:
   """`((dim, mesh axes), ...)`: the dimensions of one array sharded over any of `axes`."""
   out = []
   for dim, entry in enumerate(spec):
-    names = _mesh_axes(entry)
+    names = comm.axis_names(entry)
     hit = tuple(a for a in names if a in axes)
     if hit and len(hit) != len(names):
       raise ValueError(f"dimension {dim} of spec {spec} mixes gathered axes {hit} with "
@@ -108,7 +107,7 @@ def fsdp(fn: Callable, specs: Any, axis_name: comm.AxisName,
   >>> layer({"w": jnp.eye(2)}, jnp.ones(2))
   Array([1., 1.], dtype=float32)
   """
-  axes = tuple(_mesh_axes(axis_name))
+  axes = comm.axis_names(axis_name)
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
   dims = [gather_dims(s, axes) for s in spec_leaves]
   if not axes or not any(dims):

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import comm
 from jaxcomm.parallel import _rules
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel._mesh import BATCH_AXES
@@ -61,7 +62,7 @@ class Layout:
   def size(self, axis: str | Sequence[str] | None) -> int:
     """Devices along a mesh axis or tuple of axes (1 for absent axes and None)."""
     shape = dict(self.mesh.shape)
-    axes = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+    axes = comm.axis_names(axis)
     return math.prod(shape.get(a, 1) for a in axes)
 
   @property
@@ -78,7 +79,7 @@ class Layout:
   def gather_axes(self) -> tuple:
     """Batch axes that the rules store parameters sharded over (gathered per layer)."""
     param_axes = {a for name, v in self.rules if name != "batch"
-                  for a in _rules._mesh_axes(v)}  # pylint: disable=protected-access
+                  for a in comm.axis_names(v)}
     return tuple(a for a in self.batch_axes if a in param_axes and self.size(a) > 1)
 
   @property

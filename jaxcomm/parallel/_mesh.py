@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import jax
 
-from jaxcomm import train
+from jaxcomm.parallel import _validate
 
-# What each axis means to jaxcomm's layouts:
+# What each axis means to jaxcomm's layouts (a mesh may have other axes too, e.g. `replica`,
+# the slow axis a method's sync crosses):
 #   data      the batch is split over it; parameters replicated (or sharded by ZeRO-3 rules)
 #   fsdp      the batch is split over it too, and the default rules shard parameters over it
 #   tensor    Megatron tensor parallelism: heads and MLP columns split over it
@@ -40,14 +41,20 @@ def parse_mesh(text: str) -> dict:
   return shape
 
 
-def make_mesh(shape: Mapping[str, int] | str, devices=None) -> jax.sharding.Mesh:
-  """A mesh over any of the axes `data, fsdp, tensor, sequence, pipeline` (Auto axis types).
+def make_mesh(shape: Mapping[str, int] | Sequence[int] | str,
+              axis_names: Sequence[str] | None = None, devices=None) -> jax.sharding.Mesh:
+  """A mesh with `AxisType.Auto` axes, e.g. `make_mesh({"data": 8})` (`jaxcomm.train` too).
 
+  Auto axes give classic shard_map semantics (inputs are resharded to `in_specs`); the
+  default Explicit axes of `jax.make_mesh` would require callers to pre-shard everything.
   Axes keep the order given, outermost first: put `tensor` last so that its groups are
-  neighbouring devices (the fastest links). Built by `jaxcomm.train.make_mesh`.
+  neighbouring devices (the fastest links). The layouts read the axes in `AXES`; any other
+  name (e.g. `replica`) is a plain axis for transforms and the Trainer.
 
   Args:
-    shape: axis sizes, as a dict or as text like `"data=2,fsdp=2,tensor=2"`.
+    shape: axis sizes, as a dict, as text like `"data=2,fsdp=2,tensor=2"`, or as a sequence
+      of sizes with `axis_names`.
+    axis_names: the names of a sequence `shape` (not with a dict or text).
     devices: the devices to use (all by default); the sizes must multiply to their number.
 
   Returns:
@@ -55,17 +62,17 @@ def make_mesh(shape: Mapping[str, int] | str, devices=None) -> jax.sharding.Mesh
 
   >>> dict(make_mesh("data=2,fsdp=2,tensor=2").shape)
   {'data': 2, 'fsdp': 2, 'tensor': 2}
+  >>> dict(make_mesh({"data": 4, "tensor": 2}).shape), dict(make_mesh((8,), ("data",)).shape)
+  ({'data': 4, 'tensor': 2}, {'data': 8})
   """
   if isinstance(shape, str):
     try:
       shape = parse_mesh(shape)
     except ValueError as e:
       raise ValueError(f"shape: {e}") from None
-  if not isinstance(shape, Mapping):
-    raise ValueError(f"shape must be a dict {{axis: size}} or text like 'data=2,tensor=4', "
-                     f"got {shape!r}.")
-  unknown = [a for a in shape if a not in AXES]
-  if unknown:
-    raise ValueError(f"shape: mesh axis names {unknown} are unknown; allowed: "
-                     f"{', '.join(AXES)}.")
-  return train.make_mesh(dict(shape), devices=devices)
+  if isinstance(shape, Mapping):
+    shape = dict(shape)
+  n = len(devices) if devices is not None else jax.device_count()
+  shape, axis_names = _validate.mesh_shape(shape, axis_names, n)
+  return jax.make_mesh(shape, axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
+                       devices=devices)

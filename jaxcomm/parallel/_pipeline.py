@@ -266,8 +266,8 @@ def pipeline_run(first_fn: Callable, stage_fn: Callable, last_fn: Callable, para
     slots as executed, not a time: 1 - busy / schedule.steps is the table's idle fraction).
 
   >>> from jax.sharding import PartitionSpec as P
-  >>> from jaxcomm import train
-  >>> mesh = train.make_mesh({"pipeline": 2, "data": 4})
+  >>> from jaxcomm.parallel import make_mesh
+  >>> mesh = make_mesh({"pipeline": 2, "data": 4})
   >>> def body(w, mb):  # two stages, each multiplies by its own weight
   ...   loss, _, busy = pipeline_run(
   ...       lambda p, m: m["x"], lambda p, x: x * p["w"][0],

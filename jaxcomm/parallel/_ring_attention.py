@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from jaxcomm import comm
+from jaxcomm.parallel._attention import causal_attention
 
 _NEG = -1e30  # finite "minus infinity": exp(_NEG - _NEG) stays finite in fully masked rows
 
@@ -262,8 +263,7 @@ def attention_ring(q_block, k_block, v_block, axis_name: str | None, *, zigzag: 
     if x.shape != q_block.shape:
       raise ValueError(f"{name} has shape {x.shape}; it must match q_block {q_block.shape}.")
   if axis_name is None:
-    from jaxcomm import models  # pylint: disable=import-outside-toplevel
-    return models.causal_attention(q_block, k_block, v_block)
+    return causal_attention(q_block, k_block, v_block)
   if not isinstance(axis_name, str):
     raise ValueError(f"axis_name must be one mesh axis name (a ring), got {axis_name!r}.")
   if zigzag and q_block.shape[1] % 2:

@@ -16,6 +16,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import _validate as v
+from jaxcomm import comm
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel._mesh import AXES
 from jaxcomm.parallel._mesh import BATCH_AXES
@@ -39,12 +40,6 @@ DEFAULT_RULES: Rules = (
 
 class ReplicationWarning(UserWarning):
   """Too large a share of the parameters is replicated on every device of a layout."""
-
-
-def _mesh_axes(value) -> tuple:
-  if value is None:
-    return ()
-  return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def make_rules(rules: Mapping[str, Any] | Sequence | None = None, **overrides) -> Rules:
@@ -89,7 +84,7 @@ def logical_to_spec(logical: Sequence[str | None], rules: Rules,
     if name not in table:
       raise ValueError(f"logical axis {name!r} has no rule; the rules cover "
                        f"{sorted(table)}.")
-    axes = tuple(a for a in _mesh_axes(table[name])
+    axes = tuple(a for a in comm.axis_names(table[name])
                  if mesh_shape.get(a, 1) > 1 and a not in used)
     if axes and shape is not None and shape[i] % math.prod(mesh_shape[a] for a in axes):
       axes = ()
@@ -108,7 +103,7 @@ def spec_axes(spec: P) -> frozenset:
   >>> sorted(spec_axes(P(("data", "fsdp"), None, "tensor")))
   ['data', 'fsdp', 'tensor']
   """
-  return frozenset(a for entry in spec for a in _mesh_axes(entry))
+  return frozenset(a for entry in spec for a in comm.axis_names(entry))
 
 
 def replicated_fraction(params: Any, specs: Any, axes: Sequence[str]) -> float:
@@ -166,7 +161,7 @@ def param_specs(logical_axes: Any, rules: Rules, mesh: jax.sharding.Mesh, params
 
 
 def _warn_if_replicated(params, specs, rules, mesh_shape, max_replicated):
-  param_axes = {a for name, v in rules if name != "batch" for a in _mesh_axes(v)}
+  param_axes = {a for name, v in rules if name != "batch" for a in comm.axis_names(v)}
   axes = [a for a, n in mesh_shape.items()
           if n > 1 and (a not in BATCH_AXES or a in param_axes)]
   if not axes:

@@ -141,7 +141,7 @@ def attention_tp(x: jax.Array, qkv: dict, proj: dict, axis_name: comm.AxisName,
   Returns:
     Like x. One all-reduce (or all-gather + reduce-scatter) forward, one backward.
 
-  >>> from jaxcomm.models import causal_attention
+  >>> from jaxcomm.parallel import causal_attention
   >>> qkv = {"kernel": jnp.ones((4, 3, 2, 2)), "bias": jnp.zeros((3, 2, 2))}
   >>> proj = {"kernel": jnp.ones((2, 2, 4)), "bias": jnp.zeros(4)}
   >>> attention_tp(jnp.ones((1, 3, 4)), qkv, proj, None, causal_attention).shape

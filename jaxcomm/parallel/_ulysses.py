@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import comm
+from jaxcomm.parallel._attention import causal_attention
 
 
 def attention_ulysses(q_block, k_block, v_block, axis_name: str | None, *,
@@ -25,7 +26,7 @@ def attention_ulysses(q_block, k_block, v_block, axis_name: str | None, *,
     v_block: f32[B, T/W, H, Dh] values.
     axis_name: the sequence mesh axis, or None.
     attention_fn: local attention on full sequences, `(q, k, v) -> out` on
-      [B, T, H/W, Dh] (default `jaxcomm.models.causal_attention`).
+      [B, T, H/W, Dh] (default `causal_attention`).
 
   Returns:
     f32[B, T/W, H, Dh]: this device's rows of the attention output. Wire bytes per device:
@@ -44,8 +45,7 @@ def attention_ulysses(q_block, k_block, v_block, axis_name: str | None, *,
   (1, 4, 2, 8)
   """
   if attention_fn is None:
-    from jaxcomm import models  # pylint: disable=import-outside-toplevel
-    attention_fn = models.causal_attention
+    attention_fn = causal_attention
   for name, x in (("k_block", k_block), ("v_block", v_block)):
     if x.shape != q_block.shape:
       raise ValueError(f"{name} has shape {x.shape}; it must match q_block {q_block.shape}.")

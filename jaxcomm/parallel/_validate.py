@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs
+from jaxcomm import comm
 
 MEMORIES = (None, "ef")
 
 
 def mesh_axes(name: str, value: Any, allowed: tuple) -> tuple:
   """A mesh axis, tuple of mesh axes, or None, each one of `allowed`: as a tuple."""
-  if value is None:
-    return ()
-  axes = (value,) if isinstance(value, str) else value
-  if not isinstance(axes, (tuple, list)) or not all(isinstance(a, str) for a in axes) or \
-     any(a not in allowed for a in axes):
+  axes = comm.axis_names(value)
+  if not all(isinstance(a, str) for a in axes) or any(a not in allowed for a in axes):
     raise ValueError(f"{name} maps to unknown mesh axis name(s) {value!r}; allowed: "
                      f"{', '.join(allowed)}, a tuple of them, or None.")
-  return tuple(axes)
+  return axes
 
 
 def rules_table(rules: Any) -> dict:
@@ -36,6 +36,34 @@ def rules_table(rules: Any) -> dict:
   if bad:
     raise ValueError(f"rules keys must be logical axis names (non-empty strings), got {bad}.")
   return table
+
+
+def mesh_shape(shape: Any, axis_names: Any, num_devices: int) -> tuple[tuple, tuple]:
+  """(sizes, names) of a mesh over `num_devices` devices, from a dict or two sequences."""
+  if isinstance(shape, dict):
+    axis_names, shape = tuple(shape), tuple(shape.values())
+  if not isinstance(shape, (tuple, list)):
+    raise ValueError(f"shape must be a dict {{axis name: size}} or a sequence of sizes, "
+                     f"got {shape!r}.")
+  if axis_names is None:
+    axis_names = ()
+  if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
+    raise ValueError(f"axis_names must be a sequence of strings, got {axis_names!r}.")
+  shape, axis_names = tuple(shape), tuple(axis_names)
+  if len(shape) != len(axis_names):
+    raise ValueError(f"shape {shape} and axis_names {axis_names} must have the same length.")
+  if not shape:
+    raise ValueError("a mesh needs at least one axis, got shape ().")
+  v.axis_name("axis_names", axis_names, allow_none=False)
+  sizes = dict(zip(axis_names, shape))
+  if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
+             for s in shape):
+    raise ValueError(f"shape: mesh axis sizes must be integers >= 1, got {sizes}.")
+  shape = tuple(int(s) for s in shape)
+  if math.prod(shape) != num_devices:
+    raise ValueError(f"shape: mesh axis sizes {sizes} multiply to {math.prod(shape)}, but "
+                     f"there are {num_devices} devices.")
+  return shape, axis_names
 
 
 def mesh(value: Any) -> jax.sharding.Mesh:
@@ -56,7 +84,12 @@ def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
   stage = v.integer("stage", stage, low=1, high=3)
   axis_name = v.axis_name("axis_name", axis_name)
   if codec is not None and not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec or None, got {codec!r}.")
+    codecs.validate(codec, allow_none=True)  # a factory passes; anything else is refused
+  if codec is not None and not codecs.splittable(codec):
+    raise ValueError(f"codec {getattr(codec, 'name', codec)!r} needs the whole vector (it is "
+                     f"built for one length or for the parameters' shapes), but ZeRO's "
+                     f"reduce-scatter encodes 1/W chunks of it; use a codec that works on "
+                     f"any length (e.g. codecs.top_k(0.01)) or None.")
   memory = v.one_of("memory", memory, MEMORIES)
   if memory is not None and codec is None:
     raise ValueError("memory needs a codec (without compression nothing is dropped).")

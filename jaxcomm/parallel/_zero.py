@@ -36,7 +36,6 @@ from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel._fsdp import gather_dims
-from jaxcomm.parallel._rules import _mesh_axes
 
 MEMORIES = _validate.MEMORIES
 
@@ -52,30 +51,6 @@ class ZeroState(NamedTuple):
   count: jax.Array        # i32[]: micro-batches seen
   key: Any                # u32[2]: PRNG key of a stochastic codec
   wire_bytes: jax.Array   # u32[]: cumulative bytes sent (mod 2**32)
-
-
-def _vma(x) -> frozenset:
-  mat = getattr(x, "manual_axis_type", None)
-  return frozenset(mat.varying) if mat is not None else comm.varying_axes(x)
-
-
-def _cond(pred, true_fn, false_fn, operand):
-  """`lax.cond` whose branches may differ in which leaves vary between devices.
-
-  shard_map requires both branches to return the same varying axes per leaf: each output
-  leaf is cast to vary over the union of what the two branches give it.
-  """
-  true_out, false_out = jax.eval_shape(true_fn, operand), jax.eval_shape(false_fn, operand)
-  t_leaves, treedef = jax.tree.flatten(true_out)
-  vmas = [tuple(sorted(_vma(a) | _vma(b)))
-          for a, b in zip(t_leaves, treedef.flatten_up_to(false_out))]
-
-  def matched(fn):
-    def run(op):
-      leaves = treedef.flatten_up_to(fn(op))
-      return treedef.unflatten([comm.varying(x, v) if v else x for x, v in zip(leaves, vmas)])
-    return run
-  return lax.cond(pred, matched(true_fn), matched(false_fn), operand)
 
 
 def _flat_padded(tree, w):
@@ -102,7 +77,9 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       `accumulate_steps > 1`), or 3 (parameters sharded, gathered per layer by the model).
     axis_name: the data axis (or tuple of axes); None for one device.
     codec: stages 1/2: a `jaxcomm.codecs.Codec` for the gradient reduce-scatter (None:
-      exact float32 `psum_scatter`). Any codec: chunks are decoded before they are summed.
+      exact float32 `psum_scatter`). Any codec that works on any length: chunks are decoded
+      before they are summed. Codecs that need the whole vector (a `length`, or made by a
+      factory from the parameters' shapes) are refused.
     memory: None or "ef" (error feedback: each worker keeps what its codec dropped and adds
       it to the next gradient). Needs a codec.
     param_specs: stage 3: the PartitionSpecs the parameters are stored with (a tree like
@@ -132,6 +109,8 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
   """
   stage, axis_name, memory, accumulate_steps = _validate.zero_args(
       inner, stage, axis_name, codec, memory, accumulate_steps, key)
+  # Extra arguments of `update` (other than params) are handed on to `inner` as they are.
+  inner = optax.with_extra_args_support(inner)
   stochastic = codec is not None and codec.stochastic
   if stage == 3:
     if param_specs is None:
@@ -141,7 +120,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       raise ValueError("stage 3 reduce-scatters inside the model's backward pass: codec and "
                        "accumulate_steps are for stages 1 and 2.")
     return _zero3(inner, axis_name, param_specs, regather)
-  axes = _mesh_axes(axis_name)
+  axes = comm.axis_names(axis_name)
   k = accumulate_steps
   raw_key = optax.EmptyState() if key is None else (
       jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
@@ -176,26 +155,26 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     out, nbytes = comm.reduce_scatter_encoded(vec, codec, axes or None, key=enc_key)
     return out.chunk, (vec - out.own if memory else error), nbytes
 
-  def optimise(chunk_mean, inner_state, params):
+  def optimise(chunk_mean, inner_state, params, extra):
     """Inner step on this device's chunk, then all-gather the updates: (vec, state, bytes)."""
     w = size()
     p_chunk = None
     if params is not None:
       pvec, _ = _flat_padded(params, w)
       p_chunk = my_chunk(pvec, pvec.shape[0] // w)
-    u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk)
+    u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk, **extra)
     u_vec, nbytes = comm.all_gather(u_chunk, axes or None, tiled=True)
     return u_vec, inner_state, nbytes
 
   def update_fn(updates, state, params=None, **extra):
-    del extra
+    comm.require_varying(updates, axes, "parallel.zero")
     w = size()
     g, unflatten = _flat_padded(updates, w)
     count = state.count + 1
     new_key, enc_key = (jax.random.split(state.key) if stochastic else (state.key, None))
     if k == 1:
       chunk, error, nb1 = scatter(g, state.error, enc_key)
-      u_vec, inner_state, nb2 = optimise(chunk / w, state.inner_state, params)
+      u_vec, inner_state, nb2 = optimise(chunk / w, state.inner_state, params, extra)
       return unflatten(u_vec), ZeroState(inner_state, error, state.accumulated, count,
                                          new_key, comm.add_bytes(state.wire_bytes, nb1 + nb2))
     counter = state.wire_bytes
@@ -210,7 +189,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       chunk, nb1 = pending, 0.0
       if stage == 1:
         chunk, error, nb1 = scatter(pending, error, enc_key)
-      u_vec, inner_state, nb2 = optimise(chunk / (w * k), inner_state, params)
+      u_vec, inner_state, nb2 = optimise(chunk / (w * k), inner_state, params, extra)
       return (u_vec, jnp.zeros_like(pending), error, inner_state,
               comm.add_bytes(counter, nb1 + nb2))
 
@@ -219,7 +198,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       # Fresh zeros (not zeros_like the local gradient, which would vary per worker).
       return jnp.zeros(g.shape, g.dtype), pending, error, inner_state, counter
 
-    u_vec, pending, error, inner_state, counter = _cond(
+    u_vec, pending, error, inner_state, counter = comm.cond(
         count % k == 0, step, wait, (pending, error, state.inner_state, counter))
     return unflatten(u_vec), ZeroState(inner_state, error, pending, count, new_key, counter)
 
@@ -227,7 +206,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
 
 
 def _zero3(inner, axis_name, param_specs, regather):
-  axes = _mesh_axes(axis_name)
+  axes = comm.axis_names(axis_name)
   spec_leaves = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, P))
   if not all(isinstance(s, P) for s in spec_leaves):
     raise ValueError(f"param_specs must be a tree of PartitionSpecs, got {param_specs!r}.")
@@ -258,7 +237,7 @@ def _zero3(inner, axis_name, param_specs, regather):
     return g, nbytes + nb
 
   def update_fn(updates, state, params=None, **extra):
-    del extra
+    comm.require_varying(updates, axes, "parallel.zero")
     leaves, treedef = jax.tree.flatten(updates)
     if len(leaves) != len(dims):
       raise ValueError(f"zero(stage=3): {len(leaves)} gradient leaves but {len(dims)} "
@@ -272,7 +251,7 @@ def _zero3(inner, axis_name, param_specs, regather):
     else:
       means = leaves
     updates, inner_state = inner.update(jax.tree.unflatten(treedef, means), state.inner_state,
-                                        params)
+                                        params, **extra)
     return updates, state._replace(inner_state=inner_state, count=state.count + 1,
                                    wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
 

@@ -10,10 +10,8 @@ from jaxcomm.sim._async import mindflayer_sgd
 from jaxcomm.sim._async import rennala_sgd
 from jaxcomm.sim._async import simulate_workers
 from jaxcomm.sim._async import synchronous_sgd
-from jaxcomm.sim._clock import OVERLAP_STEPS
 from jaxcomm.sim._clock import Timeline
 from jaxcomm.sim._clock import comm_seconds_per_step
-from jaxcomm.sim._clock import overlap_steps
 from jaxcomm.sim._clock import simulate
 from jaxcomm.sim._compute import measure_seconds
 from jaxcomm.sim._compute import seconds_from_flops
@@ -33,7 +31,6 @@ __all__ = (
     "ComputeModel",
     "METHODS",
     "Method",
-    "OVERLAP_STEPS",
     "PipeMareResult",
     "PipeMareState",
     "SimResult",
@@ -45,7 +42,6 @@ __all__ = (
     "lognormal",
     "measure_seconds",
     "mindflayer_sgd",
-    "overlap_steps",
     "pipeline_delays",
     "pipemare_sgd",
     "rennala_sgd",

@@ -17,6 +17,9 @@ waits for the communication of step t.
 * k = tau: Streaming DiLoCo's overlapped outer sync, applied tau inner steps after it was
   sent (arXiv 2501.18512).
 
+A method's k is a property of the method, not of the simulation: each experiment method
+module says it (`overlap_steps` in experiments/methods/*.py).
+
 A step is done when its compute and its own communication are both done; the run is done
 when the last step is.
 """
@@ -29,37 +32,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxcomm import comm
-
-# How many later steps may compute while a method's communication is in flight, as each
-# method's design allows (module docstring). Methods not listed are synchronous (0).
-OVERLAP_STEPS = {
-    "delayed": 1,       # one-step delayed update (DPU): apply step t's mean at t + 1
-    "acco": 1,          # ACCO, arXiv 2406.02613: the next micro-batches accumulate meanwhile
-    "dreamddp": 1,      # DreamDDP, arXiv 2502.11058: each layer's sync overlaps the next step
-    "streaming_diloco": None,  # tau: the fragment is merged tau inner steps after it is sent
-}
-
-
-def overlap_steps(method: str, tau: int | None = None) -> int:
-  """How many later steps compute while `method`'s communication is in flight.
-
-  Args:
-    method: a method name (experiments/builders.py registry names); unlisted methods are
-      synchronous and get 0.
-    tau: Streaming DiLoCo's overlap (inner steps between sending a fragment and merging it);
-      required for "streaming_diloco", ignored otherwise.
-
-  >>> overlap_steps("dp"), overlap_steps("acco"), overlap_steps("streaming_diloco", tau=5)
-  (0, 1, 5)
-  """
-  if method not in OVERLAP_STEPS:
-    return 0
-  if OVERLAP_STEPS[method] is None:
-    if tau is None or isinstance(tau, bool) or int(tau) != tau or tau < 0:
-      raise ValueError(f"tau must be an integer >= 0 for method {method!r}, got {tau!r}.")
-    return int(tau)
-  return OVERLAP_STEPS[method]
-
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
@@ -100,7 +72,7 @@ def _per_step(values: Any, steps: int | None, name: str) -> np.ndarray:
 
 
 def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
-             overlap_steps: int = 0) -> Timeline:  # pylint: disable=redefined-outer-name
+             overlap_steps: int = 0) -> Timeline:
   """Simulated timeline of a run (see the module docstring for the model).
 
   Args:
@@ -108,7 +80,7 @@ def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
     comm_seconds: seconds of communication each step starts (0 for a step that sends
       nothing), e.g. from `comm_seconds_per_step`.
     overlap_steps: later steps that may compute while a step's communication is in flight
-      (0 synchronous; see `overlap_steps()`).
+      (0 synchronous; see the module docstring).
 
   Returns:
     A `Timeline`.

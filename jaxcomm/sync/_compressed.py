@@ -27,12 +27,39 @@ class CompressedState(NamedTuple):
 def _payload_has_narrow_floats(codec: codecs.Codec) -> bool:
   """Whether some payload leaf is a float narrower than float32 (read from shapes only)."""
   try:
-    out = jax.eval_shape(codec.encode, jax.ShapeDtypeStruct((4096,), jnp.float32),
-                         jax.random.key(0))
-  except ValueError:  # e.g. a fixed k larger than the probe; such codecs send float32 values
-    return False
+    out = codecs.payload_spec(codec, codec.length or 4096)
+  except ValueError as e:
+    if isinstance(e.__cause__, TypeError):  # a codec that uses its key without saying so
+      raise
+    return False  # e.g. a fixed k larger than the probe; such codecs send float32 values
   return any(jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4
              for x in jax.tree.leaves(out))
+
+
+def _choose_collective(codec: codecs.Codec, collective: str | None, key: Any) -> str:
+  """The collective for `codec` (None: choose), checked against the codec's flags."""
+  narrow = _payload_has_narrow_floats(codec)
+  whole = not codecs.splittable(codec)
+  if collective is None:
+    if codec.linear and not narrow:
+      collective = "psum"
+    elif whole:  # two_phase would split the vector; gather sends it whole
+      collective = "gather"
+    else:
+      collective = "two_phase" if codec.linear else codec.collective
+  if collective == "psum" and not codec.linear:
+    raise ValueError(f"collective='psum' sums payloads as codes, but codec {codec.name} is not "
+                     f"linear; use collective='gather' or 'two_phase'.")
+  if collective == "psum" and narrow:
+    raise ValueError(f"collective='psum' would psum {codec.name}'s narrow-float payload, which "
+                     f"XLA:CPU widens to float32 on the wire; use collective='two_phase'.")
+  if collective == "two_phase" and whole:
+    raise ValueError(f"collective='two_phase' encodes 1/W chunks of the vector, but codec "
+                     f"{codec.name} needs the whole vector (it is built for one length or for "
+                     f"the parameters' shapes); use collective='gather' or None.")
+  if codec.stochastic and key is None:
+    raise ValueError(f"codec {codec.name} is stochastic: pass key=jax.random.key(seed).")
+  return collective
 
 
 def _key_data(key):
@@ -45,12 +72,8 @@ def _key_data(key):
 
 def _split_axes(axis_name) -> tuple[tuple, tuple]:
   """(fast axes reduced exactly, slow axes compressed)."""
-  if axis_name is None:
-    return (), ()
-  if isinstance(axis_name, (tuple, list)):
-    axes = tuple(axis_name)
-    return (axes[:1], axes[1:]) if len(axes) > 1 else ((), axes)
-  return (), (axis_name,)
+  axes = comm.axis_names(axis_name)
+  return (axes[:1], axes[1:]) if len(axes) > 1 else ((), axes)
 
 
 class _FastShard:
@@ -98,8 +121,8 @@ class _FastShard:
     return full[:self.n], nbytes
 
 
-def compressed(codec: codecs.Codec, memory: str | None = None, collective: str | None = None,
-               axis_name: comm.AxisName = "data", *, key: Any = None,
+def compressed(codec: codecs.CodecLike, memory: str | None = None,
+               collective: str | None = None, axis_name: comm.AxisName = "data", *, key: Any = None,
                server_memory: bool | None = None, beta: float = 0.9,
                memory_dtype: Any = None) -> optax.GradientTransformation:
   """Replaces each worker's gradient by the mean over workers of what `codec` lets travel.
@@ -134,7 +157,10 @@ def compressed(codec: codecs.Codec, memory: str | None = None, collective: str |
   key), where every worker must draw the same coordinates.
 
   Args:
-    codec: a `jaxcomm.codecs.Codec`.
+    codec: a `jaxcomm.codecs.Codec`, or a factory `shapes -> Codec` called with the
+      parameters' leaf shapes (a per-tensor codec, see `jaxcomm.codecs.for_tree`). Codecs
+      that need the whole vector (a factory's, or one with a `length`) refuse
+      collective='two_phase' and hierarchical axes.
     memory: None, "ef", "ef21" or "loco".
     collective: None (choose), "psum", "gather" or "two_phase".
     axis_name: the data axis, a (fast, slow) tuple, or None for one device.
@@ -159,24 +185,23 @@ def compressed(codec: codecs.Codec, memory: str | None = None, collective: str |
   >>> updates["w"], state.memory
   (Array([ 0., -3.,  0.], dtype=float32), Array([1., 0., 2.], dtype=float32))
   """
-  if not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec (e.g. codecs.top_k(0.01)), got "
-                     f"{codec!r}.")
+  codecs.validate(codec)
   if memory not in MEMORIES:
     raise ValueError(f"memory must be one of {MEMORIES}, got {memory!r}.")
   if collective is not None and collective not in comm.COLLECTIVES:
     raise ValueError(f"collective must be None or one of {comm.COLLECTIVES}, got {collective!r}.")
-  narrow = _payload_has_narrow_floats(codec)
-  if collective is None:
-    collective = ("two_phase" if narrow else "psum") if codec.linear else codec.collective
-  if collective == "psum" and not codec.linear:
-    raise ValueError(f"collective='psum' sums payloads as codes, but codec {codec.name} is not "
-                     f"linear; use collective='gather' or 'two_phase'.")
-  if collective == "psum" and narrow:
-    raise ValueError(f"collective='psum' would psum {codec.name}'s narrow-float payload, which "
-                     f"XLA:CPU widens to float32 on the wire; use collective='two_phase'.")
-  if codec.stochastic and key is None:
-    raise ValueError(f"codec {codec.name} is stochastic: pass key=jax.random.key(seed).")
+  fast, slow = _split_axes(axis_name)
+  if fast and not codecs.splittable(codec):
+    raise ValueError(f"axis_name={axis_name!r} is hierarchical: the fast axis {fast[0]!r} "
+                     f"reduce-scatters the vector and each device compresses its 1/F shard, but "
+                     f"codec {getattr(codec, 'name', codec)!r} needs the whole vector (it is "
+                     f"built for one length or for the parameters' shapes); use one axis.")
+  if isinstance(codec, codecs.Codec):  # Everything is known now; a factory waits for shapes.
+    collective = _choose_collective(codec, collective, key)
+  elif collective == "two_phase":
+    raise ValueError(f"collective='two_phase' encodes 1/W chunks of the vector, but a codec made "
+                     f"by a factory ({codec!r}) is built for the parameters' shapes and needs the "
+                     f"whole vector; use collective='gather' or None.")
   if server_memory is None:
     server_memory = memory is not None and collective == "two_phase"
   if server_memory and collective != "two_phase":
@@ -188,30 +213,37 @@ def compressed(codec: codecs.Codec, memory: str | None = None, collective: str |
   memory_dtype = jnp.dtype(memory_dtype)
   if not jnp.issubdtype(memory_dtype, jnp.floating):
     raise ValueError(f"memory_dtype must be a floating dtype, got {memory_dtype}.")
-  fast, slow = _split_axes(axis_name)
-  key_data, key_impl = _key_data(key) if codec.stochastic else (None, None)
+  key_data, key_impl = _key_data(key) if key is not None else (None, None)
+
+  def resolve(tree):
+    """(the codec for `tree`'s flat vector, its collective): a factory is called here."""
+    c = codecs.for_tree(codec, tree)
+    return c, (collective if c is codec else _choose_collective(c, collective, key))
 
   def init_fn(params):
+    c, _ = resolve(params)
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     zeros = lambda dt: jnp.zeros((n,), dt)
     return CompressedState(
         memory=zeros(memory_dtype) if memory else None,
         aggregate=zeros(jnp.float32) if memory == "ef21" else None,
         server_memory=zeros(jnp.float32) if server_memory else None,
-        key=key_data, wire_bytes=comm.zero_bytes())
+        key=key_data if c.stochastic else None, wire_bytes=comm.zero_bytes())
 
-  def step_key(state):
+  def step_key(state, c):
     if state.key is None:
       return None, None
     k, sub = jax.random.split(jax.random.wrap_key_data(state.key, impl=key_impl))
-    if not codec.shared_key and (fast or slow):
+    if not c.shared_key and (fast or slow):
       sub = jax.random.fold_in(sub, lax.axis_index(fast + slow))
     return jax.random.key_data(k), sub
 
   def update_fn(updates, state, params=None):
+    comm.require_varying(updates, axis_name, "sync.compressed")
     del params
+    c, how = resolve(updates)
     g, unflatten = codecs.flatten(updates)
-    new_key, sub = step_key(state)
+    new_key, sub = step_key(state, c)
     shard = _FastShard.create(g.shape[0], fast)
     x, fast_bytes = shard.reduce(g)  # g itself without fast axes
     mem = None if state.memory is None else shard.region(state.memory).astype(jnp.float32)
@@ -222,7 +254,7 @@ def compressed(codec: codecs.Codec, memory: str | None = None, collective: str |
     else:
       sent = x
     server = None if state.server_memory is None else shard.region(state.server_memory)
-    out, nbytes = comm.compressed_sum(sent, codec, slow or None, collective, key=sub,
+    out, nbytes = comm.compressed_sum(sent, c, slow or None, how, key=sub,
                                       server_memory=server)
     delta, gather_bytes = shard.gather(out.total / comm.axis_size(slow))
     new_memory, aggregate = state.memory, state.aggregate

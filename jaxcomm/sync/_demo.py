@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -20,7 +21,8 @@ class DemoState(NamedTuple):
 
 
 def _codec(params, chunk: int, k: int) -> codecs.Codec:
-  return codecs.tiled_dct_top_k([jnp.shape(x) for x in jax.tree.leaves(params)], chunk, k)
+  """DeMo's per-tensor codec for this tree (a shape-aware codec: `codecs.for_tree`)."""
+  return codecs.for_tree(functools.partial(codecs.tiled_dct_top_k, chunk=chunk, k=k), params)
 
 
 def demo_bytes(params, w: int, chunk: int = 64, k: int = 32) -> float:
@@ -93,6 +95,7 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
                      wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axis_name, "sync.demo")
     del extra_args
     g, unflatten = codecs.flatten(updates)
     rate = lr(state.count)

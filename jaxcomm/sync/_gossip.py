@@ -28,12 +28,6 @@ from jaxcomm import comm
 from jaxcomm.sync._topology import GossipGraph, gossip_graph
 
 
-def _axes(axis_name: comm.AxisName) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 def _check_axis(graph: GossipGraph, axes: tuple) -> None:
   size = comm.axis_size(axes)
   if size != graph.num_workers:
@@ -85,7 +79,7 @@ def gossip(tree: Any, graph: GossipGraph, axis_name: comm.AxisName,
   >>> out["w"], nbytes
   (Array([1., 1., 1.], dtype=float32), 0.0)
   """
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return tree, 0.0
   _check_axis(graph, axes)
@@ -134,7 +128,7 @@ def consensus_distance(tree: Any, axis_name: comm.AxisName) -> tuple[jax.Array, 
     >>> consensus_distance(jnp.ones(3), None)[1]  # one worker: nothing sent
     0.0
   """
-  axes = _axes(axis_name)
+  axes = comm.axis_names(axis_name)
   if not axes:
     return jnp.zeros((), jnp.float32), 0.0
   mean, b1 = comm.mean(tree, axes)
@@ -188,7 +182,7 @@ class DpsgdState(NamedTuple):
 
 def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
           num_workers: int | None = None, axis_name: comm.AxisName = "data",
-          measure_consensus: bool = False) -> optax.GradientTransformation:
+          measure_consensus: bool = False) -> optax.GradientTransformationExtraArgs:
   """D-PSGD: x_i <- sum_j M[i, j] x_j + inner(g_i), with g_i the local gradient at x_i.
 
   Gossip of the current parameters and the local step are computed from the same x_i, as
@@ -203,7 +197,7 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
       state (one extra parameter all-reduce per step, counted in `wire_bytes`).
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Lian et al., Can decentralized algorithms outperform centralized algorithms?,
@@ -216,18 +210,20 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
   >>> updates["w"], int(state.count)
   (Array([-0.5, -0.5], dtype=float32), 1)
   """
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
   graph = _resolve(graph, num_workers)
-  axes = _axes(axis_name)
+  axes = comm.axis_names(v.axis_name("axis_name", axis_name))
 
   def init_fn(params):
     return DpsgdState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                       consensus_distance=jnp.zeros((), jnp.float32) if measure_consensus
                       else None, wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axes, "sync.dpsgd")
     if params is None:
       raise ValueError("dpsgd needs params in update (it gossips the parameters).")
-    local, inner_state = inner.update(updates, state.inner_state, params)
+    local, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     mixed, counter = _mix_counted(params, graph, axes, state.count, state.wire_bytes)
     new_params = jax.tree.map(lambda m, u: m + u.astype(m.dtype), mixed, local)
     dist, counter = _maybe_measure(measure_consensus, new_params, axes, counter)
@@ -235,7 +231,7 @@ def dpsgd(inner: optax.GradientTransformation, graph: GossipGraph | str, *,
     return out, DpsgdState(count=state.count + 1, inner_state=inner_state,
                            consensus_distance=dist, wire_bytes=counter)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 class ChocoState(NamedTuple):
@@ -250,9 +246,10 @@ class ChocoState(NamedTuple):
 
 
 def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
-          codec: codecs.Codec, *, consensus_step: float = 1.0, num_workers: int | None = None,
+          codec: codecs.CodecLike, *, consensus_step: float = 1.0,
+          num_workers: int | None = None,
           axis_name: comm.AxisName = "data", key: jax.Array | None = None,
-          measure_consensus: bool = False) -> optax.GradientTransformation:
+          measure_consensus: bool = False) -> optax.GradientTransformationExtraArgs:
   """CHOCO-SGD: gossip of compressed differences, converging with any compressor.
 
   x_half = x_i + inner(g_i); q_i = C(x_half - x_hat_i) travels to every neighbour (one
@@ -265,8 +262,9 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
   Args:
     inner: the local optimiser (receives this worker's local gradient).
     graph: a static `GossipGraph` or a graph name (then `num_workers` is required).
-    codec: any `jaxcomm.codecs.Codec`; payloads are decoded per neighbour, so it need not
-      be linear. Float payloads travel as their bit patterns.
+    codec: any `jaxcomm.codecs.Codec`, or a factory `shapes -> Codec` of the parameters'
+      leaf shapes; payloads are decoded per neighbour, so it need not be linear. Float
+      payloads travel as their bit patterns.
     consensus_step: gamma in (0, 1]; smaller for more aggressive compression.
     num_workers: the data axis size, when `graph` is a name.
     axis_name: the mesh axis the workers lie on; None means one worker (no gossip).
@@ -275,7 +273,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     measure_consensus: as in `dpsgd`.
 
   Returns:
-    An `optax.GradientTransformation` that needs `params` in `update`.
+    An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
     Koloskova, Stich, Jaggi, Decentralized stochastic optimization and gossip algorithms
@@ -289,18 +287,19 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
   >>> updates["w"], state.public
   (Array([-0.5, -0.5], dtype=float32), Array([0.5, 0.5], dtype=float32))
   """
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
   graph = _resolve(graph, num_workers)
   if graph.period != 1:
     raise ValueError(f"choco needs a static graph (each worker tracks its neighbours' public "
                      f"copies); {graph.name!r} is time-varying.")
-  if not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec, got {type(codec).__name__}.")
+  codecs.validate(codec)
   if not 0.0 < consensus_step <= 1.0:
     raise ValueError(f"consensus_step must be in (0, 1], got {consensus_step}.")
-  axes = _axes(axis_name)
+  axes = comm.axis_names(v.axis_name("axis_name", axis_name))
   key = v.key("key", key)
 
   def init_fn(params):
+    codecs.for_tree(codec, params)  # a bad codec or factory fails here, before any step
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     return ChocoState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
                       public=jnp.zeros((n,), jnp.float32),
@@ -309,7 +308,7 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
                       consensus_distance=jnp.zeros((), jnp.float32) if measure_consensus
                       else None, wire_bytes=comm.zero_bytes())
 
-  def exchange(q, payload, counter):
+  def exchange(codec, q, payload, counter):
     """sum_j M[i, j] q_j: decode each neighbour's payload, weight, add."""
     if not axes:
       return q, counter
@@ -326,18 +325,20 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
       counter = comm.add_bytes(counter, nbytes)
     return mix, counter
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
+    comm.require_varying(updates, axes, "sync.choco")
     if params is None:
       raise ValueError("choco needs params in update (it gossips the parameters).")
-    local, inner_state = inner.update(updates, state.inner_state, params)
+    local, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     half = jax.tree.map(lambda p, u: p + u.astype(p.dtype), params, local)
+    c = codecs.for_tree(codec, half)
     flat_half, unflatten = codecs.flatten(half)
     key, sub = jax.random.split(state.key)
     worker_key = jax.random.fold_in(sub, lax.axis_index(axes)) if axes else sub
-    payload = tuple(codec.encode(flat_half - state.public, worker_key))
-    q = codec.decode(payload, flat_half.shape[0])
+    payload = tuple(c.encode(flat_half - state.public, worker_key))
+    q = c.decode(payload, flat_half.shape[0])
     public = state.public + q
-    mix_q, counter = exchange(q, payload, state.wire_bytes)
+    mix_q, counter = exchange(c, q, payload, state.wire_bytes)
     neighbour_mix = state.neighbour_mix + mix_q
     new_params = unflatten(flat_half + consensus_step * (neighbour_mix - public))
     dist, counter = _maybe_measure(measure_consensus, new_params, axes, counter)
@@ -346,4 +347,4 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
                            neighbour_mix=neighbour_mix, key=key, consensus_distance=dist,
                            wire_bytes=counter)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

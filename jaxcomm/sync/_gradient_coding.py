@@ -122,7 +122,7 @@ def fractional_repetition(num_workers: int, stragglers: int) -> FractionalRepeti
 
 def decode_gradient(coded: Any, code: FractionalRepetition, stragglers: jax.Array,
                     axis_name: comm.AxisName, *, approximate: bool = False,
-                    codec: codecs.Codec | None = None, key: jax.Array | None = None,
+                    codec: codecs.CodecLike | None = None, key: jax.Array | None = None,
                     ) -> tuple[Any, float, jax.Array]:
   """The full-batch mean gradient from the workers' coded gradients, ignoring stragglers.
 
@@ -144,6 +144,7 @@ def decode_gradient(coded: Any, code: FractionalRepetition, stragglers: jax.Arra
     [1.0]
   """
   axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name or ())
+  comm.require_varying(coded, axes, "sync.decode_gradient")
   if not axes and code.num_workers == 1:  # One worker: nothing straggles, nothing travels.
     return coded, 0.0, jnp.ones((), jnp.float32)
   if comm.axis_size(axes) != code.num_workers:
@@ -158,6 +159,7 @@ def decode_gradient(coded: Any, code: FractionalRepetition, stragglers: jax.Arra
   if codec is None:
     total, nbytes = comm.sum(jax.tree.map(lambda g: a[me].astype(g.dtype) * g, coded), axes)
     return jax.tree.map(lambda g: (scale * g).astype(g.dtype), total), nbytes, recovered
+  codec = codecs.for_tree(codec, coded)
   flat, unflatten = codecs.flatten(coded)
   payload = tuple(codec.encode(flat, key))
   gathered, nbytes = comm.all_gather(tuple(comm.to_bits(p) for p in payload), axes)
@@ -176,7 +178,7 @@ class GradientCodingState(NamedTuple):
 
 def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "data",
                     num_stragglers: int | None = None, approximate: bool = False,
-                    codec: codecs.Codec | None = None,
+                    codec: codecs.CodecLike | None = None,
                     key: jax.Array | None = None) -> optax.GradientTransformation:
   """Replaces each worker's coded gradient by the decoded full-batch mean gradient.
 
@@ -189,8 +191,9 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
     num_stragglers: stragglers drawn per step (default: the code's s). More than s needs
       `approximate=True`.
     approximate: rescale recovered groups when some group has no survivor.
-    codec: send coded gradients quantised with this codec (by all-gather); None sends them
-      exactly (all-reduce of the weighted gradients).
+    codec: send coded gradients quantised with this codec (by all-gather), or with the
+      codec a factory `shapes -> Codec` makes for the gradient's leaf shapes; None sends
+      them exactly (all-reduce of the weighted gradients).
     key: PRNG key of the straggler patterns (and of a stochastic codec); None is the fixed
       default `jax.random.key(0)`.
 
@@ -215,18 +218,19 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
   if count > code.stragglers and not approximate:
     raise ValueError(f"num_stragglers={count} exceeds the code's s={code.stragglers}: exact "
                      "decoding is impossible; pass approximate=True.")
-  if codec is not None and not isinstance(codec, codecs.Codec):
-    raise ValueError(f"codec must be a jaxcomm.codecs.Codec or None, got {type(codec).__name__}.")
+  codecs.validate(codec, allow_none=True)
   n = code.num_workers
   key = v.key("key", key)
 
   def init_fn(params):
-    del params
+    if codec is not None:
+      codecs.for_tree(codec, params)  # a bad codec or factory fails here, before any step
     return GradientCodingState(key=key, stragglers=jnp.zeros((n,), bool),
                                recovered=jnp.asarray(code.num_groups, jnp.float32),
                                wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None):
+    comm.require_varying(updates, axis_name, "sync.gradient_coding")
     del params
     key, pattern_key, codec_key = jax.random.split(state.key, 3)
     stragglers = jnp.zeros((n,), bool).at[jax.random.permutation(pattern_key, n)[:count]].set(True)

@@ -42,6 +42,7 @@ def mean(axis_name: comm.AxisName = "data", dtype: Any = None) -> optax.Gradient
     return MeanState(wire_bytes=comm.zero_bytes())
 
   def update_fn(updates, state, params=None):
+    comm.require_varying(updates, axis_name, "sync.mean")
     del params
     updates, nbytes = comm.mean(updates, axis_name, dtype=dtype)
     return updates, MeanState(wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))

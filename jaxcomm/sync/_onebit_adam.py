@@ -105,6 +105,7 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
     return mu, state.nu, sent - out.own, out.server_memory, nbytes
 
   def update_fn(updates, state, params=None):
+    comm.require_varying(updates, axis_name, "sync.onebit_adam")
     del params
     g, unflatten = codecs.flatten(updates)
     t = state.count + 1

@@ -209,6 +209,7 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
     return out, state.q, error, nbytes
 
   def update_fn(updates, state, params=None):
+    comm.require_varying(updates, axis_name, "sync.powersgd")
     del params
     leaves, treedef = jax.tree.flatten(updates)
     plan = _plan(leaves, rank, min_compression_rate, batch_same_shape)

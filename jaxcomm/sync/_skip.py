@@ -5,10 +5,10 @@ step, before anything stateful happens (an error memory absorbing a NaN is corru
 good; a DiLoCo outer step averaging a NaN poisons every worker), and the workers have to
 agree on it, which takes a collective. A wrapper around the whole chain does both with the
 same tools as every other stage: one 4-byte all-reduce through `jaxcomm.comm`, counted in its
-state, then `lax.cond`, so that a skipped step sends nothing else and changes nothing
-(including the inner counters of schedules: a skipped step does not count as a step of a
-sync period). optax's `apply_if_finite` decides per worker and keeps going on the others,
-which would let per-worker and replicated state drift apart.
+state, then a conditional (`comm.cond`), so that a skipped step sends nothing else and
+changes nothing (including the inner counters of schedules: a skipped step does not count as
+a step of a sync period). optax's `apply_if_finite` decides per worker and keeps going on the
+others, which would let per-worker and replicated state drift apart.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 from jaxcomm import comm
 from jaxcomm.sync import _validate
@@ -34,7 +33,7 @@ class SkipNonfiniteState(NamedTuple):
 
 
 def skip_nonfinite(inner: optax.GradientTransformation,
-                   axis_name: comm.AxisName = "data") -> optax.GradientTransformation:
+                   axis_name: comm.AxisName = "data") -> optax.GradientTransformationExtraArgs:
   """Runs `inner` only when every worker's gradient is finite; otherwise skips the step.
 
   Each worker checks its local gradient; one int32 all-reduce over `axis_name` counts the
@@ -49,7 +48,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
     axis_name: the data axis (or tuple of axes) the workers agree over; None for one device.
 
   Returns:
-    An `optax.GradientTransformation` with state `SkipNonfiniteState`.
+    An `optax.GradientTransformationExtraArgs` with state `SkipNonfiniteState`.
 
   >>> import jax.numpy as jnp, optax
   >>> tx = skip_nonfinite(optax.sgd(1.0), axis_name=None)
@@ -58,7 +57,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
   >>> updates["w"], int(state.skipped_steps)
   (Array([0., 0.], dtype=float32), 1)
   """
-  inner = _validate.inner(inner)
+  inner = optax.with_extra_args_support(_validate.inner(inner))
   axis_name = _validate.axis_name(axis_name)
 
   def init_fn(params):
@@ -66,32 +65,32 @@ def skip_nonfinite(inner: optax.GradientTransformation,
                               skipped_steps=jnp.zeros((), jnp.int32),
                               wire_bytes=comm.zero_bytes())
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, **extra_args):
     finite = jnp.asarray(True)
     for g in jax.tree.leaves(updates):
       finite = finite & jnp.all(jnp.isfinite(g))
     bad_workers, nbytes = comm.sum(jnp.logical_not(finite).astype(jnp.int32), axis_name)
     take = bad_workers == 0
-    # Both branches of the cond must agree on which values vary over the mesh axes: trace
-    # the inner update once more for its output types, without running it.
-    out_updates, out_state = jax.eval_shape(inner.update, updates, state.inner_state, params)
+    # The zero updates of a skipped step have the shapes and dtypes of the inner updates
+    # (traced once more for its output types, without running it).
+    out_updates = jax.eval_shape(inner.update, updates, state.inner_state, params,
+                                 **extra_args)[0]
 
     def apply():
-      new_updates, new_state = inner.update(updates, state.inner_state, params)
-      return new_updates, _like_both(new_state, state.inner_state, out_state)
+      return inner.update(updates, state.inner_state, params, **extra_args)
 
     def skip():
-      zeros = jax.tree.map(lambda a: _with_vma(jnp.zeros(a.shape, a.dtype), _vma(a)),
-                           out_updates)
-      return zeros, _like_both(state.inner_state, state.inner_state, out_state)
+      return (jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_updates),
+              state.inner_state)
 
-    new_updates, new_inner = lax.cond(take, apply, skip)
+    # comm.cond: the inner update may vary over axes that the old state or zeros do not.
+    new_updates, new_inner = comm.cond(take, apply, skip)
     return new_updates, SkipNonfiniteState(
         inner_state=new_inner,
         skipped_steps=state.skipped_steps + jnp.logical_not(take).astype(jnp.int32),
         wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def skipped_steps(state: Any) -> jax.Array | None:
@@ -111,19 +110,3 @@ def skipped_steps(state: Any) -> jax.Array | None:
       total = leaf if total is None else total + leaf
   return total
 
-
-def _vma(x: Any) -> frozenset:
-  """Varying manual axes of a traced value or of a ShapeDtypeStruct from `eval_shape`."""
-  if isinstance(x, jax.ShapeDtypeStruct):
-    mat = getattr(x, "manual_axis_type", None)
-    return frozenset(mat.varying) if mat is not None else frozenset()
-  return comm.varying_axes(x)
-
-
-def _with_vma(x: jax.Array, axes: frozenset) -> jax.Array:
-  return comm.varying(x, tuple(sorted(axes))) if axes else x
-
-
-def _like_both(tree: Any, old: Any, new_abs: Any) -> Any:
-  """`tree` varying over every axis that the old or the new state of a leaf varies over."""
-  return jax.tree.map(lambda x, o, n: _with_vma(x, _vma(o) | _vma(n)), tree, old, new_abs)

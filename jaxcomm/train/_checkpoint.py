@@ -91,7 +91,15 @@ class Checkpointer:
     """Steps of the checkpoints on disk (complete saves only), oldest first."""
     return sorted(self._manager.all_steps())
 
-  def save(self, state: TrainState, *, force: bool = False, info: dict | None = None) -> bool:
+  def due(self, step: int, *, force: bool = False) -> bool:
+    """Whether `save` would save a state at `step` (not saved yet, and due or `force`)."""
+    if step in self._manager.all_steps():
+      return False
+    # Orbax's own policy would also save the first step of a run; ours is every `every`.
+    return force or step % self.every == 0 or self.reached_preemption(step)
+
+  def save(self, state: TrainState, *, force: bool = False, info: dict | None = None,
+           step: int | None = None) -> bool:
     """Saves `state` if its step is due (or `force`); returns whether a save started.
 
     Args:
@@ -99,12 +107,10 @@ class Checkpointer:
       force: save whatever the step (the end of a run); a step saved already is not saved
         twice.
       info: small JSON-serialisable extras restored alongside the state.
+      step: `state.step` when the caller knows it (saves waiting for the device to say).
     """
-    step = int(np.asarray(state.step))
-    if step in self._manager.all_steps():
-      return False
-    # Orbax's own policy would also save the first step of a run; ours is every `every`.
-    if not (force or step % self.every == 0 or self.reached_preemption(step)):
+    step = int(np.asarray(state.step)) if step is None else step
+    if not self.due(step, force=force):
       return False
     stored = _storable(state)
     meta = {"step": step, "fingerprint": self._fingerprint(stored), "info": info or {},

@@ -1,4 +1,9 @@
-"""The training loop: steps, a progress line, JSONL metrics in the workdir, checkpoints."""
+"""The training loop: steps, a progress bar, metrics (JSONL and TensorBoard), checkpoints.
+
+Nothing is read back from the devices between log steps: each step's byte count and
+measurements stay on device until a log step (or a checkpoint) reads them, so the host
+keeps dispatching on an accelerator instead of waiting for every step to finish.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxcomm import comm
+from jaxcomm.train import _metrics
 from jaxcomm.train import _preemption
 from jaxcomm.train import _validate
 from jaxcomm.train._checkpoint import Checkpointer
@@ -27,17 +34,23 @@ def _scalar(x) -> float:
 def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], steps: int, *,
         workdir: str | None = None, log_every: int = 10, progress: bool = True,
         eval_fn: Callable[[TrainState], dict] | None = None,
-        checkpointer: Checkpointer | None = None) -> tuple[TrainState, list]:
+        checkpointer: Checkpointer | None = None,
+        sim_step_seconds: Callable[[int], float] | None = None) -> tuple[TrainState, list]:
   """Runs `steps` training steps from `state.step`.
 
   Args:
     trainer: the step builder.
     state: the train state to continue from (its `step` says where the data resumes).
-    batch_fn: `step -> this process's share of global batch number step` (numpy).
+    batch_fn: `step -> this process's share of global batch number step` (numpy), e.g.
+      `data.batches(...).__getitem__`.
     steps: the step number to stop at (total steps, not additional ones).
-    workdir: where `metrics.jsonl` is appended (by process 0 only); None writes nothing.
-    log_every: record metrics every this many steps (and at the last step).
-    progress: print a progress line on stderr.
+    workdir: where `metrics.jsonl` is appended and TensorBoard event files are written
+      (by process 0 only; `tensorboard --logdir <workdir>`), with the compiled step's
+      wire bytes per mesh axis as a text table; None writes nothing.
+    log_every: record metrics every this many steps (and at the last step). Only these
+      steps read values back from the devices.
+    progress: show a tqdm bar on stderr (rate, ETA, loss and bytes/step); it is off
+      anyway when stderr is not a terminal.
     eval_fn: optional `state -> dict` of extra metrics computed at each log step.
     checkpointer: optional `Checkpointer`. The run first resumes from its newest readable
       checkpoint (if there is one, `state` only gives the structure and the metrics logged
@@ -46,10 +59,16 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
       step it is at and returns early (the returned step is then < steps): on one process
       when SIGTERM arrives (caught while `fit` runs; the step under way is finished first),
       on a multi-host run when JAX's preemption notice arrives.
+    sim_step_seconds: optional `wire bytes of a step -> its seconds on a simulated clock`
+      (compute plus communication on a modelled link, e.g. with `comm.wire_bytes_time`);
+      the running total is logged as `sim_seconds`. It treats steps as synchronous; a
+      method that overlaps communication is timed after the run with `sim.simulate`.
 
   Returns:
     `(state, history)`: history is a list of metric dicts, one per logged step, with `step`,
-    `loss`, `grad_norm`, `wire_bytes` (this step), `total_wire_bytes` and `time`.
+    `loss`, `grad_norm`, `wire_bytes` (this step), `total_wire_bytes`, `time`, and
+    `sim_seconds` (with `sim_step_seconds`) and `consensus_distance` (when parameters are
+    per worker: local updates, gossip).
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np, optax
@@ -64,71 +83,108 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     (3, True)
   """
   _validate.fit_args(steps, log_every)
-  total_bytes = 0
+  _validate.optional_callable("sim_step_seconds", sim_step_seconds)
+  totals = {"total_wire_bytes": 0, "sim_seconds": 0.0}
   if checkpointer is not None:
-    state, total_bytes = _resume(checkpointer, trainer, state, workdir, progress)
+    state, info = _resume(checkpointer, trainer, state, workdir, progress)
+    totals.update({k: info[k] for k in totals if k in info})
+  first = int(np.asarray(state.step))
   writer = None
   if workdir is not None and jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    writer = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    writer = _metrics.MetricsWriter(workdir, first)
+  bar = _metrics.progress_bar(steps, first, progress)
+  pending = []  # bytes of the steps since the last read, still on device
   history, start = [], time.perf_counter()
-  first = int(np.asarray(state.step))
+
+  def read_bytes() -> list[int]:
+    step_bytes = [int(b) for b in jax.device_get(pending)]
+    pending.clear()
+    totals["total_wire_bytes"] += sum(step_bytes)
+    if sim_step_seconds is not None:
+      totals["sim_seconds"] += sum(float(sim_step_seconds(b)) for b in step_bytes)
+    return step_bytes
+
   # SIGTERM (one process): finish this step, save it, stop.
   with _preemption.catch_sigterm(enabled=checkpointer is not None) as stop:
     try:
       for t in range(first, steps):
-        state, m = trainer.step(state, trainer.shard_batch(batch_fn(t)))
-        sent = int(np.asarray(m["wire_bytes"]))
-        total_bytes += sent
-        if (t + 1) % log_every == 0 or t + 1 == steps:
-          row = {"step": t + 1, "wire_bytes": sent, "total_wire_bytes": total_bytes,
-                 "time": time.perf_counter() - start}
-          row.update({k: _scalar(v) for k, v in m.items()
-                      if k not in ("wire_bytes", "per_worker")})
-          if eval_fn is not None:
-            row.update({k: _scalar(v) for k, v in eval_fn(state).items()})
+        batch = trainer.shard_batch(batch_fn(t))
+        if writer and t == first:  # the bytes table needs only shapes: take them now
+          example = jax.tree.map(_abstract, (state, batch))
+        state, per_device, sent = trainer.dispatch(state, batch)
+        pending.append(sent)
+        bar.update(1)
+        if writer and t == first:
+          report = comm.inspect(trainer.step_fn(*example), *example)
+          writer.text("wire_bytes_per_axis", _metrics.bytes_table(report), t + 1)
+        log = (t + 1) % log_every == 0 or t + 1 == steps
+        save = checkpointer is not None and checkpointer.due(t + 1, force=stop.requested)
+        if not (log or save):
+          continue
+        step_bytes = read_bytes()
+        if log:
+          row = _row(trainer, state, per_device, t + 1, step_bytes[-1], totals,
+                     time.perf_counter() - start, eval_fn, sim_step_seconds is not None)
           history.append(row)
           if writer:
-            writer.write(json.dumps(row) + "\n")
-            writer.flush()
-          if progress and jax.process_index() == 0:
-            done = (t + 1 - first) / max(steps - first, 1)
-            bar = "#" * int(30 * done)
-            print(f"\r[{bar:<30}] step {t + 1}/{steps} loss {row['loss']:.4f} "
-                  f"bytes/step {sent:,}", end="", file=sys.stderr, flush=True)
-        if checkpointer is not None:
-          info = {"total_wire_bytes": total_bytes}
-          checkpointer.save(state, force=stop.requested, info=info)
+            writer.write(row)
+          bar.set_postfix(loss=f"{row['loss']:.4f}", bytes_per_step=f"{row['wire_bytes']:,}",
+                          refresh=False)
+        if save:
+          checkpointer.save(state, force=True, info=dict(totals), step=t + 1)
           if stop.requested or checkpointer.reached_preemption(t + 1):
             logger.warning("preempted: saved a checkpoint at step %d and stopped.", t + 1)
             break
       else:
         if checkpointer is not None:
-          checkpointer.save(state, force=True, info={"total_wire_bytes": total_bytes})
+          read_bytes()
+          checkpointer.save(state, force=True, info=dict(totals), step=steps)
     finally:
+      bar.close()
       if writer:
         writer.close()
       if checkpointer is not None:
         checkpointer.wait()
-      if progress and jax.process_index() == 0 and steps > first:
-        print(file=sys.stderr)
   return state, history
 
 
+def _abstract(x):
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+
+
+def _row(trainer: Trainer, state: TrainState, per_device, step: int, sent: int, totals: dict,
+         seconds: float, eval_fn, with_sim: bool) -> dict:
+  """One log row: the step's measurements read back, the running totals and extras."""
+  m = trainer.measure(per_device, None)
+  m.pop("per_worker")
+  row = {"step": step, "wire_bytes": sent, "total_wire_bytes": totals["total_wire_bytes"],
+         "time": seconds}
+  if with_sim:
+    row["sim_seconds"] = totals["sim_seconds"]
+  row.update({k: float(v) for k, v in jax.device_get(m).items()})
+  stacked = _metrics.per_worker_leaves(state.params, trainer.layout.params)
+  if stacked:  # workers hold different parameters (local updates, gossip)
+    row["consensus_distance"] = float(_metrics.consensus_distance(stacked))
+  if eval_fn is not None:
+    row.update({k: _scalar(v) for k, v in eval_fn(state).items()})
+  return row
+
+
 def _resume(checkpointer: Checkpointer, trainer: Trainer, state: TrainState,
-            workdir: str | None, progress: bool) -> tuple[TrainState, int]:
-  """The newest checkpoint's state and byte total (or `state`, 0); trims later metrics."""
+            workdir: str | None, progress: bool) -> tuple[TrainState, dict]:
+  """The newest checkpoint's state and info (running totals), or `state`, {}; trims the
+  metrics logged after it."""
   restored = checkpointer.restore(trainer, state)
   if restored is None:
-    return state, 0
+    return state, {}
   state, info = restored
   step = int(np.asarray(state.step))
   if workdir is not None and jax.process_index() == 0:
-    _drop_metrics_after(os.path.join(workdir, "metrics.jsonl"), step)
+    _drop_metrics_after(os.path.join(workdir, _metrics.METRICS_FILE), step)
   if progress and jax.process_index() == 0:
     print(f"resumed from the checkpoint at step {step} in {checkpointer.directory}",
           file=sys.stderr, flush=True)
-  return state, int(info.get("total_wire_bytes", 0))
+  return state, info
 
 
 def _drop_metrics_after(path: str, step: int) -> None:

@@ -9,8 +9,8 @@ local (varying) gradient until the set of varying leaves stops growing. Per-work
 stored with a leading worker axis of size W sharded over the data axis; replicated leaves are
 stored once. Nothing per-worker is averaged or dropped at a step boundary.
 
-Meshes are built with `AxisType.Auto` axes (see `make_mesh`): the classic shard_map model, in
-which inputs are resharded to `in_specs` as needed.
+Meshes are built with `AxisType.Auto` axes (see `jaxcomm.parallel.make_mesh`): the classic
+shard_map model, in which inputs are resharded to `in_specs` as needed.
 """
 
 from __future__ import annotations
@@ -23,12 +23,17 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm import sync
+from jaxcomm.train import _nnx
 from jaxcomm.train import _validate
+
+MUTABLE = ("per_worker", "mean")
 
 
 class TrainState(NamedTuple):
@@ -36,35 +41,17 @@ class TrainState(NamedTuple):
   step: jax.Array   # i32[]: optimiser steps taken
   params: Any       # parameters; per-worker leaves carry a leading worker axis
   opt_state: Any    # optimiser state; per-worker leaves carry a leading worker axis
-
-
-def make_mesh(shape: Sequence[int] | dict, axis_names: Sequence[str] | None = None,
-              devices=None) -> jax.sharding.Mesh:
-  """A mesh with `AxisType.Auto` axes, e.g. `make_mesh({"data": 8})`.
-
-  Auto axes give classic shard_map semantics (inputs are resharded to `in_specs`); the
-  default Explicit axes of `jax.make_mesh` would require callers to pre-shard everything.
-
-  >>> dict(make_mesh({"data": 4, "tensor": 2}).shape)
-  {'data': 4, 'tensor': 2}
-  """
-  n = len(devices) if devices is not None else jax.device_count()
-  shape, axis_names = _validate.mesh_shape(shape, axis_names, n)
-  return jax.make_mesh(shape, axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
-                       devices=devices)
-
-
-def _axes(axis_name) -> tuple:
-  if axis_name is None:
-    return ()
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  # An NNX model's other variables (BatchNorm statistics, RNG stream keys) as a pure dict;
+  # per-worker leaves carry a leading worker axis. None for a parameter tree.
+  model_state: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
-  """Which leaves of the train state are per-worker (boolean trees like params/opt_state)."""
+  """Which leaves of the train state are per-worker (boolean trees like the state's)."""
   params: Any
   opt_state: Any
+  model_state: Any = None
 
 
 class Trainer:
@@ -79,7 +66,7 @@ class Trainer:
     loss_fn: the per-worker loss.
     optimizer: an `optax.GradientTransformation` (e.g. `optax.chain(sync.mean("data"),
       optax.adamw(1e-3))`).
-    mesh: the device mesh (see `make_mesh`).
+    mesh: the device mesh (see `jaxcomm.parallel.make_mesh`).
     axis_name: the data axis (or tuple of axes) the batch is split over.
     param_specs: optional PartitionSpecs of the parameters (tensor-parallel shards and
       pipeline stages over non-data axes, ZeRO-3 shards over a data axis); replicated by
@@ -89,9 +76,24 @@ class Trainer:
     batch_specs: optional PartitionSpecs of the batch leaves (e.g. `P("data", "sequence")`
       for tokens split over a sequence axis); by default the leading dimension is split
       over the data axes.
+    key: opt in to randomness in the loss: a PRNG key (`jax.random.key(seed)`); the loss is
+      then called `loss_fn(params, batch, key)` with `step_key(key, step, worker)`, a key
+      per step and worker (a pure function of them, so a resumed run draws the same).
+    mutable: how an NNX model's mutable variables (BatchNorm statistics) are kept:
+      "per_worker" (default: each worker's from its own batches, stored with a leading
+      worker axis; nothing is sent) or "mean" (averaged over the data axes after every
+      step, replicated; the all-reduce is counted in `wire_bytes`).
+
+  NNX models: `init(model)` takes an `nnx.Module` and the loss is then
+  `loss_fn(model, batch)` (plus `key` when given). The parameters (`nnx.Param`) become a
+  plain dict, what the optimiser and the collectives see (laid out like a linen model's);
+  the other variables become `TrainState.model_state`; RNG streams are reseeded every step
+  with `step_key(stream key, step, worker)` (see `jaxcomm.train._nnx`). `model(state)`
+  gives the trained model back.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
+  >>> from jaxcomm.parallel import make_mesh
   >>> mesh = make_mesh({"data": 8})
   >>> loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
   >>> trainer = Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh)
@@ -104,9 +106,14 @@ class Trainer:
 
   def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
-               param_specs: Any = None, has_aux: bool = False, batch_specs: Any = None):
+               param_specs: Any = None, has_aux: bool = False, batch_specs: Any = None,
+               key: jax.Array | None = None, mutable: str = "per_worker"):
     axes = _validate.trainer_axes(axis_name, mesh)
     _validate.trainer_args(loss_fn, optimizer)
+    # Typed, for fold_in; None means the loss takes no key (not a default key).
+    self.key = None if key is None else jax.random.wrap_key_data(v.key("key", key))
+    self.mutable = v.one_of("mutable", mutable, MUTABLE)
+    self._nnx = None  # _nnx.Parts of an NNX model (set by init)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
     self.axes = axes
     self.axis_name = axes[0] if len(axes) == 1 else axes
@@ -155,11 +162,11 @@ class Trainer:
 
   def _worker_axes(self, spec) -> set:
     """Data axes over which a leaf with this base spec can be per-worker (not sharded)."""
-    return set(self.axes) - {a for entry in spec for a in _axes(entry)}
+    return set(self.axes) - {a for entry in spec for a in comm.axis_names(entry)}
 
   def _resize(self, shape, spec, grow: bool) -> tuple:
     """Global shape from a local one (grow) or the reverse, for a leaf with this spec."""
-    sizes = [math.prod(self.mesh.shape[a] for a in _axes(e)) for e in spec]
+    sizes = [math.prod(self.mesh.shape[a] for a in comm.axis_names(e)) for e in spec]
     sizes += [1] * (len(shape) - len(sizes))
     return tuple(n * k if grow else n // k for n, k in zip(shape, sizes))
 
@@ -257,10 +264,15 @@ class Trainer:
   def state_specs(self, state_like) -> TrainState:
     """PartitionSpecs of a train state (leading worker axis on per-worker leaves)."""
     pspecs = self._param_spec(self.param_specs, state_like.params)
+    model_specs = None
+    if state_like.model_state is not None:  # replicated over the non-data axes
+      model_specs = self._specs(self.layout.model_state,
+                                jax.tree.map(lambda _: P(), state_like.model_state))
     return TrainState(
         step=P(),
         params=self._specs(self.layout.params, pspecs),
-        opt_state=self._specs(self.layout.opt_state, self._base_opt_specs(state_like.opt_state)))
+        opt_state=self._specs(self.layout.opt_state, self._base_opt_specs(state_like.opt_state)),
+        model_state=model_specs)
 
   def state_shardings(self, state_like) -> TrainState:
     return jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.state_specs(state_like),
@@ -268,26 +280,56 @@ class Trainer:
 
   # ---------------------------------------------------------------- init and step
   def init(self, params) -> TrainState:
-    """The initial train state; `params` are the (replicated) initial parameters."""
+    """The initial train state from the (replicated) initial parameters or an NNX model.
+
+    Args:
+      params: a parameter tree, or an `nnx.Module` (split into its parameters, which the
+        optimiser sees, and its other variables, `TrainState.model_state`).
+    """
+    model_state = None
+    if _nnx.is_module(params):
+      self._nnx, params, model_state = _nnx.split(params)
+      _validate.mutable_state(self.mutable, model_state, self._nnx.is_variable())
     self._layout = self._derive_layout(params)
+    if model_state is not None:  # per worker: the variables the forward pass updates
+      per_worker = jax.tree.map(lambda var: var and self.mutable == "per_worker",
+                                self._nnx.is_variable())
+      self._layout = dataclasses.replace(self._layout, model_state=per_worker)
     pspecs = self._param_spec(self.param_specs, params)
     opt_out = self._specs(self.layout.opt_state, self._opt_specs)
     param_out = self._specs(self.layout.params, pspecs)
+    model_specs = jax.tree.map(lambda _: P(), model_state)
+    model_out = self._specs(self.layout.model_state, model_specs)
 
-    def init_local(p):
+    def init_local(p, ms):
       opt = self.optimizer.init(p)
       # Per-worker leaves start equal on all workers but are stored once per worker.
-      p = jax.tree.map(lambda pw, x: comm.varying(x, self.axes) if pw else x,
-                       self.layout.params, p)
-      opt = jax.tree.map(lambda pw, x: comm.varying(x, self.axes) if pw else x,
-                         self.layout.opt_state, opt)
-      return self._stack(p, self.layout.params), self._stack(opt, self.layout.opt_state)
+      p, opt, ms = (jax.tree.map(lambda pw, x: comm.varying(x, self.axes) if pw else x,
+                                 pw_tree, tree)
+                    for pw_tree, tree in ((self.layout.params, p),
+                                          (self.layout.opt_state, opt),
+                                          (self.layout.model_state, ms)))
+      return (self._stack(p, self.layout.params), self._stack(opt, self.layout.opt_state),
+              self._stack(ms, self.layout.model_state))
 
-    init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh, in_specs=(pspecs,),
-                                    out_specs=(param_out, opt_out)))
-    p, opt = init_fn(params)
+    init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh, in_specs=(pspecs, model_specs),
+                                    out_specs=(param_out, opt_out, model_out)))
+    p, opt, ms = init_fn(params, model_state)
     step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
-    return TrainState(step=step, params=p, opt_state=opt)
+    return TrainState(step=step, params=p, opt_state=opt, model_state=ms)
+
+  def model(self, state: TrainState, worker: int = 0) -> Any:
+    """The trained NNX model: worker `worker`'s parameters and variables merged again.
+
+    Call `.eval()` on it before evaluating (BatchNorm's running averages, no dropout).
+    """
+    if self._nnx is None:
+      raise ValueError("model() needs a Trainer initialised with an NNX model "
+                       "(init(model)); with a parameter tree use worker_view(state.params, "
+                       "trainer.layout.params).")
+    params = self.worker_view(state.params, self.layout.params, worker)
+    model_state = self.worker_view(state.model_state, self.layout.model_state, worker)
+    return _nnx.merge(self._nnx, params, model_state)
 
   def batch_spec(self, batch) -> Any:
     if isinstance(self.batch_specs, P):
@@ -303,8 +345,7 @@ class Trainer:
     specs = jax.tree.leaves(self.batch_spec(batch), is_leaf=lambda x: isinstance(x, P))
     for x, spec in zip(jax.tree.leaves(batch), specs):
       for dim, axes in enumerate(spec):
-        names = () if axes is None else tuple(axes) if isinstance(axes, tuple) else (axes,)
-        size = math.prod(self.mesh.shape[a] for a in names)
+        size = math.prod(self.mesh.shape[a] for a in comm.axis_names(axes))
         n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
           kind = "data" if set(names) <= set(self.axes) else "mesh"
@@ -317,7 +358,7 @@ class Trainer:
   def _build_step(self, state, batch):
     specs = self.state_specs(state)
     layout = self.layout
-    loss_fn = self.loss_fn if self.has_aux else (lambda p, b: (self.loss_fn(p, b), {}))
+    loss_fn = self._local_loss()
     # Measurements leave as one value per device, data axes first: nothing is reduced over
     # the non-data axes (tensor, ...) inside the step, so no collective is spent on them.
     out_axes = self.axes + self._extra_axes()
@@ -325,12 +366,17 @@ class Trainer:
     def step_local(state: TrainState, batch_block):
       params = self._unstack(state.params, layout.params)
       opt_state = self._unstack(state.opt_state, layout.opt_state)
+      model_state = self._unstack(state.model_state, layout.model_state)
       # Differentiate w.r.t. a varying copy: each worker gets its own local gradient.
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          comm.varying(params, self.axes), batch_block)
+      (loss, (aux, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          comm.varying(params, self.axes), batch_block, model_state, state.step)
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
+      new_model_state, model_bytes = self._sync_model_state(new_model_state)
+      new_model_state = jax.tree.map(lambda pw, x: comm.varying(x, self.axes) if pw else x,
+                                     layout.model_state, new_model_state)
+      sent = comm.add_bytes(sent, model_bytes)
       # Squared gradient norms per group of leaves that vary over the same non-data axes
       # (tensor-parallel shards, pipeline stages): `measurements` sums each group over its
       # axes, so no collective is spent on the norm.
@@ -349,7 +395,8 @@ class Trainer:
       measurements = jax.tree.map(lambda x: comm.varying(x, out_axes)[None], measurements)
       new_state = TrainState(step=state.step + 1,
                              params=self._stack(new_params, layout.params),
-                             opt_state=self._stack(new_opt, layout.opt_state))
+                             opt_state=self._stack(new_opt, layout.opt_state),
+                             model_state=self._stack(new_model_state, layout.model_state))
       return new_state, measurements, sent
 
     out_m = jax.eval_shape(
@@ -360,6 +407,38 @@ class Trainer:
     return jax.jit(jax.shard_map(step_local, mesh=self.mesh,
                                  in_specs=(specs, self.batch_spec(batch)),
                                  out_specs=(specs, m_specs, P())))
+
+  def _local_loss(self) -> Callable:
+    """`(params, batch, model_state, step) -> (loss, (aux, model_state))` on one worker.
+
+    Calls the user's loss in the form it was given: `loss_fn(params, batch)`, an NNX
+    model merged from the parameters and variables (`loss_fn(model, batch)`), plus this
+    step's and worker's key when the Trainer has one.
+    """
+    def loss(params, batch, model_state, step):
+      worker = lax.axis_index(self.axes)  # the index of this worker's row of the batch
+      extra = () if self.key is None else (_nnx.step_key(self.key, step, worker),)
+      if self._nnx is None:
+        out = self.loss_fn(params, batch, *extra)
+      else:
+        model = _nnx.merge(self._nnx, params, _nnx.reseed(self._nnx, model_state, step, worker))
+        out = self.loss_fn(model, batch, *extra)
+        model_state = _nnx.updated(self._nnx, model, model_state)
+      value, aux = out if self.has_aux else (out, {})
+      return value, (aux, model_state)
+    return loss
+
+  def _sync_model_state(self, model_state) -> tuple[Any, float]:
+    """With mutable="mean", the updated variables averaged over the data axes (and bytes)."""
+    if self.mutable != "mean" or model_state is None:
+      return model_state, 0.0
+    variables = self._nnx.is_variable()
+    leaves = [x for var, x in zip(jax.tree.leaves(variables), jax.tree.leaves(model_state))
+              if var]
+    means, nbytes = comm.mean(leaves, self.axes)
+    means = iter(means)
+    return jax.tree.map(lambda var, x: next(means) if var else x, variables,
+                        model_state), nbytes
 
   def step_fn(self, state, batch) -> Callable:
     """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`."""
@@ -402,6 +481,15 @@ class Trainer:
     `per_worker`), `wire_bytes` sent by each device in this step, and `skipped_steps` (the
     steps skipped so far) when the transform contains `sync.skip_nonfinite`.
     """
+    state, per_device, sent = self.dispatch(state, batch)
+    return state, self.measure(per_device, sent)
+
+  def dispatch(self, state: TrainState, batch) -> tuple[TrainState, Any, jax.Array]:
+    """One step without reading anything back: `(state, per-device measurements, bytes)`.
+
+    Everything stays on the devices (`fit` reads the values only at log steps, so the host
+    never waits for a step it does not log); `measure` turns them into `step`'s dict.
+    """
     self._check_batch(batch)
     state, per_device, sent = self.step_fn(state, batch)(state, batch)
     if self._sync_each_step:
@@ -410,7 +498,11 @@ class Trainer:
       # while others still wait for a thread for step t (seen with jaxlib 0.10.2 whenever
       # the collective comes first in the program, e.g. `local.delayed`). One step at a time.
       jax.block_until_ready(state)
-    return state, self._measure(per_device, sent)
+    return state, per_device, sent
+
+  def measure(self, per_device, sent) -> dict:
+    """`step`'s measurements from `dispatch`'s outputs (one compiled program, on device)."""
+    return self._measure(per_device, sent)
 
   def shard_batch(self, local_batch) -> Any:
     """Turns this process's share of the global batch (numpy) into sharded global arrays."""

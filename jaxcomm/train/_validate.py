@@ -2,41 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
 import numpy as np
 
 from jaxcomm import _validate as v
-
-
-def mesh_shape(shape: Any, axis_names: Any, num_devices: int) -> tuple[tuple, tuple]:
-  """(sizes, names) of a mesh over `num_devices` devices, from a dict or two sequences."""
-  if isinstance(shape, dict):
-    axis_names, shape = tuple(shape), tuple(shape.values())
-  if not isinstance(shape, (tuple, list)):
-    raise ValueError(f"shape must be a dict {{axis name: size}} or a sequence of sizes, "
-                     f"got {shape!r}.")
-  if axis_names is None:
-    axis_names = ()
-  if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
-    raise ValueError(f"axis_names must be a sequence of strings, got {axis_names!r}.")
-  shape, axis_names = tuple(shape), tuple(axis_names)
-  if len(shape) != len(axis_names):
-    raise ValueError(f"shape {shape} and axis_names {axis_names} must have the same length.")
-  if not shape:
-    raise ValueError("a mesh needs at least one axis, got shape ().")
-  v.axis_name("axis_names", axis_names, allow_none=False)
-  sizes = dict(zip(axis_names, shape))
-  if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
-             for s in shape):
-    raise ValueError(f"shape: mesh axis sizes must be integers >= 1, got {sizes}.")
-  shape = tuple(int(s) for s in shape)
-  if math.prod(shape) != num_devices:
-    raise ValueError(f"shape: mesh axis sizes {sizes} multiply to {math.prod(shape)}, but "
-                     f"there are {num_devices} devices.")
-  return shape, axis_names
+from jaxcomm import comm
 
 
 def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
@@ -47,7 +19,7 @@ def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
     raise ValueError("axis_name must name at least one mesh axis; for one device use a "
                      "mesh of size 1 or call the transform directly.")
   axis_name = v.axis_name("axis_name", axis_name, allow_none=False)
-  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  axes = comm.axis_names(axis_name)
   if any(a not in mesh.axis_names for a in axes):
     raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
                      f"{tuple(mesh.axis_names)}.")
@@ -59,6 +31,18 @@ def trainer_args(loss_fn: Any, optimizer: Any) -> None:
   v.transform("optimizer", optimizer)
 
 
+def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
+  """With mutable="mean", every variable the forward pass updates is a float (averaged)."""
+  if mutable != "mean":
+    return
+  for (path, x), var in zip(jax.tree_util.tree_leaves_with_path(model_state),
+                            jax.tree.leaves(is_variable)):
+    if var and not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+      raise ValueError(f"mutable='mean' averages the model's variables over the data axes, "
+                       f"but {jax.tree_util.keystr(path)} is {x.dtype}; use "
+                       f"mutable='per_worker'.")
+
+
 def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
   """Every leaf of a global batch has a leading dimension divisible by the workers."""
   for x in jax.tree.leaves(tree):
@@ -66,6 +50,11 @@ def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
     if n is None or n % num_workers:
       raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
                        f"size {num_workers} (axis_name={axis_name!r}).")
+
+
+def optional_callable(name: str, value: Any) -> None:
+  if value is not None:
+    v.callable_(name, value)
 
 
 def fit_args(steps: Any, log_every: Any) -> None:

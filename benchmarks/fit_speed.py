@@ -1,0 +1,151 @@
+r"""Steps per second of the training loop, reading the devices every step or at log steps.
+
+  python -m benchmarks.fit_speed --steps=40 --repeats=3 --log_every=10 --devices=8
+
+The LM of `make run` (d_model 64, 2 layers, 4 heads, d_ff 256, batch 32, sequence 64) with
+exact data parallelism and AdamW on --devices devices, trained by two loops over the same
+compiled step, alternated --repeats times (so drift on a shared machine hits both alike):
+
+* `every step`, the loop `fit` ran before: `Trainer.step` (the step, then the measurement
+  program) and `int(np.asarray(m["wire_bytes"]))` every step, the loss at log steps;
+* `log steps`, `train.fit` now: `Trainer.dispatch` only; bytes and losses stay on the
+  devices until a log step reads them.
+
+Then each loop runs --profile_steps steps under the JAX profiler, and the table gives the
+*dispatch gap*: the time between the last instruction of one execution of the step program
+and the first instruction of the next, on any device (the devices are all idle meanwhile),
+median over the steps. On emulated CPU devices the Trainer still waits for every step before
+dispatching the next (`Trainer.dispatch`: XLA:CPU collectives deadlock when two executions
+overlap), so the gap is the host's work between steps: reading back, the measurement
+program, the next batch, the dispatch. On an accelerator nothing waits and the gain of not
+reading back is larger.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import statistics
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+from benchmarks import profile_step
+
+# --steps (per timed repeat), --repeats and --devices are benchmarks.overhead's flags.
+_LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Log every this many steps (both loops).")
+_PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 10, "Steps traced per loop.")
+FLAGS = flags.FLAGS
+
+LM = dict(d_model=64, num_layers=2, num_heads=4, d_ff=256, max_len=64)
+BATCH, SEQ = 32, 64
+
+
+def every_step_loop(trainer, state, batch_fn, steps: int, log_every: int):
+  """The loop before: every step's measurements built and its byte count read back."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  total, first = 0, int(np.asarray(state.step))
+  for t in range(first, first + steps):
+    state, m = trainer.step(state, trainer.shard_batch(batch_fn(t)))
+    total += int(np.asarray(m["wire_bytes"]))
+    if (t + 1) % log_every == 0:
+      float(np.asarray(m["loss"]))
+  return state
+
+
+def log_step_loop(trainer, state, batch_fn, steps: int, log_every: int):
+  """`train.fit`: the devices are read at log steps only."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  end = int(np.asarray(state.step)) + steps
+  return train.fit(trainer, state, batch_fn, end, log_every=log_every, progress=False)[0]
+
+
+LOOPS = {"every step": every_step_loop, "log steps": log_step_loop}
+
+
+def dispatch_gaps(trace: dict, ops: dict) -> list[float]:
+  """Seconds between consecutive executions of the step program, all devices idle.
+
+  Executions are delimited by the host's launch events of the step program on device 0;
+  the instructions run between two launches belong to the earlier execution.
+  """
+  launches = sorted(e["ts"] for e in trace["traceEvents"] if e.get("ph") == "X"
+                    and e["name"].startswith("[0] ") and "(jit_step_local)" in e["name"])
+  spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+           if e.get("ph") == "X" and e["name"] in ops
+           and profile_step.category(ops[e["name"]]) is not None]
+  gaps = []
+  for before, after in zip(launches[1:], launches[2:] + [float("inf")]):
+    ended = [end for start, end in spans if start < before]
+    started = [start for start, _ in spans if before <= start < after]
+    if ended and started:
+      gaps.append((min(started) - max(ended)) * 1e-6)
+  return gaps
+
+
+def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
+  """(state, dispatch gaps) of `steps` steps of `loop` under the profiler."""
+  import jax  # pylint: disable=import-outside-toplevel
+  probe = trainer.shard_batch(batch_fn(0))
+  compiled = lambda fn, *args: profile_step.instruction_ops(fn.lower(*args).compile().as_text())
+  ops = compiled(trainer.step_fn(state, probe), state, probe)
+  # Trace events name instructions, not programs: keep the names only the step program has
+  # (the measurement program's fusions are named alike).
+  _, per_device, sent = trainer.dispatch(state, probe)
+  for name in compiled(jax.jit(trainer.measurements), per_device, sent):
+    ops.pop(name, None)
+  with tempfile.TemporaryDirectory() as workdir:
+    with jax.profiler.trace(workdir):
+      state = jax.block_until_ready(loop(trainer, state, batch_fn, steps, log_every))
+    path, = glob.glob(f"{workdir}/**/*.trace.json.gz", recursive=True)
+    with gzip.open(path) as f:
+      trace = json.load(f)
+  return state, dispatch_gaps(trace, ops)
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_num_cpu_devices", FLAGS.devices)
+  from jaxcomm import data, models, sync, train  # pylint: disable=import-outside-toplevel
+  devices = min(FLAGS.devices, jax.device_count())
+  mesh = train.make_mesh({"data": devices})
+  lm = models.TransformerLM(**LM)
+  params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))
+  trainer = train.Trainer(models.lm_loss(lm), optax.chain(sync.mean("data"),
+                                                          optax.adamw(3e-3)), mesh)
+  corpus = data.pydoc_text()
+  batch_fn = lambda t: corpus.batch(t, BATCH, seq_len=SEQ)
+  state = every_step_loop(trainer, trainer.init(params), batch_fn, 2, 1)  # compile
+  state = log_step_loop(trainer, state, batch_fn, 2, 1)
+  seconds = {name: [] for name in LOOPS}
+  for _ in range(FLAGS.repeats):
+    for name, loop in LOOPS.items():
+      start = time.perf_counter()
+      state = jax.block_until_ready(loop(trainer, state, batch_fn, FLAGS.steps,
+                                         _LOG_EVERY.value))
+      seconds[name].append(time.perf_counter() - start)
+  gaps = {}
+  for name, loop in LOOPS.items():
+    state, gaps[name] = profile(loop, trainer, state, batch_fn, _PROFILE_STEPS.value,
+                                _LOG_EVERY.value)
+  print(f"{jax.devices()[0].platform} x {devices} devices; median of {FLAGS.repeats} "
+        f"repeats of {FLAGS.steps} steps, log every {_LOG_EVERY.value}; dispatch gap: "
+        f"median over {_PROFILE_STEPS.value} traced steps")
+  base = statistics.median(seconds["every step"])
+  print(f"{'loop':12s} {'steps/s':>9s} {'speed-up':>9s} {'dispatch gap ms':>16s}")
+  for name in LOOPS:
+    rate = FLAGS.steps / statistics.median(seconds[name])
+    speedup = base / statistics.median(seconds[name])
+    gap = 1e3 * statistics.median(gaps[name]) if gaps[name] else float("nan")
+    print(f"{name:12s} {rate:9.2f} {speedup:8.2f}x {gap:16.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,381 @@
+"""One way from settings to a run: `build(config) -> Run`.
+
+Every program (train.py, compare.py, the reproductions, the benchmarks, the notebooks) turns
+a config (experiments/config.py) into a `Run` here, and nowhere else:
+
+  run = build(config)                 # model, loss, params, batches, optimizer, mesh, specs
+  trainer = run.trainer()             # jaxcomm.train.Trainer
+  state, history = train.fit(trainer, trainer.init(run.params), run.batches, run.steps)
+
+A method is one module, loaded by name (no registry, nothing runs at import): a name in
+experiments/methods/ (`diloco`), a dotted module path (`my_pkg.my_method`) or the path of a
+`.py` file. Such a module defines
+
+  defaults() -> ml_collections.ConfigDict   its settings (factory defaults read with
+                                            experiments.config.from_factory)
+  build(settings, ctx) -> optax transform   ctx: a `Context` (inner optimiser, axes, ...)
+
+and may define `wrap_loss(settings, loss_fn, ctx)` (the loss each worker differentiates,
+e.g. ACCO's mean over micro-batches) and `overlap_steps(settings) -> int` (how many later
+steps a sync overlaps on the simulated clock; 0 when absent). A method of your own is one
+file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from types import ModuleType
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import PartitionSpec as P
+
+from experiments import config as _config
+from experiments import methods as _methods
+from jaxcomm import data, models, parallel, sync, train
+
+# Mesh axes that split the model, not the batch; every other axis splits the batch.
+MODEL_AXES = ("tensor", "sequence", "pipeline")
+SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
+
+
+# ---------------------------------------------------------------- methods
+available_methods = _methods.available_methods
+load_method = _methods.load_method
+method_defaults = _methods.method_defaults
+overlap_steps = _methods.overlap_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What a method module's `build` receives besides its own settings.
+
+  Attributes:
+    config: the whole run's settings (read-only).
+    inner: the inner optimiser (config.optimizer; wrapped in ZeRO-3 on an fsdp mesh).
+    axis_name: the mesh axis (or axes) the method synchronises over.
+    num_workers: workers along `axis_name`.
+    mesh_shape: {axis: size} of the run's mesh.
+    key: the run's PRNG key, `jax.random.key(config.seed)`.
+  """
+  config: ml_collections.ConfigDict
+  inner: optax.GradientTransformation
+  axis_name: Any
+  num_workers: int
+  mesh_shape: dict
+  key: jax.Array
+
+  def participation(self, spec: str | None, syncs_per_period: int = 1,
+                    num_workers: int | None = None):
+    """The participation mask of a spec (config.participation_mask), covering every sync of
+    the run: `syncs_per_period` syncs every `config.method.sync_every` steps."""
+    sync_every = self.config.method.get("sync_every") or 1
+    num_syncs = syncs_per_period * (self.config.steps // max(int(sync_every), 1) + 1)
+    return _config.participation_mask(spec, num_workers or self.num_workers, num_syncs,
+                                      self.config.seed)
+
+  def codec(self, spec: str | None, setting: str = "codec"):
+    """The codec of a spec string (config.parse_codec), naming the method's setting."""
+    return _config.parse_codec(spec, setting)
+
+
+# ---------------------------------------------------------------- the run
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """Everything a program needs to train one configured method.
+
+  Attributes:
+    config: the settings it was built from.
+    mesh: the device mesh.
+    model: the Flax model.
+    loss_fn: `(params, batch) -> loss` (or `(loss, aux)` when `has_aux`): what each worker
+      differentiates (the method's `wrap_loss` applied).
+    model_loss_fn: the model's own loss, before the method's `wrap_loss`.
+    has_aux: whether `loss_fn` returns `(loss, aux)`.
+    params: the initial parameters.
+    batches: `step -> this process's share of global batch number step` (numpy): a pure
+      function of (seed, step), so a resumed run needs only the step.
+    optimizer: the method's transform around the inner optimiser.
+    axis_name: the batch axes (the Trainer's `axis_name`).
+    method_axes: the axes the method synchronises over.
+    specs: PartitionSpecs of the parameters (None: replicated).
+    batch_specs: PartitionSpecs of the batch (None: leading dimension over the batch axes).
+    method: the method's module.
+  """
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  model: Any
+  loss_fn: Callable
+  model_loss_fn: Callable
+  has_aux: bool
+  params: Any
+  batches: Callable[[int], dict]
+  optimizer: optax.GradientTransformation
+  axis_name: Any
+  method_axes: Any
+  specs: Any = None
+  batch_specs: Any = None
+  method: ModuleType | None = None
+
+  @property
+  def steps(self) -> int:
+    return int(self.config.steps)
+
+  @property
+  def num_workers(self) -> int:
+    axes = (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
+    return math.prod(self.mesh.shape[a] for a in axes)
+
+  def trainer(self) -> train.Trainer:
+    return train.Trainer(self.loss_fn, self.optimizer, self.mesh, axis_name=self.axis_name,
+                         param_specs=self.specs, has_aux=self.has_aux,
+                         batch_specs=self.batch_specs)
+
+
+def mesh_shape(spec: str, num_devices: int) -> dict:
+  """{axis: size} of config.mesh; "" is one `data` axis over every device."""
+  if not spec:
+    return {"data": num_devices}
+  try:
+    shape = parallel.parse_mesh(spec)
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
+  if math.prod(shape.values()) != num_devices:
+    raise ValueError(f"config.mesh {spec!r} multiplies to {math.prod(shape.values())}, but "
+                     f"there are {num_devices} devices.")
+  if "sequence" in shape and "pipeline" in shape:
+    raise ValueError(f"config.mesh {spec!r}: sequence and pipeline axes together are not "
+                     "supported.")
+  if all(a in MODEL_AXES for a in shape):  # the batch needs an axis, if only of size 1
+    shape = {"data": 1, **shape}
+  return shape
+
+
+def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = False) -> Run:
+  """The run `config` describes, checked before anything compiles.
+
+  Args:
+    config: the settings (experiments/config.py's tree).
+    devices: the devices of the mesh (default: all).
+    abstract: give the parameters as `jax.ShapeDtypeStruct`s (nothing is initialised or
+      compiled: for checking settings and for planning real model sizes).
+
+  Raises:
+    ValueError: one line naming the setting that is wrong.
+  """
+  _config.check(config)
+  devices = jax.devices() if devices is None else list(devices)
+  shape = mesh_shape(config.mesh, len(devices))
+  method = load_method(config.method.name)
+  # The sequence axis splits the batch too: each shard's gradient is a partial sum.
+  batch_axes = tuple(a for a in shape if a not in MODEL_AXES or a == "sequence")
+  _check_batch(config, shape)
+  mesh = train.make_mesh(shape, devices=devices)
+  layout = _layout(config, mesh, shape)
+  gather = layout.gather_axes if layout is not None else ()
+  method_axes = tuple(a for a in batch_axes if a not in gather)
+  ctx = Context(config=config, inner=_inner_optimizer(config.optimizer),
+                axis_name=(method_axes[0] if len(method_axes) == 1 else method_axes) or None,
+                num_workers=math.prod(shape[a] for a in method_axes), mesh_shape=shape,
+                key=jax.random.key(config.seed))
+  optimizer = make_optimizer(config, ctx)  # the method's settings fail before any compile
+  task = _task(config, shape, layout, abstract)
+  if gather:  # parameters stored sharded over fsdp: the inner optimiser is ZeRO-3 there
+    ctx = dataclasses.replace(ctx, inner=parallel.zero(
+        ctx.inner, stage=3, axis_name=gather, param_specs=task["specs"],
+        regather=task["model"].param_regather()))
+    optimizer = make_optimizer(config, ctx)
+  loss_fn = task_loss(config, task["loss_fn"], ctx)
+  if config.skip_nonfinite:
+    optimizer = sync.skip_nonfinite(optimizer, batch_axes[0] if len(batch_axes) == 1
+                                    else batch_axes)
+  return Run(config=config, mesh=mesh, model=task["model"], loss_fn=loss_fn,
+             model_loss_fn=task["loss_fn"],
+             has_aux=task["has_aux"], params=task["params"], batches=task["batches"],
+             optimizer=optimizer, axis_name=batch_axes[0] if len(batch_axes) == 1
+             else batch_axes, method_axes=ctx.axis_name, specs=task.get("specs"),
+             batch_specs=task.get("batch_specs"), method=method)
+
+
+def local_context(config: ml_collections.ConfigDict) -> Context:
+  """The context of the method on one device: no axis, no communication (a worker's own
+  compute, for timing it; every jaxcomm transform runs with axis_name=None)."""
+  _config.check(config)
+  return Context(config=config, inner=_inner_optimizer(config.optimizer), axis_name=None,
+                 num_workers=1, mesh_shape={}, key=jax.random.key(config.seed))
+
+
+def make_optimizer(config: ml_collections.ConfigDict, ctx: Context):
+  """The method's transform (config.method) in context `ctx`."""
+  try:
+    return load_method(config.method.name).build(config.method, ctx)
+  except ValueError as e:
+    raise ValueError(f"config.method ({config.method.name}): {e}") from None
+
+
+def task_loss(config: ml_collections.ConfigDict, loss_fn: Callable, ctx: Context) -> Callable:
+  """The loss each worker differentiates: the method's `wrap_loss` applied, if it has one."""
+  wrap = getattr(load_method(config.method.name), "wrap_loss", None)
+  if wrap is None:
+    return loss_fn
+  try:
+    return wrap(config.method, loss_fn, ctx)
+  except ValueError as e:
+    raise ValueError(f"config.method ({config.method.name}): {e}") from None
+
+
+def _check_batch(config, shape: dict) -> None:
+  """The global batch's leading dimension splits over every axis but the model's."""
+  axes = tuple(a for a in shape if a not in MODEL_AXES)
+  workers = math.prod(shape[a] for a in axes)
+  if config.data.batch_size % workers:
+    raise ValueError(f"config.data.batch_size ({config.data.batch_size}) must be divisible "
+                     f"by the {workers} workers of the mesh axes {axes}.")
+
+
+def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  if c.name == "adamw":
+    return optax.adamw(c.lr, weight_decay=c.weight_decay)
+  if c.name == "adam":
+    return optax.adam(c.lr)
+  if c.name == "sgd":
+    return optax.sgd(c.lr)
+  return optax.sgd(c.lr, momentum=0.9)  # "momentum" (config.check allows no other name)
+
+
+def inner_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """The inner optimiser of config.optimizer (for programs that build methods themselves)."""
+  _config.check(config)
+  return _inner_optimizer(config.optimizer)
+
+
+# ---------------------------------------------------------------- models and data
+def model_task(config: ml_collections.ConfigDict, workers: int = 1) -> tuple:
+  """(model, loss_fn, has_aux, params, batches) of config.model / config.data without a
+  mesh or layout: for programs that build their own steps (benchmarks, the planner).
+  `workers` only sizes a label-skewed split."""
+  _config.check(config)
+  task = _task(config, {"data": workers}, None)
+  return task["model"], task["loss_fn"], task["has_aux"], task["params"], task["batches"]
+
+
+def _batches(dataset, c, **kwargs) -> Callable[[int], dict]:
+  pi, pc = jax.process_index(), jax.process_count()
+  return lambda t: dataset.batch(t, c.data.batch_size, seed=c.seed, process_index=pi,
+                                 process_count=pc, **kwargs)
+
+
+def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
+  """The LM's `parallel.Layout` on a mesh with fsdp / tensor axes, else None."""
+  if c.model.name == "lm" and {"fsdp", "tensor"} & set(shape) and \
+     not {"sequence", "pipeline"} & set(shape):
+    try:
+      return parallel.Layout(mesh, sequence_parallel=c.model.sequence_parallel,
+                             collective_matmul=c.model.collective_matmul)
+    except ValueError as e:
+      raise ValueError(f"config.model / config.mesh: {e}") from None
+  for option in ("sequence_parallel", "collective_matmul"):
+    if c.model[option]:
+      raise ValueError(f"config.model.{option} needs the LM on a mesh with a 'tensor' axis, "
+                       f"got config.mesh {c.mesh!r}.")
+  return None
+
+
+def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = False) -> dict:
+  """model, loss_fn, has_aux, params, batches, and the layout's specs where it has one."""
+  dataset = _dataset(c)
+  key = jax.random.key(c.seed)
+  init = (lambda fn: functools.partial(jax.eval_shape, fn)) if abstract else jax.jit
+  if c.model.name == "mlp":
+    if not isinstance(dataset, data.ArrayDataset):
+      raise ValueError(f"config.model.name 'mlp' needs an array dataset (digits), got "
+                       f"config.data.name {c.data.name!r}.")
+    if set(shape) & set(MODEL_AXES):
+      raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
+                       "'lm' or a mesh of batch axes.")
+    model = models.MLP(hidden=tuple(c.model.hidden), num_classes=dataset.num_classes)
+    params = init(model.init)(key, jnp.zeros((1, dataset.x.shape[1])))
+    if c.data.label_skew:  # each worker's slice of the batch from its own skewed shard
+      workers = math.prod(n for a, n in shape.items() if a not in MODEL_AXES)
+      dataset = data.label_skew(dataset, workers, c.data.label_skew, seed=c.seed)
+    return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
+                params=params, batches=_batches(dataset, c))
+  if not isinstance(dataset, data.TextDataset):
+    raise ValueError(f"config.model.name 'lm' needs a text dataset (pydoc, stdlib, "
+                     f"text:<path>), got config.data.name {c.data.name!r}.")
+  if c.data.label_skew:
+    raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
+  sizes = dict(d_model=c.model.d_model, num_layers=c.model.num_layers,
+               num_heads=c.model.num_heads, d_ff=c.model.d_ff, max_len=c.data.seq_len)
+  tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
+  batches = _batches(dataset, c, seq_len=c.data.seq_len)
+  if "sequence" in shape:
+    return _sequence_task(c, shape, sizes, lambda: init(models.TransformerLM(**sizes).init)(
+        key, tokens), batches)
+  if "pipeline" in shape:
+    return _pipeline_task(c, shape, sizes, init, key, tokens, batches)
+  if layout is not None:
+    model = models.TransformerLM(**sizes, layout=layout)
+    params = init(model.init)(key, tokens)
+    return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False, params=params,
+                batches=batches, specs=layout.param_specs(model.param_axes(), params))
+  model = models.TransformerLM(**sizes)
+  return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False,
+              params=init(model.init)(key, tokens), batches=batches)
+
+
+def _dataset(c):
+  try:
+    dataset = data.load(c.data.name)
+  except ValueError as e:
+    raise ValueError(f"config.data.name: {e}") from None
+  if c.data.split == "all":
+    return dataset
+  return dataset.split()[0 if c.data.split == "train" else 1]
+
+
+def _sequence_task(c, shape, sizes, make_params, batches) -> dict:
+  """The LM with its sequence split over the `sequence` axis (sequence-parallel attention)."""
+  w, kind = shape["sequence"], c.model.attention
+  try:
+    models.check_sequence_layout(c.data.seq_len, c.model.num_heads, w, kind)
+  except ValueError as e:
+    raise ValueError(f"config.model.attention / data.seq_len: {e}") from None
+  model = models.TransformerLM(**sizes, attention_fn=models.sequence_attention(kind))
+  params = make_params()
+  zigzag = kind == "ring_zigzag"
+  return dict(model=model, loss_fn=models.lm_loss_sequence(model), has_aux=False,
+              params=params, batch_specs=P(tuple(a for a in shape if a not in MODEL_AXES),
+                                           "sequence"),
+              batches=lambda t: models.lm_sequence_batch(batches(t)["tokens"], w,
+                                                         zigzag=zigzag))
+
+
+def _pipeline_task(c, shape, sizes, init, key, tokens, batches) -> dict:
+  """The LM with its layers split into stages over the `pipeline` axis."""
+  stages = shape["pipeline"]
+  if c.model.schedule not in SCHEDULES:
+    raise ValueError(f"config.model.schedule {c.model.schedule!r} is unknown; allowed: "
+                     f"{', '.join(SCHEDULES)}.")
+  micro = c.model.microbatches or stages
+  workers = math.prod(n for a, n in shape.items() if a != "pipeline")
+  per_worker = c.data.batch_size // workers
+  if per_worker % micro:
+    raise ValueError(f"config.data.batch_size ({c.data.batch_size}) must split into "
+                     f"{workers} workers x config.model.microbatches ({micro}).")
+  if c.model.num_layers % stages:
+    raise ValueError(f"config.model.num_layers ({c.model.num_layers}) must be divisible by "
+                     f"the {stages} pipeline stages of config.mesh.")
+  try:
+    schedule = SCHEDULES[c.model.schedule](stages, micro)
+  except ValueError as e:
+    raise ValueError(f"config.model.schedule: {e}") from None
+  model = models.TransformerLM(**sizes)
+  staged = init(lambda k, t: models.lm_stage_params(model.init(k, t), stages))(key, tokens)
+  return dict(model=model, loss_fn=models.lm_loss_pipeline(model, schedule), has_aux=False,
+              params=staged, batches=batches, specs=models.lm_stage_specs(staged))

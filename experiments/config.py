@@ -1,0 +1,354 @@
+"""Experiment settings: one typed `ml_collections.ConfigDict` per run, one home per default.
+
+A run's settings form one tree (`base_config`):
+
+  seed, steps, log_every, checkpoint_every, keep, skip_nonfinite
+  mesh          "data=8", "data=2,fsdp=2,tensor=2", "replica=2,data=4" ("" = data over all
+                devices)
+  model         name (lm | mlp) and its sizes and layout options
+  data          name (pydoc | stdlib | digits | text:<path>), batch_size, seq_len, label_skew
+  optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
+  method        name, and the method's own settings (see experiments/methods/)
+
+A method's settings are *read* from its library factory's signature (`from_factory`), so a
+default lives in one place, the factory; a config file only sets what an experiment chooses.
+Codecs are spec strings in one vocabulary, the factory names of `jaxcomm.codecs`
+(`parse_codec`). Files in `experiments/configs/` return such trees from `get_config()`, and
+`python -m experiments.train --config=experiments/configs/diloco.py
+--config.method.sync_every=50` overrides any field, typed (ml_collections checks the type).
+
+Bad settings fail here, before anything compiles, with a one-line ValueError that names the
+setting (`check`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import math
+import numbers
+from typing import Any, Callable
+
+import ml_collections
+import numpy as np
+from ml_collections import config_dict
+
+from experiments import methods
+
+MODELS = ("lm", "mlp")
+OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
+SPLITS = ("all", "train", "test")
+
+
+# ---------------------------------------------------------------- settings from signatures
+_SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _type_of(annotation: Any, name: str, factory: Callable) -> type:
+  """The field type of a parameter whose default is None, from its annotation."""
+  text = annotation if isinstance(annotation, str) else str(annotation)
+  for token in (t.strip() for t in text.split("|")):
+    if token in _SIMPLE_TYPES:
+      return _SIMPLE_TYPES[token]
+  raise ValueError(f"{factory.__name__}({name}=None): give the setting's type in `types`.")
+
+
+def from_factory(factory: Callable, *, skip: tuple = (), types: dict | None = None,
+                 **own: Any) -> ml_collections.ConfigDict:
+  """A method's settings: every keyword default of `factory` (minus `skip`), plus `own`.
+
+  The factory's defaults are read, never restated, so they have one home. A default of None
+  becomes a typed placeholder (from `types` or the annotation) that the command line can set.
+  `own` holds settings the factory does not take as such (e.g. `outer_lr` for the outer
+  optimiser a method module builds) and may override a default only by naming a setting the
+  factory lacks: a clash is an error.
+
+  >>> from jaxcomm import local
+  >>> s = from_factory(local.stale, skip=("inner", "axis_name"), delay=1)
+  >>> s.delay, s.dc_lambda, s.compensation
+  (1, 0.04, None)
+  """
+  types = dict(types or {})
+  params = inspect.signature(factory).parameters
+  fields = {}
+  hints = {}
+  for name, p in params.items():
+    if name in skip or p.default is inspect.Parameter.empty:
+      continue
+    if name in own:
+      raise ValueError(f"{factory.__name__} defaults {name}={p.default!r}: a method's "
+                       f"settings read it from the factory instead of setting it.")
+    hints[name] = p.annotation
+    fields[name] = p.default
+  cfg = ml_collections.ConfigDict()
+  for name, value in {**fields, **own}.items():
+    if value is None:
+      kind = types.get(name) or _type_of(hints.get(name, ""), name, factory)
+      setattr(cfg, name, config_dict.placeholder(kind))
+    elif isinstance(value, (bool, int, float, str, tuple)):
+      setattr(cfg, name, value)
+    elif name in types:  # an object default (a codec, ...) shown as its spec string
+      setattr(cfg, name, config_dict.placeholder(types[name]))
+    else:
+      raise ValueError(f"{factory.__name__}({name}={value!r}): a default that is not a "
+                       f"number, string or None needs a spec type in `types`.")
+  return cfg
+
+
+def factory_defaults(factory: Callable) -> dict:
+  """{parameter: default} of a factory's keyword defaults (for tests and docs)."""
+  return {n: p.default for n, p in inspect.signature(factory).parameters.items()
+          if p.default is not inspect.Parameter.empty}
+
+
+# ---------------------------------------------------------------- the whole tree
+def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.ConfigDict:
+  """Every setting of a run, with `method`'s settings (its defaults, then `method_settings`).
+
+  `method` is a name in experiments/methods/, a dotted module path or a `.py` file path (a
+  method of your own: experiments/methods/README in the module docstring of
+  `experiments.build.load_method`).
+  """
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.steps = 200
+  c.log_every = 10
+  c.checkpoint_every = 100   # 0: no checkpoints
+  c.keep = 3                 # checkpoints kept
+  c.skip_nonfinite = False   # skip steps whose gradient is not finite on any worker
+  c.mesh = ""                # "" = one data axis over every device
+  c.model = ml_collections.ConfigDict(dict(
+      name="lm", d_model=64, num_layers=2, num_heads=4, d_ff=256, hidden=(64,),
+      # Layouts of the LM on a mesh with tensor / sequence / pipeline axes.
+      sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
+      microbatches=0))       # pipeline micro-batches per worker (0: one per stage)
+  c.data = ml_collections.ConfigDict(dict(
+      name="pydoc", batch_size=32, seq_len=64,
+      split="all",           # all | train | test (the dataset's own held-out split)
+      label_skew=0.0))       # MLP: Dirichlet alpha of a label-skewed split (0: iid)
+  c.optimizer = ml_collections.ConfigDict(dict(name="adamw", lr=3e-3, weight_decay=0.0))
+  c.method = methods.method_defaults(method)
+  c.method.name = method
+  c.method.update(method_settings)
+  return c
+
+
+def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
+  """`method`'s settings subtree (its defaults, then `settings`), with its name."""
+  c = methods.method_defaults(method)
+  c.name = method
+  c.update(settings)
+  return c
+
+
+# ---------------------------------------------------------------- spec strings
+def _literal(text: str) -> Any:
+  """'8' -> 8, '0.5' -> 0.5, 'true' -> True, 'none' -> None, anything else stays text."""
+  low = text.strip().lower()
+  if low in ("none", "null"):
+    return None
+  if low in ("true", "false"):
+    return low == "true"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text.strip()
+
+
+def parse_codec(spec: str | None, setting: str = "codec") -> Any:
+  """A codec from its spec: `name` or `name:arg,key=value,...` with `name` a factory of
+  `jaxcomm.codecs`; `none` (or empty) is None and `auto` stays "auto" (the method's default).
+
+  >>> parse_codec("top_k:fraction=0.01").name
+  'top_k(0.01)'
+  >>> parse_codec("cast:bfloat16").name
+  'cast(bfloat16)'
+  """
+  from jaxcomm import codecs  # pylint: disable=import-outside-toplevel
+  if spec is None or str(spec).strip().lower() in ("", "none"):
+    return None
+  if spec == "auto":
+    return "auto"
+  name, _, rest = str(spec).partition(":")
+  allowed = codec_names()
+  if name not in allowed:
+    raise ValueError(f"{setting} {spec!r}: unknown codec {name!r}; allowed: "
+                     f"{', '.join(allowed)} (as name or name:arg,key=value).")
+  args, kwargs = [], {}
+  for part in filter(None, (p.strip() for p in rest.split(","))):
+    key, eq, value = part.partition("=")
+    if eq:
+      kwargs[key.strip()] = _literal(value)
+    else:
+      args.append(_literal(part))
+  factory = getattr(codecs, name)
+  try:
+    inspect.signature(factory).bind(*args, **kwargs)
+  except TypeError as e:
+    raise ValueError(f"{setting} {spec!r}: {e} (the arguments of codecs.{name}"
+                     f"{inspect.signature(factory)}).") from None
+  try:
+    return factory(*args, **kwargs)
+  except ValueError as e:
+    raise ValueError(f"{setting} {spec!r}: {e}") from None
+
+
+def codec_names() -> list[str]:
+  """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
+  from jaxcomm import codecs  # pylint: disable=import-outside-toplevel
+  def returns_codec(fn) -> bool:
+    ret = inspect.signature(fn).return_annotation
+    return getattr(ret, "__name__", str(ret)).split(".")[-1].strip("'\"") == "Codec"
+  return sorted(n for n in codecs.__all__ if inspect.isfunction(getattr(codecs, n))
+                and returns_codec(getattr(codecs, n)))
+
+
+def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed: int = 0,
+                       setting: str = "method.participation"):
+  """A bool[num_syncs, W] mask from its spec, or None (every worker takes part).
+
+  `drop:2,5@3,4` drops workers 2 and 5 at syncs 3 and 4 (`drop:2` at every sync);
+  `random:0.25` drops each worker with probability 0.25 at each sync (seeded; at least one
+  worker stays live).
+
+  >>> participation_mask("drop:1@0", 3, 2).astype(int).tolist()
+  [[1, 0, 1], [1, 1, 1]]
+  """
+  if not spec:
+    return None
+  kind, _, arg = spec.partition(":")
+  mask = np.ones((max(num_syncs, 1), num_workers), bool)
+  if kind == "drop":
+    workers, _, syncs = arg.partition("@")
+    try:
+      workers = [int(w) for w in workers.split(",")]
+      syncs = [int(k) for k in syncs.split(",")] if syncs else list(range(len(mask)))
+    except ValueError:
+      raise ValueError(f"{setting} {spec!r}: expected drop:W1,W2@K1,K2.") from None
+    if not all(0 <= w < num_workers for w in workers):
+      raise ValueError(f"{setting} {spec!r}: workers must be in [0, {num_workers}).")
+    for k in syncs:
+      if 0 <= k < len(mask):
+        mask[k, workers] = False
+    return mask
+  if kind == "random":
+    try:
+      rate = float(arg)
+    except ValueError:
+      rate = -1.0
+    if not 0 <= rate < 1:
+      raise ValueError(f"{setting} {spec!r}: the drop rate must be a number in [0, 1).")
+    mask = np.random.default_rng(seed).random(mask.shape) >= rate
+    mask[~mask.any(axis=1), 0] = True
+    return mask
+  raise ValueError(f"{setting} {spec!r} is unknown; allowed: drop:W1,W2@K1,K2 or "
+                   "random:RATE.")
+
+
+# ---------------------------------------------------------------- checks
+def _int_at_least(c, path: str, low: int) -> None:
+  value = _get(c, path)
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+    raise ValueError(f"config.{path} must be an integer >= {low}, got {value!r}.")
+
+
+def _get(c, path: str) -> Any:
+  for part in path.split("."):
+    c = c[part]
+  return c
+
+
+def check(c: ml_collections.ConfigDict) -> None:
+  """Checks the settings every run shares (the method's own are checked by its factory).
+
+  Raises:
+    ValueError: naming the first setting that is out of range, with the allowed range.
+  """
+  for path, low in (("steps", 1), ("log_every", 1), ("checkpoint_every", 0), ("keep", 1),
+                    ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1),
+                    ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
+                    ("model.d_ff", 1), ("model.microbatches", 0)):
+    _int_at_least(c, path, low)
+  if c.model.name not in MODELS:
+    raise ValueError(f"config.model.name {c.model.name!r} is unknown; allowed: "
+                     f"{', '.join(MODELS)}.")
+  if not all(isinstance(h, int) and h >= 1 for h in c.model.hidden):
+    raise ValueError(f"config.model.hidden must be widths >= 1, got {c.model.hidden!r}.")
+  if c.model.d_model % c.model.num_heads:
+    raise ValueError(f"config.model.d_model ({c.model.d_model}) must be divisible by "
+                     f"config.model.num_heads ({c.model.num_heads}).")
+  if c.data.split not in SPLITS:
+    raise ValueError(f"config.data.split {c.data.split!r} is unknown; allowed: "
+                     f"{', '.join(SPLITS)}.")
+  if c.optimizer.name not in OPTIMIZERS:
+    raise ValueError(f"config.optimizer.name {c.optimizer.name!r} is unknown; allowed: "
+                     f"{', '.join(OPTIMIZERS)}.")
+  lr = c.optimizer.lr
+  if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
+    raise ValueError(f"config.optimizer.lr must be a finite number > 0, got {lr!r}.")
+  wd = c.optimizer.weight_decay
+  if isinstance(wd, bool) or not isinstance(wd, numbers.Real) or not 0 <= wd < math.inf:
+    raise ValueError(f"config.optimizer.weight_decay must be a finite number >= 0, got "
+                     f"{wd!r}.")
+  skew = c.data.label_skew
+  if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not 0 <= skew < math.inf:
+    raise ValueError(f"config.data.label_skew must be 0 (iid) or a Dirichlet alpha > 0, got "
+                     f"{skew!r}.")
+  if not isinstance(c.mesh, str):
+    raise ValueError(f"config.mesh must be text like 'data=8' or 'data=2,tensor=4', got "
+                     f"{c.mesh!r}.")
+  if not isinstance(c.method.name, str) or not c.method.name:
+    raise ValueError(f"config.method.name must name a method, got {c.method.name!r}.")
+
+
+def to_dict(c: ml_collections.ConfigDict) -> dict:
+  """The settings as plain JSON-able data (what a workdir's config.json holds)."""
+  return c.to_dict()
+
+
+def call(factory: Callable, settings: ml_collections.ConfigDict, **given: Any) -> Any:
+  """`factory(**kwargs)` with every setting that names one of its parameters, then `given`
+  (what the method module computes: the inner optimiser, axes, codecs from specs, ...).
+
+  Passing settings by name, all of them, means a setting cannot be silently forgotten.
+  """
+  params = inspect.signature(factory).parameters
+  kwargs = {k: settings[k] for k in settings.keys() if k in params and k not in given}
+  return factory(**kwargs, **given)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
+  """{setting path: (saved, now)} for every setting that differs between two configs' dicts.
+
+  >>> differences({"a": 1, "m": {"h": 2}}, {"a": 1, "m": {"h": 3}})
+  {'m.h': (2, 3)}
+  """
+  a, b = _flat(saved), _flat(now)
+  return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+          if k not in ignore and a.get(k) != b.get(k)}
+
+
+def define_config_flag(default: str, help_text: str):
+  """`--config` (`ml_collections.config_flags`, locked: overrides must name an existing
+  setting). config_flags reads the command line's `--config.<path>` overrides when the flag
+  is defined; a path that names no setting is reported as one line instead of a traceback."""
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  try:
+    return config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
+  except (AttributeError, KeyError) as e:
+    wrong = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
+    why = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\'", "'")
+    name, _, hint = why.strip("'\"").partition("'")
+    sys.exit(f"error: {wrong}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")

@@ -1,0 +1,1 @@
+"""Experiment configs: `get_config()` files for `--config=experiments/configs/<name>.py`."""

@@ -1,0 +1,7 @@
+"""DreamDDP (arXiv 2502.11058): one layer group synced per step, each layer every 10 steps."""
+
+from experiments import config
+
+
+def get_config():
+  return config.base_config("dreamddp", sync_every=10)

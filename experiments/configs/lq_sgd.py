@@ -1,0 +1,7 @@
+"""LQ-SGD: PowerSGD rank 4 with log-quantised factors (arXiv 2506.17974)."""
+
+from experiments import config
+
+
+def get_config():
+  return config.base_config("lq_sgd", rank=4)

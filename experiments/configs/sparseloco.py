@@ -1,0 +1,7 @@
+"""SparseLoCo (arXiv 2508.15706): top-k 2 % per chunk, 2-bit values, error feedback."""
+
+from experiments import config
+
+
+def get_config():
+  return config.base_config("sparseloco", sync_every=10)

@@ -1,0 +1,24 @@
+"""Gradient compression: codec x error memory x collective (`sync.compressed`).
+
+  --config=experiments/configs/compressed.py --config.method.codec=uniform:bits=8
+      --config.method.memory=ef --config.method.collective=two_phase
+
+`codec` is a spec in the vocabulary of `jaxcomm.codecs` (experiments.config.parse_codec).
+"""
+
+import optax
+
+from experiments import config
+from jaxcomm import sync
+
+
+def defaults():
+  return config.from_factory(
+      sync.compressed, skip=("axis_name", "key"),
+      types={"memory": str, "collective": str, "server_memory": bool, "memory_dtype": str},
+      codec="top_k:fraction=0.01")
+
+
+def build(settings, ctx):
+  return optax.chain(config.call(sync.compressed, settings, codec=ctx.codec(settings.codec),
+                                 axis_name=ctx.axis_name, key=ctx.key), ctx.inner)

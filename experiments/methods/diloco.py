@@ -1,0 +1,21 @@
+"""DiLoCo: H inner steps, then an outer Nesterov step on the averaged progress
+(`local.diloco`). The outer optimiser is SGD with Nesterov momentum (`outer_lr`,
+`outer_momentum`; the paper's 0.7 and 0.9); `codec` is the outer gradient's codec spec."""
+
+from experiments import config
+from experiments import methods
+from jaxcomm import local
+
+
+def defaults():
+  return config.from_factory(
+      local.diloco, skip=("inner", "outer", "axis_name", "key"),
+      types={"codec": str, "memory": str, "participation": str},
+      sync_every=10, outer_lr=0.7, outer_momentum=0.9)
+
+
+def build(settings, ctx):
+  return config.call(local.diloco, settings, inner=ctx.inner,
+                     outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
+                     axis_name=ctx.axis_name, key=ctx.key, codec=ctx.codec(settings.codec),
+                     participation=ctx.participation(settings.participation))

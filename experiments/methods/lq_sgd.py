@@ -1,0 +1,16 @@
+"""LQ-SGD: PowerSGD whose factors travel log-quantised (`sync.lq_sgd`)."""
+
+import optax
+
+from experiments import config
+from jaxcomm import sync
+
+
+def defaults():
+  return config.from_factory(sync.lq_sgd, skip=("axis_name", "key"),
+                             types={"memory": str, "block": int}, rank=2)
+
+
+def build(settings, ctx):
+  return optax.chain(config.call(sync.lq_sgd, settings, axis_name=ctx.axis_name,
+                                 key=ctx.key), ctx.inner)

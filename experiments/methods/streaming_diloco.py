@@ -1,0 +1,26 @@
+"""Streaming DiLoCo: fragments synced in turn, overlapped with later inner steps
+(`local.streaming_diloco`); outer optimiser as DiLoCo's (`outer_lr`, `outer_momentum`)."""
+
+from experiments import config
+from experiments import methods
+from jaxcomm import local
+
+
+def defaults():
+  return config.from_factory(
+      local.streaming_diloco, skip=("inner", "outer", "axis_name", "key"),
+      types={"codec": str, "participation": str, "compensation": str},
+      sync_every=10, outer_lr=0.7, outer_momentum=0.9)
+
+
+def build(settings, ctx):
+  return config.call(
+      local.streaming_diloco, settings, inner=ctx.inner,
+      outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
+      axis_name=ctx.axis_name, key=ctx.key, codec=ctx.codec(settings.codec),
+      participation=ctx.participation(settings.participation, settings.fragments))
+
+
+def overlap_steps(settings) -> int:
+  """A fragment is merged `overlap` inner steps after it is sent."""
+  return settings.overlap

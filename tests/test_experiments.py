@@ -1,0 +1,290 @@
+"""The experiment layer: every config builds and trains, every default has one home (the
+library factory's signature), and every bad setting fails before anything compiles with a
+ValueError that names it."""
+
+import glob
+import importlib.util
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from experiments import build
+from experiments import compare
+from experiments import config
+from jaxcomm import local, parallel, sync, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py")))
+CONFIGS = [p for p in CONFIGS if not p.endswith("__init__.py")]
+W = 8
+
+# Each method module and the library factory its settings mirror. Written here, independently
+# of the modules, so that a module that stops reading its factory's defaults fails.
+FACTORIES = {
+    "dp": sync.mean, "compressed": sync.compressed, "powersgd": sync.powersgd,
+    "lq_sgd": sync.lq_sgd, "onebit_adam": sync.onebit_adam, "demo": sync.demo,
+    "local_sgd": local.local_sgd, "diloco": local.diloco,
+    "streaming_diloco": local.streaming_diloco, "sparseloco": local.sparseloco,
+    "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
+    "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
+    "choco": sync.choco, "zero": parallel.zero,
+}
+
+
+# Factory arguments the run supplies (experiments.build.Context), not settings.
+CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather"}
+
+
+def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  spec = importlib.util.spec_from_file_location("experiment_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`c` at a size that trains in a second: 2 steps of a one-layer LM or a small MLP."""
+  c = c.copy_and_resolve_references()
+  c.steps = 2
+  c.data.update(batch_size=16, seq_len=16)
+  c.model.update(d_model=16, num_layers=1, num_heads=2, d_ff=32, hidden=(16,))
+  if "sync_every" in c.method:  # a sync inside the two steps
+    c.method.sync_every = c.method.get("fragments", 1)
+  if "overlap" in c.method:
+    c.method.overlap = min(c.method.overlap, 1)
+  return c
+
+
+def test_every_method_ships_a_config_and_a_factory_entry():
+  names = {os.path.basename(p)[:-3] for p in CONFIGS}
+  assert set(build.available_methods()) == set(FACTORIES)
+  assert set(FACTORIES) <= names | {"zero"}  # zero's config is zero.py
+  assert "default" in names and "compare" in names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-3])
+def test_every_config_builds_and_trains_two_steps(path):
+  c = tiny(load_config(path))
+  run = build.build(c)
+  trainer = run.trainer()
+  state, history = train.fit(trainer, trainer.init(run.params), run.batches, c.steps,
+                             log_every=1, progress=False)
+  assert int(state.step) == 2 and len(history) == 2
+  assert all(np.isfinite(h["loss"]) for h in history)
+  # What a workdir records (config.json) builds the same run again: resumable from it.
+  again = ml_collections.ConfigDict(json.loads(c.to_json()))
+  assert config.differences(json.loads(again.to_json()), json.loads(c.to_json())) == {}
+  assert jax.tree.structure(build.build(again, abstract=True).params) == \
+      jax.tree.structure(run.params)
+
+
+@pytest.mark.parametrize("method", sorted(FACTORIES))
+def test_method_defaults_are_the_factorys(method):
+  """Every setting a factory also defaults has the factory's default, read here from the
+  factory's signature."""
+  settings = build.method_defaults(method)
+  params = inspect.signature(FACTORIES[method]).parameters
+  defaulted = [k for k, p in params.items() if p.default is not inspect.Parameter.empty]
+  # Every default is a setting, except what the run's context supplies.
+  assert set(defaulted) - set(settings.keys()) <= CONTEXT, method
+  for name in set(defaulted) & set(settings.keys()):
+    default = params[name].default
+    if isinstance(default, (bool, int, float, str, tuple)) or default is None:
+      assert settings[name] == default, (method, name, settings[name], default)
+    else:  # an object default (a codec) is left to the factory: the setting is unset
+      assert settings[name] is None, (method, name)
+
+
+# Settings a config file sets away from the factory's default: the experiment's choice, why.
+CHOSEN = {
+    ("compressed", "memory"): "top-k needs error feedback to converge (Stich et al. 2018)",
+    ("streaming_diloco", "fragments"): "the paper's streaming: several fragments",
+    ("streaming_diloco", "overlap"): "the paper's streaming: merged after tau steps",
+    ("stale", "compensation"): "the DC-ASGD config shows the compensation",
+    ("choco", "consensus_step"): "gamma 0.5 is stable on a ring with bf16 gossip",
+    ("zero", "memory"): "int8 gradients with error feedback",
+}
+
+
+def test_config_files_change_a_factory_default_only_by_choice():
+  """A config file sets the settings a factory requires (H, rank, ...); one that the factory
+  defaults keeps the default unless it is a recorded experiment choice (`CHOSEN`)."""
+  for path in CONFIGS:
+    c = load_config(path)
+    factory = FACTORIES.get(c.method.name)
+    for name, p in inspect.signature(factory).parameters.items():
+      if name in c.method and isinstance(p.default, (bool, int, float, str)) and \
+         c.method[name] != p.default:
+        assert (c.method.name, name) in CHOSEN, (path, name, c.method[name], p.default)
+
+
+# ---------------------------------------------------------------- bad settings
+def _numeric_leaves(c: ml_collections.ConfigDict, prefix: str = ""):
+  for key in c.keys():
+    value = c[key]
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _numeric_leaves(value, f"{prefix}{key}.")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      yield f"{prefix}{key}", value
+
+
+def _set(c, path: str, value) -> None:
+  *parents, leaf = path.split(".")
+  for part in parents:
+    c = c[part]
+  c[leaf] = value
+
+
+def _sweep_cases():
+  """(config path, setting, value) for every numeric setting at 0, -1 and 3 (3 divides
+  neither the 8 workers nor the default widths)."""
+  cases = []
+  for path in CONFIGS:
+    c = load_config(path)
+    for setting, value in _numeric_leaves(c):
+      for bad in ((0, -1, 3) if isinstance(value, int) else (0.0, -1.0)):
+        cases.append((os.path.basename(path)[:-3], setting, bad))
+  return cases
+
+
+def test_every_numeric_setting_builds_or_names_itself():
+  """Zero, negative and non-divisible values of every numeric setting of every config either
+  build (nothing is allocated: abstract parameters) or raise a ValueError naming the setting;
+  a negative value never builds. Nothing else escapes (ZeroDivisionError, IndivisibleError)."""
+  built, refused, wrong = 0, 0, []
+  for name, setting, bad in _sweep_cases():
+    c = tiny(load_config(os.path.join(ROOT, "experiments", "configs", f"{name}.py")))
+    _set(c, setting, type(_get(c, setting))(bad))
+    try:
+      if "compare" in c:
+        compare.check(c)
+      build.build(c, abstract=True)
+    except ValueError as e:
+      refused += 1
+      if setting.split(".")[-1] not in str(e) or "\n" in str(e):
+        wrong.append((name, setting, bad, str(e)))
+    else:
+      built += 1
+      if bad < 0:
+        wrong.append((name, setting, bad, "built"))
+  assert not wrong, "\n".join(map(str, wrong))
+  assert built and refused
+
+
+def _get(c, path: str):
+  for part in path.split("."):
+    c = c[part]
+  return c
+
+
+@pytest.mark.parametrize("setting,value,words", [
+    ("data.batch_size", 3, "batch_size (3) must be divisible by the 8 workers"),
+    ("optimizer.lr", -1.0, "optimizer.lr must be a finite number > 0"),
+    ("mesh", "data=3", "multiplies to 3"),
+    ("mesh", "data=2,sequence=2,pipeline=2", "sequence and pipeline"),
+    ("model.name", "resnet", "model.name 'resnet' is unknown"),
+    ("data.split", "dev", "split 'dev' is unknown"),
+    ("optimizer.name", "lion", "optimizer.name 'lion' is unknown"),
+])
+def test_shared_settings_fail_early_naming_the_setting(setting, value, words):
+  c = config.base_config("dp")
+  _set(c, setting, value)
+  with pytest.raises(ValueError, match=re.escape(words)):
+    build.build(c, abstract=True)
+
+
+@pytest.mark.parametrize("method,settings,words", [
+    ("diloco", {"sync_every": 0}, "config.method .diloco.: sync_every"),
+    ("diloco", {"codec": "zip"}, "unknown codec 'zip'"),
+    ("diloco", {"outer_lr": -0.7}, "outer_lr"),
+    ("diloco", {"participation": "sometimes"}, "participation 'sometimes' is unknown"),
+    ("compressed", {"codec": "top_k:fractoin=0.1"}, "unexpected keyword argument 'fractoin'"),
+    ("compressed", {"memory": "ef14"}, "memory"),
+    ("acco", {"micro_batches": 0}, "micro_batches"),
+    ("stale", {"delay": -1}, "delay"),
+    ("streaming_diloco", {"compensation": "dc", "dc_lambda": -1.0}, "dc_lambda"),
+    ("hierarchical", {}, "slow_axis / fast_axis"),
+    ("dpsgd", {"graph": "hypercube"}, "unknown; allowed"),
+    ("choco", {"graph": "one_peer_exponential"}, "time-varying"),
+    ("choco", {"codec": "zip"}, "codec"),
+    ("zero", {"stage": 3}, "fsdp axis"),
+])
+def test_method_settings_fail_early_naming_the_setting(method, settings, words):
+  c = config.base_config(method, **settings)
+  with pytest.raises(ValueError, match=words):
+    build.build(c, abstract=True)
+
+
+def test_unknown_methods_and_plugin_files_are_named(tmp_path):
+  with pytest.raises(ValueError, match="'nope' is unknown; allowed: acco"):
+    config.base_config("nope")
+  with pytest.raises(ValueError, match="no such file"):
+    config.base_config(str(tmp_path / "missing.py"))
+  (tmp_path / "empty_method.py").write_text("x = 1\n")
+  with pytest.raises(ValueError, match="must define defaults"):
+    config.base_config(str(tmp_path / "empty_method.py"))
+
+
+def test_settings_reach_the_transforms():
+  params = {"w": np.zeros((64, 64), np.float32)}
+  run = lambda c: build.make_optimizer(c, build.local_context(c))
+  state = run(config.base_config("powersgd", rank=3, memory=None)).init(params)
+  assert isinstance(state[0], sync.PowerSGDState)
+  assert state[0].q[0].shape == (1, 64, 3) and state[0].error is None
+  for compensation in ("dc", None):
+    tx = run(config.base_config("streaming_diloco", compensation=compensation, sync_every=2,
+                                codec="none"))
+    assert (jax.eval_shape(tx.init, params).sent_params is None) == (compensation is None)
+
+
+def test_participation_specs():
+  mask = config.participation_mask("drop:2,5@1", W, 3)
+  assert mask.sum(1).tolist() == [W, W - 2, W] and not mask[1, [2, 5]].any()
+  rand = config.participation_mask("random:0.5", W, 50, seed=1)
+  assert rand.any(1).all() and 0.3 < rand.mean() < 0.7
+  for bad in ("drop:9@0", "drop:x", "random:1.5", "sometimes"):
+    with pytest.raises(ValueError, match="participation"):
+      config.participation_mask(bad, W, 3)
+
+
+def test_every_codec_name_parses():
+  """One vocabulary: the codec factories of jaxcomm.codecs, by name, with their arguments."""
+  for name in config.codec_names():
+    try:
+      codec = config.parse_codec(name)
+    except ValueError as e:  # a factory that needs arguments says so, naming the spec
+      assert str(e).startswith(f"codec {name!r}: "), (name, str(e))
+    else:
+      assert codec.name.startswith(name.split("_")[0]) or codec.name, name
+  assert config.parse_codec("uniform:bits=8,block=256").payload_bytes(256) == 256 + 4
+  assert config.parse_codec("none") is None and config.parse_codec("auto") == "auto"
+
+
+def test_the_command_line_error_is_one_line(tmp_path):
+  """A user's mistake ends train.py with one line naming the setting, no traceback."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.train",
+       f"--config={ROOT}/experiments/configs/diloco.py", "--config.method.sync_every=0",
+       f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=ROOT, env=env,
+      timeout=120, check=False)
+  assert result.returncode == 1
+  lines = [l for l in result.stderr.splitlines() if l.strip() and not l.startswith(("I1", "W1"))]
+  assert lines == ["error: config.method (diloco): sync_every must be an integer in "
+                   "[1, 1073741824], got 0."], result.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "config.json")  # nothing written either
+  typo = subprocess.run([sys.executable, "-m", "experiments.train", "--config.stepz=3"],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+                        check=False)
+  assert typo.returncode == 1
+  assert typo.stderr.strip().splitlines()[-1] == ("error: --config.stepz=3: no such setting "
+                                                  "'stepz'. Did you mean \"steps\" instead "
+                                                  "of \"stepz\"?")
