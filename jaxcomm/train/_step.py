@@ -16,7 +16,6 @@ shard_map model, in which inputs are resharded to `in_specs` as needed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -315,7 +314,11 @@ class Trainer:
     init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh, in_specs=(pspecs, model_specs),
                                     out_specs=(param_out, opt_out, model_out)))
     p, opt, ms = init_fn(params, model_state)
-    step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
+    # Computed, not device_put: on a mesh over every process, device_put of a host value first
+    # checks with an all-gather over all devices that each process passed the same value, a
+    # collective that jaxcomm.elastic cannot afford once a process has restarted.
+    step = jax.jit(lambda: jnp.zeros((), jnp.int32),
+                   out_shardings=NamedSharding(self.mesh, P()))()
     return TrainState(step=step, params=p, opt_state=opt, model_state=ms)
 
   def model(self, state: TrainState, worker: int = 0) -> Any:
@@ -348,7 +351,7 @@ class Trainer:
         size = math.prod(self.mesh.shape[a] for a in comm.axis_names(axes))
         n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
-          kind = "data" if set(names) <= set(self.axes) else "mesh"
+          kind = "data" if set(comm.axis_names(axes)) <= set(self.axes) else "mesh"
           raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
                            f"{kind} axis size {size} (axes {axes!r}).")
 
