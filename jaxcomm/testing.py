@@ -430,7 +430,10 @@ def check_on_mesh(tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                   axis_name: comm.AxisName = "data", steps: int = 2):
   """The transform in the Trainer: compiles once, state types kept, bytes == inspect.
 
-  Each worker minimises 0.5 ||p - t_w||^2 with its own target t_w.
+  Each worker minimises 0.5 ||p - t_w||^2 with its own target t_w. `comm.inspect` turns
+  operand bytes into wire bytes with the same per-op helpers as the counters, so bytes ==
+  inspect proves the operand shapes and trip counts; hold the bytes against a literal or a
+  formula of your own as well (docs/algorithms.md), as jaxcomm's tests do.
 
   Returns:
     `(trainer, state, measurements, report)`: the last step's state and measurements and

@@ -368,7 +368,7 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
 
 
 def compressed_bytes(codec: Codec, n: int, w: int, collective: str) -> float:
-  """The ALGORITHMS.md wire bytes per device of `compressed_sum` for n elements, W devices.
+  """The docs/algorithms.md wire bytes per device of `compressed_sum` for n elements, W devices.
 
   >>> from jaxcomm import codecs
   >>> compressed_bytes(codecs.identity(), 1000, 8, "psum")
