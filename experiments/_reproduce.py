@@ -118,6 +118,12 @@ def mesh_devices(workers: int) -> list:
   return jax.devices()[:workers]
 
 
+def mesh_of(workers: int):
+  """A {"data": workers} mesh on the first `workers` devices."""
+  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  return train.make_mesh({"data": workers}, devices=mesh_devices(workers))
+
+
 def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
   """Held-out loss (and accuracy for classifiers) of `params` on one device."""
   import jax  # pylint: disable=import-outside-toplevel
