@@ -78,8 +78,8 @@ TRAINED = [p for p in CONFIGS if os.path.basename(p) not in ("default.py", "comp
 @pytest.mark.parametrize("path", TRAINED, ids=lambda p: os.path.basename(p)[:-3])
 def test_every_config_builds_and_trains_two_steps(path):
   """The config at tiny size trains two steps; a config whose mesh has no model axis trains
-  the smallest model, the digits MLP, so that the suite compiles no LM for it (its LM is the
-  one each config names is built in test_configs_build_their_own_model; the LM trains in
+  the smallest model, the digits MLP, so that the suite compiles no LM for it (the model each
+  config names is built in test_configs_build_their_own_model; the LM trains in
   tests/test_train.py and tests/test_checkpoint.py)."""
   c = tiny(load_config(path))
   if not set(build.mesh_shape(c.mesh, W)) & {"tensor", "sequence", "pipeline", "fsdp"}:
