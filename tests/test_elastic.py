@@ -56,9 +56,10 @@ def island_batch(batch, islands):
 
 
 def trainer_on(loss, tx, islands, has_aux=False):
+  # Without donation: the test keeps states across later steps to compare them.
   devices = [jax.devices()[i] for i in islands]
   return train.Trainer(loss, tx, train.make_mesh({"data": len(devices)}, devices=devices),
-                       has_aux=has_aux)
+                       has_aux=has_aux, donate=False)
 
 
 def run(trainer, state, batches, islands, first, last):

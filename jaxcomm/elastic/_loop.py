@@ -139,6 +139,10 @@ class _Island:
       owners = [self.by_id[i].process_index for i in gen.order]
       state = _state.heal(self.trainer, state, [p in gen.joiners for p in owners],
                           owners.index(gen.donor))
+    if self.trainer.donate:
+      # The round's first step consumes its input, and the committed state (or the template)
+      # must outlive a round that is discarded: the round runs on a copy.
+      state = jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), state)
     return state
 
   def commit(self, state: TrainState) -> None:
