@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -110,7 +109,7 @@ def text(config, links: dict, budgets: dict, target: float, target_source: str,
 
 
 def markdown(config, links: dict, budgets: dict, target: float, target_source: str,
-             results: list, verdicts: list, plots: list) -> str:
+             results: list, verdicts: list, plots: list, command: str | None = None) -> str:
   """report.md: heading, verdicts, a table per link, the links' sources, figures, settings."""
   sections = ["# Which method reaches the target loss first, on each link",
               _heading(config, results, target, target_source),
@@ -136,8 +135,8 @@ def markdown(config, links: dict, budgets: dict, target: float, target_source: s
       settings) + "\n\nShared: " + _settings_text(
           {"steps": config.steps, "seed": config.seed, "mesh": config.mesh or "data=all",
            "model": config.model.to_dict(), "data": config.data.to_dict(),
-           "compare": config.compare.to_dict()}) + "\n\nCommand: `" + " ".join(
-               ["python -m experiments.compare"] + sys.argv[1:]) + "`")
+           "compare": config.compare.to_dict()})
+                  + (f"\n\nCommand: `{command}`" if command else ""))
   return "\n\n".join(sections) + "\n"
 
 
@@ -220,7 +219,7 @@ def plot(results: list, config, links: dict, budgets: dict, target: float,
 
 
 def write(config, workdir: str, links: dict, budgets: dict, target: float,
-          target_source: str, results: list) -> dict:
+          target_source: str, results: list, command: str | None = None) -> dict:
   """Writes the figures, report.md and results.json into `workdir`; returns the summary
   (what results.json holds, with the terminal text under "text")."""
   os.makedirs(workdir, exist_ok=True)
@@ -228,14 +227,15 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float,
   plots = plot(results, config, links, budgets, target, workdir)
   report = os.path.join(workdir, "report.md")
   with open(report, "w", encoding="utf-8") as f:
-    f.write(markdown(config, links, budgets, target, target_source, results, verdicts, plots))
+    f.write(markdown(config, links, budgets, target, target_source, results, verdicts, plots,
+                     command))
   summary = {
       "config": config.to_dict(), "reference": config.compare.reference,
       "target_loss": target, "target_source": target_source,
       "links": {n: {"bandwidth": l.bandwidth, "latency": l.latency, "source": l.source,
                     "budget_seconds": budgets[n]} for n, l in links.items()},
       "methods": results, "text": printed, "verdicts": verdicts, "plots": plots,
-      "report": report}
+      "report": report, "command": command}
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=1)
   return summary

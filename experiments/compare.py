@@ -416,7 +416,7 @@ def _log(verbose: bool, text: str) -> None:
 
 
 def run(config, workdir: str, methods: list | None = None, *,
-        verbose: bool = True, catalog: dict | None = None) -> dict:
+        verbose: bool = True, catalog: dict | None = None, command: str | None = None) -> dict:
   """Runs the comparison, prints the tables and verdicts, writes the report, results.json
   and the plots.
 
@@ -428,6 +428,7 @@ def run(config, workdir: str, methods: list | None = None, *,
     methods: names to run (default: every label of the catalog; see `resolve_methods`).
     verbose: print progress, the tables and the verdicts.
     catalog: label -> METHODS-style entry; default `METHODS`.
+    command: the command line, for the report.
   """
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import _compare_report as report  # pylint: disable=import-outside-toplevel
@@ -472,7 +473,8 @@ def run(config, workdir: str, methods: list | None = None, *,
   results = [_record(runs[label], compute[label], budgets, target, c.max_steps)
              for label in labels]
   add_speedups(results, c.reference)
-  summary = report.write(config, workdir, links_, budgets, target, target_source, results)
+  summary = report.write(config, workdir, links_, budgets, target, target_source, results,
+                         command)
   if verbose:
     print(summary["text"])
     print(f"\nwrote {summary['report']}, {os.path.join(workdir, 'results.json')} and "
@@ -487,7 +489,8 @@ def main(argv):
   try:
     config = with_flags(_CONFIG.value, _LINKS.value, _LINK.value, _BUDGET.value,
                         _MAX_STEPS.value)
-    run(config, _WORKDIR.value, _METHODS.value)
+    run(config, _WORKDIR.value, _METHODS.value,
+        command=" ".join(["python -m experiments.compare"] + sys.argv[1:]))
   except ValueError as e:  # a user's mistake: one line, no traceback
     sys.exit(f"error: {e}")
 

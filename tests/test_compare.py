@@ -8,6 +8,7 @@ One tiny end-to-end run (module-scoped) serves every test that needs a run."""
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -42,20 +43,14 @@ TINY_METHODS = {
     # Streaming DiLoCo as compare.METHODS has it, with a period short enough for TINY.
     "streaming": {**compare.METHODS["streaming_h10"], "sync_every": H, "overlap": 1},
 }
-# A method of a user's own, in a folder outside the repository: one file.
-PLUGIN = '''"""The one-step delayed all-reduce, as a method module of my own."""
-import ml_collections
-from jaxcomm import local
 
-def defaults():
-  return ml_collections.ConfigDict({"delay": 1})
 
-def build(settings, ctx):
-  return local.delayed(ctx.inner, axis_name=ctx.axis_name)
-
-def overlap_steps(settings):
-  return settings.delay
-'''
+def _readme_plugin() -> str:
+  """The README's method of one's own (under "`make run`"), as a user would save it."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  section = text.split("## `make run`", 1)[1].split("\n## ", 1)[0]
+  return re.findall(r"```python\n(.*?)```", section, re.S)[0]
 
 
 def _repository_files() -> set:
@@ -68,7 +63,7 @@ def _repository_files() -> set:
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
   path = tmp_path_factory.mktemp("plugin") / "my_method.py"
-  path.write_text(PLUGIN)
+  path.write_text(_readme_plugin())
   return str(path)
 
 
@@ -340,7 +335,7 @@ def test_verdicts_and_endings_are_read_from_the_records(summary):
 def test_a_plugin_in_a_tmp_folder_is_in_the_table_with_its_overlap(summary, plugin):
   _, result, _ = summary
   mine = _by_method(result)["my_method"]
-  assert mine["algo"] == plugin and mine["settings"]["delay"] == 1
+  assert mine["algo"] == plugin and mine["settings"]["clip"] == 1.0
   assert mine["overlap_steps"] == 1  # its module's overlap_steps, on the clock
   wan = mine["links"]["wan"]
   serial = sim.simulate(mine["compute_seconds_per_step"], wan["comm_seconds"])
@@ -355,7 +350,7 @@ def test_a_plugin_in_a_tmp_folder_trains_with_train_py(plugin, tmp_path):
   tiny = [f"--config.{k}={v}" for k, v in (
       ("steps", 2), ("checkpoint_every", 0), ("log_every", 1), ("data.batch_size", 16),
       ("data.seq_len", 16), ("model.d_model", 16), ("model.num_layers", 1),
-      ("model.num_heads", 2), ("model.d_ff", 32), ("method.delay", 1))]
+      ("model.num_heads", 2), ("model.d_ff", 32), ("method.clip", 0.5))]
   result = subprocess.run(
       [sys.executable, "-m", "experiments.train",
        f"--config=experiments/configs/default.py:{plugin}", *tiny, f"--workdir={tmp_path}"],
@@ -364,6 +359,8 @@ def test_a_plugin_in_a_tmp_folder_trains_with_train_py(plugin, tmp_path):
   with open(tmp_path / "summary.json", encoding="utf-8") as f:
     saved = json.load(f)
   assert saved["method"] == plugin and saved["steps"] == 2
+  with open(tmp_path / "config.json", encoding="utf-8") as f:
+    assert json.load(f)["method"] == {"name": plugin, "clip": 0.5}
   assert saved["wire_bytes_per_step"] == saved["dp_wire_bytes_per_step"]
   assert _repository_files() == before
 
