@@ -11,6 +11,8 @@ A codec's payload (see `jaxcomm.codecs.Codec`) can be summed over workers in thr
 * `reduce_scatter_encoded`: the first half of `two_phase` alone: device r ends with the
   float32 sum of chunk r (compressed ZeRO's gradient reduce-scatter). Wire bytes:
   (W-1) * payload_bytes(ceil(n/W)).
+* `all_gather_encoded`: every device's chunk travels encoded and every device decodes all
+  of them (compressed ZeRO's parameter all-gather). Wire bytes: (W-1) * payload_bytes(m).
 * `two_phase`: split the vector into W chunks, all-to-all the ENCODED chunks, decode and sum
   chunk r in float32 on device r, re-encode it (optionally with an owner-side error memory),
   all-gather the re-encoded chunks and decode. DeepSpeed's compressed all-reduce (1-bit Adam),
@@ -116,10 +118,13 @@ def linear_sum(payload: Any, decode: Callable[[Any], jax.Array],
 
 
 def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: AxisName, *,
-               weights: jax.Array | None = None) -> tuple[jax.Array, float]:
+               weights: jax.Array | None = None,
+               decode_sum: Callable[[Any], jax.Array] | None = None) -> tuple[jax.Array, float]:
   """All-gathers every device's payload, decodes each and sums in float32.
 
-  The decoded payloads are accumulated one at a time (memory of one decoded vector, not W).
+  The decoded payloads are accumulated one at a time (memory of one decoded vector, not W),
+  or, without weights, all at once by `decode_sum` when given (a codec's `decode_sum`: sparse
+  payloads scatter-added into one vector, a transform inverted once).
 
   Args:
     payload: this device's payload (any codec).
@@ -127,6 +132,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: Axis
     axis_name: the axis (or axes) to gather over; None for one device.
     weights: optional f32[W], the weight of each device's decoded payload in the sum (e.g. 0
       for a device that does not take part); the same on every device.
+    decode_sum: optional: payloads stacked on a leading axis -> the float32 sum of their
+      decodes (used when there are no weights).
 
   Returns:
     `(sum, wire bytes)`, the sum invariant over `axis_name`; bytes (W-1) * payload bytes.
@@ -143,6 +150,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: Axis
   w = axis_size(axes)
   wire, nbytes = all_gather(_pack(payload, 0), axes)  # [W, ...], invariant
   gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
+  if decode_sum is not None and weights is None:
+    return decode_sum(gathered).astype(jnp.float32), nbytes
   term = lambda i: weigh(decode(jax.tree.map(lambda x: x[i], gathered)).astype(jnp.float32), i)
   total = lax.fori_loop(1, w, lambda i, acc: acc + term(i), term(0))
   return total, nbytes
@@ -212,6 +221,39 @@ def reduce_scatter_encoded(vec: jax.Array, codec: Codec, axis_name: AxisName, *,
   key_r = None if keys is None else keys[lax.axis_index(axes)]
   chunk = jnp.sum(_vmapped(lambda p: decode(p, key_r), received), axis=0)
   return ScatteredSum(chunk, own), nbytes
+
+
+def all_gather_encoded(chunk: jax.Array, codec: Codec, axis_name: AxisName
+                       ) -> tuple[jax.Array, float]:
+  """All-gather of a flat float32 chunk whose payload travels encoded by `codec`.
+
+  Every device encodes its chunk, the payloads are all-gathered and every device decodes
+  all W of them into the concatenated vector (invariant over the axis): compressed ZeRO's
+  parameter all-gather (ZeRO++ qwZ with a block-quantising codec). The device's own chunk
+  comes back decoded too, so every device holds the same values. Deterministic codecs only
+  (a key would have to be shared to decode).
+
+  Args:
+    chunk: f32[m], this device's chunk.
+    codec: a deterministic `Codec`.
+    axis_name: the axis (or axes) to gather over; None for one device (the round trip).
+
+  Returns:
+    `(f32[W m] decoded chunks in device order, wire bytes)`; bytes (W-1) payload_bytes(m).
+
+  >>> from jaxcomm import codecs
+  >>> out, nbytes = all_gather_encoded(jnp.array([0.5, -1.0]), codecs.uniform(8), None)
+  >>> out, nbytes  # one device: the round trip (int8 steps of 1/127)
+  (Array([ 0.496063, -1.      ], dtype=float32), 0.0)
+  """
+  m = chunk.shape[0]
+  payload = codec.encode(chunk.astype(jnp.float32), None)
+  if not axis_names(axis_name):
+    return codec.decode(payload, m).astype(jnp.float32), 0.0
+  wire, nbytes = all_gather(_pack(payload, 0), axis_name)  # [W, ...], invariant
+  gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
+  decoded = _vmapped(lambda p: codec.decode(p, m), gathered)  # f32[W, m]
+  return decoded.astype(jnp.float32).reshape(-1), nbytes
 
 
 def two_phase(vec: jax.Array, codec: Codec, axis_name: AxisName, *, key: Any = None,
@@ -318,13 +360,15 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   own = decode(payload)
   if collective == "psum":
     total, nbytes = linear_sum(payload, decode, axis_name)
-  else:
-    total, nbytes = gather_sum(payload, decode, axis_name, weights=weights)
+  else:  # shared-key codecs decode with the key, one payload at a time
+    total, nbytes = gather_sum(payload, decode, axis_name, weights=weights,
+                               decode_sum=None if codec.shared_key else
+                               (lambda p: codec.decode_sum_with(p, n)))
   return CompressedSum(total, own, server_memory), nbytes
 
 
 def compressed_bytes(codec: Codec, n: int, w: int, collective: str) -> float:
-  """The ALGORITHMS.md wire bytes per device of `compressed_sum` for n elements, W devices.
+  """The docs/algorithms.md wire bytes per device of `compressed_sum` for n elements, W devices.
 
   >>> from jaxcomm import codecs
   >>> compressed_bytes(codecs.identity(), 1000, 8, "psum")

@@ -2,7 +2,7 @@
 
 `inspect(fn, *args)` compiles `fn` for `args`, parses the optimised HLO text and reports every
 collective: op, dtype, operand shape, the mesh axes its replica groups span, its wire bytes
-(per device, ALGORITHMS.md conventions), whether it sits inside a conditional branch, and how
+(per device, docs/algorithms.md conventions), whether it sits inside a conditional branch, and how
 many times an enclosing loop with a known trip count runs it. This is the independent check
 of the bytes the transforms count in their state.
 """

@@ -136,7 +136,7 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
     update is h (not the mean of this step's messages).
   * "loco": p = g_w + e_w; send C(p); e_w <- beta e_w + (1 - beta)(p - D(C(p))), e_w kept in
     `memory_dtype` (bfloat16 by default). *(The exact LoCo update is unverified; this is the
-    form in ALGORITHMS.md.)*
+    form in docs/algorithms.md.)*
 
   `collective` is how the payloads are summed (see `jaxcomm.comm.compressed_sum`): "psum"
   (only linear codecs with float32 payloads), "gather" (all-gather, decode each, sum in
@@ -151,6 +151,12 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
   float32, each device compresses its 1/F shard over the remaining (slow) axes, and the
   results are all-gathered over the fast axis. Memories of a shard live in its slots of the
   full-length buffers (state shapes never depend on the mesh).
+
+  Sharded gradients (a replica of a model laid out over fsdp / tensor, see
+  `parallel.Layout.optimizer`): the codec acts per shard, on the flat vector of this
+  device's shards, and the memories hold this device's shards (their memory falls with the
+  shard count). A block codec then equals its unsharded self when its block divides every
+  shard's last dimension (the blocks hold the same elements); a top-k keeps k per shard.
 
   Randomness: stochastic codecs need `key`; it lives in the state and is split every update.
   Each worker folds in its axis index, except for shared-key codecs (random-k with a shared
