@@ -6,7 +6,9 @@
 * `train_run`: one method for N steps on W emulated workers, built through
   `experiments/build.py` and `jaxcomm.train`, returning its loss curve, the wire bytes
   counted at every step (mean, peak) and its loss (and accuracy) on a held-out split the
-  training batches never touch;
+  training batches never touch; with `warm_start_steps` every run starts from the same
+  parameters, pretrained by exact DP (`warm_start`), and continues with the batches after
+  the pretraining's;
 * `write_results`: `results.md` (the markdown table), `results.json` (every number) and the
   figures into the workdir.
 
@@ -49,31 +51,38 @@ def define_flags(**program_flags) -> None:
 
 
 def base_config(steps: int = 150, batch_size: int = 32, seq_len: int = 64, d_model: int = 64,
-                num_layers: int = 2, seed: int = 0, eval_batch: int = 256, smooth: int = 10):
+                num_layers: int = 2, seed: int = 0, eval_batch: int = 256, smooth: int = 10,
+                warm_start_steps: int = 0):
   """What every method of a reproduction shares (experiments/config.py's tree), with the
   reproduction's own settings under `reproduce`: held-out LM sequences (`eval_batch`; digits
-  uses its whole held-out split) and the steps in the trailing mean reported as the final
-  train loss (`smooth`). Training batches come from the train split only."""
+  uses its whole held-out split), the steps in the trailing mean reported as the final
+  train loss (`smooth`), and the steps of exact DP every run starts from
+  (`warm_start_steps`, at this `batch_size` on `WARM_START_WORKERS`; 0: from the
+  initialisation). Training batches come from the train split only."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   from experiments import config as _config  # pylint: disable=import-outside-toplevel
   c = _config.base_config("dp")
   c.steps, c.seed, c.checkpoint_every = steps, seed, 0
   c.data.update(batch_size=batch_size, seq_len=seq_len, split="train")
   c.model.update(d_model=d_model, num_layers=num_layers, d_ff=4 * d_model)
-  c.reproduce = ml_collections.ConfigDict(dict(eval_batch=eval_batch, smooth=smooth))
-  for path, value in (("eval_batch", eval_batch), ("smooth", smooth)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"config.reproduce.{path} must be an integer >= 1, got {value!r}.")
+  c.reproduce = ml_collections.ConfigDict(dict(
+      eval_batch=eval_batch, smooth=smooth, warm_start_steps=warm_start_steps,
+      warm_start_batch=batch_size))
+  for path, value, low in (("eval_batch", eval_batch, 1), ("smooth", smooth, 1),
+                           ("warm_start_steps", warm_start_steps, 0)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"config.reproduce.{path} must be an integer >= {low}, got {value!r}.")
   _config.check(c)
   return c
 
 
-def base_from_flags(default_steps: int):
-  """The base config the command line asks for (the program's step default unless --steps)."""
+def base_from_flags(default_steps: int, **settings):
+  """The base config the command line asks for (the program's step default unless --steps),
+  with the program's own base settings (e.g. `warm_start_steps`)."""
   f = flags.FLAGS
   steps = f.steps if f.steps is not None else default_steps
   return base_config(steps=steps, batch_size=f.batch_size, seq_len=f.seq_len,
-                     d_model=f.d_model, num_layers=f.num_layers, seed=f.seed)
+                     d_model=f.d_model, num_layers=f.num_layers, seed=f.seed, **settings)
 
 
 def workdir_from_flags(program: str) -> str:
@@ -137,6 +146,9 @@ def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
 # (config, workers) -> record: a run two sweeps share (DP as every reference, the 8-worker
 # DiLoCo of both DiLoCo sweeps) trains once per process. Runs are deterministic.
 _DONE: dict[str, dict] = {}
+# (config, workers) -> its final parameters (the mean over workers), for warm starts.
+_PARAMS: dict[str, Any] = {}
+WARM_START_WORKERS = 8  # the pretraining every warm-started run starts from
 
 
 def train_run(label: str, c, workers: int = 8, **info) -> dict:
@@ -152,24 +164,51 @@ def train_run(label: str, c, workers: int = 8, **info) -> dict:
   """
   key = c.to_json() + f"/{workers}"
   if key not in _DONE:
-    _DONE[key] = _train(c, workers, label)
+    _DONE[key], _PARAMS[key] = _train(c, workers, label)
   return {**_DONE[key], "label": label, **info}
 
 
-def _train(c, workers: int, label: str) -> dict:
+def warm_start_config(c):
+  """The run every run of `c` starts from: c.reproduce.warm_start_steps of exact DP at the
+  base batch (`warm_start_batch`) on WARM_START_WORKERS workers, from the initialisation;
+  None when `c` starts from the initialisation."""
+  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  if not c.reproduce.warm_start_steps:
+    return None
+  w = c.copy_and_resolve_references()
+  w.steps = c.reproduce.warm_start_steps
+  w.data.batch_size = c.reproduce.warm_start_batch
+  w.method = _config.method_config("dp")
+  w.reproduce.warm_start_steps = 0
+  return w
+
+
+def warm_start(c) -> tuple[dict | None, Any, int]:
+  """(the pretraining's record, its parameters, its steps) for `c`; (None, None, 0) when `c`
+  starts from the initialisation. The pretraining trains once per process."""
+  w = warm_start_config(c)
+  if w is None:
+    return None, None, 0
+  record = train_run(f"DP warm start ({w.steps} steps)", w, WARM_START_WORKERS)
+  return record, _PARAMS[w.to_json() + f"/{WARM_START_WORKERS}"], w.steps
+
+
+def _train(c, workers: int, label: str) -> tuple[dict, Any]:
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import build  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm, sim, train  # pylint: disable=import-outside-toplevel
-  print(f"training {label} ({c.steps} steps, {workers} workers)...", file=sys.stderr,
-        flush=True)
+  _, warm_params, offset = warm_start(c)  # the pretraining trains first, if not yet done
+  print(f"training {label} ({c.steps} steps, {workers} workers"
+        f"{f', from the DP warm start' if offset else ''})...", file=sys.stderr, flush=True)
   c = c.copy_and_resolve_references()
   c.mesh = f"data={workers}"
   run = build.build(c, devices=mesh_devices(workers))
   trainer = run.trainer()
-  state = trainer.init(run.params)
+  state = trainer.init(run.params if warm_params is None else warm_params)
   start = time.perf_counter()
-  state, history = train.fit(trainer, state, run.batches, run.steps, log_every=1,
-                             progress=False)
+  # After a warm start, the batches after the pretraining's.
+  state, history = train.fit(trainer, state, lambda t: run.batches(offset + t), run.steps,
+                             log_every=1, progress=False)
   seconds = time.perf_counter() - start
   # The collectives of the step program (already compiled by the run: no second compile);
   # branches that run only on some steps (a DiLoCo sync) are in `compiled_branch_bytes`.
@@ -180,9 +219,10 @@ def _train(c, workers: int, label: str) -> dict:
                        per_worker, state.params)
   losses = np.array([row["loss"] for row in history])
   step_bytes = np.array([row["wire_bytes"] for row in history], dtype=np.float64)
-  return {
+  record = {
       "method": c.method.to_dict(), "optimizer": c.optimizer.name, "lr": c.optimizer.lr,
       "workers": workers, "steps": run.steps, "batch_size": c.data.batch_size,
+      "warm_start_steps": offset,
       "final_train_loss": float(sim.smooth(losses, c.reproduce.smooth)[-1]),
       "bytes_per_step": float(step_bytes.mean()),
       "peak_bytes_per_step": float(step_bytes.max()),
@@ -194,6 +234,7 @@ def _train(c, workers: int, label: str) -> dict:
       "curve": {"loss": losses.tolist(), "wire_bytes": step_bytes.tolist()},
       **evaluate(run.model_loss_fn, run.has_aux, final, heldout_batch(c)),
   }
+  return record, final
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

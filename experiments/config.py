@@ -203,6 +203,65 @@ def parse_codec(spec: str | None, setting: str = "codec") -> Any:
     raise ValueError(f"{setting} {spec!r}: {e}") from None
 
 
+LINK_KEYS = ("gbit", "latency_ms")
+
+
+def parse_link(spec: str, setting: str = "link") -> Any:
+  """A network link (`jaxcomm.comm.Link`) from its spec: a preset name of
+  `jaxcomm.comm.PRESETS` (`wan`, `internet`, ...), or a link of your own,
+  `name:gbit=G,latency_ms=L` (G Gbit/s per direction, L ms per message).
+
+  >>> parse_link("wan").latency
+  0.03
+  >>> link = parse_link("office:gbit=0.5,latency_ms=40")
+  >>> link.name, link.bandwidth, link.latency
+  ('office', 62500000.0, 0.04)
+  """
+  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  form = "name:gbit=G,latency_ms=L"
+  text = spec.strip() if isinstance(spec, str) else ""
+  name, colon, rest = text.partition(":")
+  name = name.strip()
+  if not colon:
+    if name in comm.PRESETS:
+      return comm.PRESETS[name]
+    raise ValueError(f"{setting} {spec!r} is not a preset; allowed: "
+                     f"{', '.join(comm.PRESETS)}, or a link of your own as {form}.")
+  if not name or not all(ch.isalnum() or ch in "_-." for ch in name):
+    raise ValueError(f"{setting} {spec!r}: the name before ':' must be letters, digits, "
+                     f"'_', '-' or '.', got {name!r} (form {form}).")
+  if name in comm.PRESETS:
+    raise ValueError(f"{setting} {spec!r}: the name {name!r} is a preset's; give your link "
+                     "another name.")
+  values = {}
+  for part in (p.strip() for p in rest.split(",")):
+    key, eq, value = part.partition("=")
+    key = key.strip()
+    if not eq:
+      raise ValueError(f"{setting} {spec!r}: part {part!r} must be key=value (form {form}).")
+    if key not in LINK_KEYS:
+      raise ValueError(f"{setting} {spec!r}: unknown key {key!r}; allowed: "
+                       f"{', '.join(LINK_KEYS)}.")
+    if key in values:
+      raise ValueError(f"{setting} {spec!r}: {key} is given twice.")
+    try:
+      values[key] = float(value)
+    except ValueError:
+      raise ValueError(f"{setting} {spec!r}: {key} must be a number, got {value.strip()!r}."
+                       ) from None
+  missing = [k for k in LINK_KEYS if k not in values]
+  if missing:
+    raise ValueError(f"{setting} {spec!r}: missing {', '.join(missing)} (form {form}).")
+  if not 0 < values["gbit"] < math.inf:
+    raise ValueError(f"{setting} {spec!r}: gbit must be a finite number > 0, got "
+                     f"{values['gbit']}.")
+  if not 0 <= values["latency_ms"] < math.inf:
+    raise ValueError(f"{setting} {spec!r}: latency_ms must be a finite number >= 0, got "
+                     f"{values['latency_ms']}.")
+  return comm.Link.gbit(values["gbit"], values["latency_ms"] / 1e3, name=name,
+                        source=f"given on the command line: {text}")
+
+
 def codec_names() -> list[str]:
   """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
   from jaxcomm import codecs  # pylint: disable=import-outside-toplevel

@@ -112,6 +112,30 @@ def test_diloco(tmp_path):
   assert s["by_workers"][-2:] == [h4, dp]
 
 
+def test_diloco_from_a_dp_warm_start(tmp_path):
+  """The DiLoCo paper's protocol: every run starts from the same DP-pretrained parameters and
+  continues on the batches after the pretraining's, so every run's first loss is the
+  pretrained parameters' loss on batch number `warm` (computed here on one device)."""
+  warm = 4
+  base = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
+                         eval_batch=8, smooth=2, warm_start_steps=warm)
+  base.model.update(num_heads=2, d_ff=32, hidden=(16,))
+  s = reproduce_diloco.run(base, str(tmp_path), hs=(4,), workers=(8,), h_fixed=4,
+                           per_worker_batch=2)
+  dp, h4 = s["by_h"]
+  start, params, steps = rep.warm_start(rep.config(base, "lm", "dp"))
+  assert steps == warm and start["steps"] == warm and start["method"]["name"] == "dp"
+  assert dp["warm_start_steps"] == h4["warm_start_steps"] == warm
+  _, loss_fn, _, _, batches = build.model_task(rep.config(base, "lm", "dp"))
+  first = float(loss_fn(params, batches(warm)))
+  assert dp["curve"]["loss"][0] == h4["curve"]["loss"][0] == pytest.approx(first, rel=1e-5)
+  cold = reproduce_diloco._dp(TINY, 8, 16)  # pylint: disable=protected-access
+  assert cold["curve"]["loss"][0] != pytest.approx(first, rel=1e-3)
+  assert f"| {start['label']} |" in s["markdown"] and f"warm start of {warm}" in s["markdown"]
+  with pytest.raises(ValueError, match="warm_start_steps"):
+    rep.base_config(warm_start_steps=-1)
+
+
 def test_powersgd(tmp_path):
   workdir = str(tmp_path)
   # table=True: ResNet-18's compression table, whose rows are checked counted == compiled.

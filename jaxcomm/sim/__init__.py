@@ -21,6 +21,7 @@ from jaxcomm.sim._pipemare import PipeMareState
 from jaxcomm.sim._pipemare import pipeline_delays
 from jaxcomm.sim._pipemare import pipemare_sgd
 from jaxcomm.sim._target import smooth
+from jaxcomm.sim._target import steps_within
 from jaxcomm.sim._target import time_to_target
 from jaxcomm.sim._workers import ComputeModel
 from jaxcomm.sim._workers import fixed
@@ -50,6 +51,7 @@ __all__ = (
     "simulate_workers",
     "smooth",
     "step_flops",
+    "steps_within",
     "synchronous_sgd",
     "time_to_target",
 )

@@ -20,8 +20,12 @@ waits for the communication of step t.
 A method's k is a property of the method, not of the simulation: each experiment method
 module says it (`overlap_steps` in experiments/methods/*.py).
 
-A step is done when its compute and its own communication are both done; the run is done
-when the last step is.
+A step is done when its compute and its own communication are both done. Its result is
+*known* when it and every earlier step are done: with overlap a step that sends nothing can be
+done before an earlier step's communication is, but the loss it reports is not the run's
+until that communication has landed. `Timeline.known` is that clock, monotone by
+construction: every time axis a loss is plotted or timed against (experiments/compare.py,
+the notebooks) is read from it, and the run of the first t steps takes `known[t - 1]`.
 """
 
 from __future__ import annotations
@@ -47,9 +51,25 @@ class Timeline:
     return np.maximum(self.compute_end, self.comm_end)
 
   @property
+  def known(self) -> np.ndarray:
+    """f64[T]: when step t's result is known: it and every earlier step are done.
+
+    Monotone (non-decreasing), so a loss curve plotted against it runs forward in time, and
+    `known[t - 1]` is the duration of a run of the first t steps. The clock to read losses
+    against; `done` may run backwards where communication overlaps later steps.
+
+    >>> t = simulate(0.1, [0.0, 0.5, 0.0, 0.0], overlap_steps=2)  # step 1's sync overlaps
+    >>> t.done.round(6).tolist()   # steps 2 and 3 finish before step 1's sync lands
+    [0.1, 0.7, 0.3, 0.4]
+    >>> t.known.round(6).tolist()
+    [0.1, 0.7, 0.7, 0.7]
+    """
+    return np.maximum.accumulate(self.done) if len(self.done) else self.done
+
+  @property
   def total(self) -> float:
-    """Seconds until every step, and everything it sent, is done."""
-    return float(self.done.max()) if len(self.done) else 0.0
+    """Seconds until every step, and everything it sent, is done (`known[-1]`)."""
+    return float(self.known[-1]) if len(self.done) else 0.0
 
   @property
   def exposed_comm(self) -> float:
