@@ -42,6 +42,9 @@ from jaxcomm import data, models, parallel, sync, train
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
 MODEL_AXES = ("tensor", "sequence", "pipeline")
 SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
+# config.model.name -> models.ResNet's blocks (He et al., arXiv 1512.03385, Table 1).
+RESNETS = {"resnet18": dict(stages=(2, 2, 2, 2), block="basic"),
+           "resnet50": dict(stages=(3, 4, 6, 3), block="bottleneck")}
 
 
 # ---------------------------------------------------------------- methods
@@ -97,9 +100,11 @@ class Run:
       differentiates (the method's `wrap_loss` applied).
     model_loss_fn: the model's own loss, before the method's `wrap_loss`.
     has_aux: whether `loss_fn` returns `(loss, aux)`.
-    params: the initial parameters.
+    params: the initial parameters (`jax.ShapeDtypeStruct`s when built `abstract`).
     batches: `step -> this process's share of global batch number step` (numpy): a pure
-      function of (seed, step), so a resumed run needs only the step.
+      function of (seed, step), so a resumed run needs only the step. Built `abstract`:
+      the shapes of that share (`jax.ShapeDtypeStruct`s; nothing of the batch's size is
+      loaded).
     optimizer: the method's transform around the inner optimiser.
     axis_name: the batch axes (the Trainer's `axis_name`).
     method_axes: the axes the method synchronises over.
@@ -162,8 +167,9 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   Args:
     config: the settings (experiments/config.py's tree).
     devices: the devices of the mesh (default: all).
-    abstract: give the parameters as `jax.ShapeDtypeStruct`s (nothing is initialised or
-      compiled: for checking settings and for planning real model sizes).
+    abstract: give the parameters and batches as `jax.ShapeDtypeStruct`s (nothing is
+      initialised, loaded or compiled: for checking settings and for planning real model
+      sizes, `jaxcomm.plan`).
 
   Raises:
     ValueError: one line naming the setting that is wrong.
@@ -191,12 +197,16 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
         regather=task["model"].param_regather()))
     optimizer = make_optimizer(config, ctx)
   loss_fn = task_loss(config, task["loss_fn"], ctx)
+  batches = task["batches"]
+  if abstract:
+    batches = _batch_shapes(batches, config.data.batch_size,
+                            math.prod(n for a, n in shape.items() if a not in MODEL_AXES))
   if config.skip_nonfinite:
     optimizer = sync.skip_nonfinite(optimizer, batch_axes[0] if len(batch_axes) == 1
                                     else batch_axes)
   return Run(config=config, mesh=mesh, model=task["model"], loss_fn=loss_fn,
              model_loss_fn=task["loss_fn"],
-             has_aux=task["has_aux"], params=task["params"], batches=task["batches"],
+             has_aux=task["has_aux"], params=task["params"], batches=batches,
              optimizer=optimizer, axis_name=batch_axes[0] if len(batch_axes) == 1
              else batch_axes, method_axes=ctx.axis_name, specs=task.get("specs"),
              batch_specs=task.get("batch_specs"), method=method)
@@ -264,10 +274,19 @@ def model_task(config: ml_collections.ConfigDict, workers: int = 1) -> tuple:
   return task["model"], task["loss_fn"], task["has_aux"], task["params"], task["batches"]
 
 
-def _batches(dataset, c, **kwargs) -> Callable[[int], dict]:
+def _batches(dataset, c, **kwargs) -> Callable[..., dict]:
+  """`(step, size=config.data.batch_size) -> this process's share of global batch step`."""
   pi, pc = jax.process_index(), jax.process_count()
-  return lambda t: dataset.batch(t, c.data.batch_size, seed=c.seed, process_index=pi,
-                                 process_count=pc, **kwargs)
+  return lambda t, size=None: dataset.batch(t, size or c.data.batch_size, seed=c.seed,
+                                            process_index=pi, process_count=pc, **kwargs)
+
+
+def _batch_shapes(batches: Callable[..., dict], batch_size: int, workers: int) -> Callable:
+  """`step -> ShapeDtypeStructs` of this process's share of a global batch of `batch_size`,
+  read from a global batch of one row per worker (nothing of the batch's size is loaded)."""
+  share = batch_size // jax.process_count()
+  return lambda t: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((share, *x.shape[1:]), x.dtype), batches(t, workers))
 
 
 def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
@@ -305,13 +324,20 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = Fa
       dataset = data.label_skew(dataset, workers, c.data.label_skew, seed=c.seed)
     return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
                 params=params, batches=_batches(dataset, c))
+  if c.model.name in RESNETS:
+    return _resnet_task(c, shape, dataset, init, key)
   if not isinstance(dataset, data.TextDataset):
     raise ValueError(f"config.model.name 'lm' needs a text dataset (pydoc, stdlib, "
                      f"text:<path>), got config.data.name {c.data.name!r}.")
   if c.data.label_skew:
     raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
-  sizes = dict(d_model=c.model.d_model, num_layers=c.model.num_layers,
-               num_heads=c.model.num_heads, d_ff=c.model.d_ff, max_len=c.data.seq_len)
+  if c.model.vocab_size < dataset.vocab_size:
+    raise ValueError(f"config.model.vocab_size ({c.model.vocab_size}) must hold the "
+                     f"dataset's {dataset.vocab_size} tokens (config.data.name "
+                     f"{c.data.name!r}).")
+  sizes = dict(vocab_size=c.model.vocab_size, d_model=c.model.d_model,
+               num_layers=c.model.num_layers, num_heads=c.model.num_heads, d_ff=c.model.d_ff,
+               max_len=c.data.seq_len)
   tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
   batches = _batches(dataset, c, seq_len=c.data.seq_len)
   if "sequence" in shape:
@@ -327,6 +353,25 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = Fa
   model = models.TransformerLM(**sizes)
   return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False,
               params=init(model.init)(key, tokens), batches=batches)
+
+
+def _resnet_task(c, shape, dataset, init, key) -> dict:
+  """An image ResNet (models.ResNet: the ImageNet stem for images of 64 pixels and more,
+  the CIFAR stem below) on a synthetic image dataset, data-parallel."""
+  if not isinstance(dataset, data.SyntheticImages):
+    raise ValueError(f"config.model.name {c.model.name!r} needs an image dataset "
+                     f"({', '.join(data.SYNTHETIC_IMAGES)}), got config.data.name "
+                     f"{c.data.name!r}.")
+  if set(shape) & {"fsdp", *MODEL_AXES}:
+    raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
+                     "'lm' or a mesh of data axes.")
+  if c.data.label_skew:
+    raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
+  model = models.ResNet(num_classes=dataset.num_classes, **RESNETS[c.model.name],
+                        stem="imagenet" if min(dataset.shape[:2]) >= 64 else "cifar")
+  params = init(model.init)(key, jnp.zeros((1, *dataset.shape)))
+  return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
+              params=params, batches=_batches(dataset, c))
 
 
 def _dataset(c):
@@ -352,8 +397,8 @@ def _sequence_task(c, shape, sizes, make_params, batches) -> dict:
   return dict(model=model, loss_fn=models.lm_loss_sequence(model), has_aux=False,
               params=params, batch_specs=P(tuple(a for a in shape if a not in MODEL_AXES),
                                            "sequence"),
-              batches=lambda t: models.lm_sequence_batch(batches(t)["tokens"], w,
-                                                         zigzag=zigzag))
+              batches=lambda t, size=None: models.lm_sequence_batch(
+                  batches(t, size)["tokens"], w, zigzag=zigzag))
 
 
 def _pipeline_task(c, shape, sizes, init, key, tokens, batches) -> dict:

@@ -5,8 +5,9 @@ A run's settings form one tree (`base_config`):
   seed, steps, log_every, checkpoint_every, keep, skip_nonfinite
   mesh          "data=8", "data=2,fsdp=2,tensor=2", "replica=2,data=4" ("" = data over all
                 devices)
-  model         name (lm | mlp) and its sizes and layout options
-  data          name (pydoc | stdlib | digits | text:<path>), batch_size, seq_len, label_skew
+  model         name (lm | mlp | resnet18 | resnet50) and its sizes and layout options
+  data          name (pydoc | stdlib | digits | text:<path> | synthetic:imagenet |
+                synthetic:cifar10), batch_size, seq_len, label_skew
   optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
   method        name, and the method's own settings (see experiments/methods/)
 
@@ -35,7 +36,7 @@ from ml_collections import config_dict
 
 from experiments import methods
 
-MODELS = ("lm", "mlp")
+MODELS = ("lm", "mlp", "resnet18", "resnet50")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
 SPLITS = ("all", "train", "test")
 
@@ -119,6 +120,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   c.mesh = ""                # "" = one data axis over every device
   c.model = ml_collections.ConfigDict(dict(
       name="lm", d_model=64, num_layers=2, num_heads=4, d_ff=256, hidden=(64,),
+      vocab_size=256,        # the LM's vocabulary (>= the byte-level corpora's 256)
       # Layouts of the LM on a mesh with tensor / sequence / pipeline axes.
       sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
       microbatches=0))       # pipeline micro-batches per worker (0: one per stage)
@@ -269,7 +271,7 @@ def check(c: ml_collections.ConfigDict) -> None:
   for path, low in (("steps", 1), ("log_every", 1), ("checkpoint_every", 0), ("keep", 1),
                     ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1),
                     ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
-                    ("model.d_ff", 1), ("model.microbatches", 0)):
+                    ("model.d_ff", 1), ("model.vocab_size", 1), ("model.microbatches", 0)):
     _int_at_least(c, path, low)
   if c.model.name not in MODELS:
     raise ValueError(f"config.model.name {c.model.name!r} is unknown; allowed: "

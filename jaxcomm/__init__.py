@@ -2,7 +2,8 @@
 
 Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs), `sync`
 (every-step gradient synchronisation), `local` (when it travels), `parallel` (layouts),
-`models`, `data`, `train`, `sim`; `testing` holds the contract checks every codec and
+`models`, `data`, `train`, `sim`, `plan` (real model sizes, compiled but never
+allocated); `testing` holds the contract checks every codec and
 transform passes, for your own tests.
 """
 
@@ -12,6 +13,7 @@ from jaxcomm import data
 from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import parallel
+from jaxcomm import plan
 from jaxcomm import sim
 from jaxcomm import sync
 from jaxcomm import testing
@@ -26,6 +28,7 @@ __all__ = (
     "local",
     "models",
     "parallel",
+    "plan",
     "sim",
     "sync",
     "testing",
