@@ -95,6 +95,21 @@ for name, r in runs.items():
   costed = comm.cost(report, {"data": "wan"})
   print(f"counted {r['sent'][-1]:,} B/step, inspect {report.wire_bytes():,.0f} B/step, "
         f"{costed.seconds() * 1e3:.2f} ms/step on a WAN\\n")'''),
+    md("The same run from an experiment config (`experiments/configs/`): every setting in one "
+       "typed tree, each method's defaults read from its library factory, and one function, "
+       "`build`, from the config to the model, batches, optimiser and mesh. "
+       "`python -m experiments.train --config=experiments/configs/compressed.py` runs it from "
+       "the command line."),
+    code('''\
+from experiments import build, config
+c = config.base_config("compressed", codec="top_k:fraction=0.01", memory="ef")
+c.model.name, c.data.name, c.steps = "mlp", "digits", STEPS
+print(c.method)                         # the method's settings, defaults from sync.compressed
+run = build.build(c, devices=DEVICES[:8])
+trainer = run.trainer()
+state, history = train.fit(trainer, trainer.init(run.params), run.batches, STEPS,
+                           log_every=max(STEPS // 4, 1))
+print(history[-1]["loss"], history[-1]["wire_bytes"])'''),
 ]
 
 GOSSIP = [
@@ -464,8 +479,9 @@ ax.legend(title="mesh axis"); plt.tight_layout(); plt.show()'''),
        "equals one-device attention; the forward bytes, read from the compiled program, "
        "match the formulas `parallel.*_bytes`, which also give the backward pass's "
        "(`tests/test_sequence_parallel.py` holds gradients and backward bytes too); "
-       "`experiments/layouts_sequence.py` trains the LM with them "
-       "(`--mesh=data=2,sequence=4 --attention=ring`)."),
+       "`python -m experiments.train --config=experiments/configs/layouts.py "
+       "--config.mesh=data=2,sequence=4 --config.model.attention=ring` trains the LM with "
+       "them."),
     code('''\
 W, B, H, DH = 4, 2, 4, 8
 SEQ_LENS = (32, 128)

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from experiments import config as _config
 from experiments import methods as _methods
-from jaxcomm import data, models, parallel, sync, train
+from jaxcomm import comm, data, models, parallel, sync, train
 
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
 MODEL_AXES = ("tensor", "sequence", "pipeline")
@@ -65,6 +65,8 @@ class Context:
     num_workers: workers along `axis_name`.
     mesh_shape: {axis: size} of the run's mesh.
     key: the run's PRNG key, `jax.random.key(config.seed)`.
+    param_specs: the parameters' PartitionSpecs on a laid-out mesh (None: replicated); a
+      method that needs a whole-tensor view of sharded parameters (PowerSGD) takes them.
   """
   config: ml_collections.ConfigDict
   inner: optax.GradientTransformation
@@ -72,6 +74,7 @@ class Context:
   num_workers: int
   mesh_shape: dict
   key: jax.Array
+  param_specs: Any = None
 
   def participation(self, spec: str | None, syncs_per_period: int = 1,
                     num_workers: int | None = None):
@@ -139,7 +142,7 @@ class Run:
   def trainer(self) -> train.Trainer:
     return train.Trainer(self.loss_fn, self.optimizer, self.mesh, axis_name=self.axis_name,
                          param_specs=self.specs, has_aux=self.has_aux,
-                         batch_specs=self.batch_specs)
+                         batch_specs=self.batch_specs, mutable=self.config.model.mutable)
 
 
 def mesh_shape(spec: str, num_devices: int) -> dict:
@@ -183,24 +186,24 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   _check_batch(config, shape)
   mesh = train.make_mesh(shape, devices=devices)
   layout = _layout(config, mesh, shape)
-  gather = layout.gather_axes if layout is not None else ()
-  method_axes = tuple(a for a in batch_axes if a not in gather)
+  if layout is not None:  # the method syncs replicas of the laid-out model
+    method_axes = comm.axis_names(layout.replica_axis)
+  else:
+    method_axes = batch_axes
   ctx = Context(config=config, inner=_inner_optimizer(config.optimizer),
                 axis_name=(method_axes[0] if len(method_axes) == 1 else method_axes) or None,
                 num_workers=math.prod(shape[a] for a in method_axes), mesh_shape=shape,
                 key=jax.random.key(config.seed))
   optimizer = make_optimizer(config, ctx)  # the method's settings fail before any compile
   task = _task(config, shape, layout, abstract)
-  if gather:  # parameters stored sharded over fsdp: the inner optimiser is ZeRO-3 there
-    ctx = dataclasses.replace(ctx, inner=parallel.zero(
-        ctx.inner, stage=3, axis_name=gather, param_specs=task["specs"],
-        regather=task["model"].param_regather()))
-    optimizer = make_optimizer(config, ctx)
+  if layout is not None:
+    # Inside a replica the gradient is reduced exactly (ZeRO-3 over fsdp, the mean over
+    # data); the method then runs once per group of equally sharded leaves.
+    ctx = dataclasses.replace(ctx, param_specs=task["specs"])
+    optimizer = layout.optimizer(make_optimizer(config, ctx), task["specs"],
+                                 task["model"].param_regather())
   loss_fn = task_loss(config, task["loss_fn"], ctx)
-  batches = task["batches"]
-  if abstract:
-    batches = _batch_shapes(batches, config.data.batch_size,
-                            math.prod(n for a, n in shape.items() if a not in MODEL_AXES))
+  batches = _batch_shapes(task["batches"], config) if abstract else task["batches"]
   if config.skip_nonfinite:
     optimizer = sync.skip_nonfinite(optimizer, batch_axes[0] if len(batch_axes) == 1
                                     else batch_axes)
@@ -274,24 +277,9 @@ def model_task(config: ml_collections.ConfigDict, workers: int = 1) -> tuple:
   return task["model"], task["loss_fn"], task["has_aux"], task["params"], task["batches"]
 
 
-def _batches(dataset, c, **kwargs) -> Callable[..., dict]:
-  """`(step, size=config.data.batch_size) -> this process's share of global batch step`."""
-  pi, pc = jax.process_index(), jax.process_count()
-  return lambda t, size=None: dataset.batch(t, size or c.data.batch_size, seed=c.seed,
-                                            process_index=pi, process_count=pc, **kwargs)
-
-
-def _batch_shapes(batches: Callable[..., dict], batch_size: int, workers: int) -> Callable:
-  """`step -> ShapeDtypeStructs` of this process's share of a global batch of `batch_size`,
-  read from a global batch of one row per worker (nothing of the batch's size is loaded)."""
-  share = batch_size // jax.process_count()
-  return lambda t: jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct((share, *x.shape[1:]), x.dtype), batches(t, workers))
-
-
 def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
   """The LM's `parallel.Layout` on a mesh with fsdp / tensor axes, else None."""
-  if c.model.name == "lm" and {"fsdp", "tensor"} & set(shape) and \
+  if c.model.name == "lm" and {"replica", "fsdp", "tensor"} & set(shape) and \
      not {"sequence", "pipeline"} & set(shape):
     try:
       return parallel.Layout(mesh, sequence_parallel=c.model.sequence_parallel,
@@ -307,39 +295,48 @@ def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
 
 def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = False) -> dict:
   """model, loss_fn, has_aux, params, batches, and the layout's specs where it has one."""
-  dataset = _dataset(c)
   key = jax.random.key(c.seed)
   init = (lambda fn: functools.partial(jax.eval_shape, fn)) if abstract else jax.jit
+  workers = math.prod(n for a, n in shape.items() if a not in MODEL_AXES)
+  stored = not c.data.name.startswith("folder:")
+  labelled = stored and isinstance(_dataset(c), data.ArrayDataset)
+  images = stored and isinstance(_dataset(c), data.SyntheticImages)
+  if c.model.name in ("mlp", "nnx_mlp") and not labelled:
+    raise ValueError(f"config.model.name {c.model.name!r} needs a labelled dataset (digits), "
+                     f"got config.data.name {c.data.name!r}.")
+  if c.model.name in RESNETS and not images:
+    raise ValueError(f"config.model.name {c.model.name!r} needs an image dataset "
+                     f"({', '.join(data.SYNTHETIC_IMAGES)}), got config.data.name "
+                     f"{c.data.name!r}.")
+  if c.model.name in ("lm", "nnx_lm") and (labelled or images):
+    raise ValueError(f"config.model.name {c.model.name!r} needs a text dataset (pydoc, "
+                     f"stdlib, text:<file>, folder:<path>), got config.data.name "
+                     f"{c.data.name!r}.")
+  if c.data.label_skew and not labelled:
+    raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
+  if c.model.name != "lm" and set(shape) & set(MODEL_AXES):
+    raise ValueError(f"config.mesh {c.mesh!r} lays out the linen LM only; use "
+                     "config.model.name 'lm' or a mesh of data axes.")
+  # Abstract: batches of one row per worker, whose shapes `build` stretches to the batch.
+  batches = _make_batches(_one_row_per_worker(c, workers) if abstract else c, workers)
+  if c.model.name.startswith("nnx_"):
+    return _nnx_task(c, batches, abstract)
   if c.model.name == "mlp":
-    if not isinstance(dataset, data.ArrayDataset):
-      raise ValueError(f"config.model.name 'mlp' needs an array dataset (digits), got "
-                       f"config.data.name {c.data.name!r}.")
-    if set(shape) & set(MODEL_AXES):
-      raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
-                       "'lm' or a mesh of batch axes.")
+    dataset = _dataset(c)
     model = models.MLP(hidden=tuple(c.model.hidden), num_classes=dataset.num_classes)
     params = init(model.init)(key, jnp.zeros((1, dataset.x.shape[1])))
-    if c.data.label_skew:  # each worker's slice of the batch from its own skewed shard
-      workers = math.prod(n for a, n in shape.items() if a not in MODEL_AXES)
-      dataset = data.label_skew(dataset, workers, c.data.label_skew, seed=c.seed)
     return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
-                params=params, batches=_batches(dataset, c))
+                params=params, batches=batches)
   if c.model.name in RESNETS:
-    return _resnet_task(c, shape, dataset, init, key)
-  if not isinstance(dataset, data.TextDataset):
-    raise ValueError(f"config.model.name 'lm' needs a text dataset (pydoc, stdlib, "
-                     f"text:<path>), got config.data.name {c.data.name!r}.")
-  if c.data.label_skew:
-    raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
-  if c.model.vocab_size < dataset.vocab_size:
+    return _resnet_task(c, shape, init, key, batches)
+  vocab = _dataset(c).vocab_size if stored else 256  # a folder of text files: bytes
+  if c.model.vocab_size < vocab:
     raise ValueError(f"config.model.vocab_size ({c.model.vocab_size}) must hold the "
-                     f"dataset's {dataset.vocab_size} tokens (config.data.name "
-                     f"{c.data.name!r}).")
+                     f"dataset's {vocab} tokens (config.data.name {c.data.name!r}).")
   sizes = dict(vocab_size=c.model.vocab_size, d_model=c.model.d_model,
                num_layers=c.model.num_layers, num_heads=c.model.num_heads, d_ff=c.model.d_ff,
                max_len=c.data.seq_len)
   tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
-  batches = _batches(dataset, c, seq_len=c.data.seq_len)
   if "sequence" in shape:
     return _sequence_task(c, shape, sizes, lambda: init(models.TransformerLM(**sizes).init)(
         key, tokens), batches)
@@ -355,28 +352,86 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = Fa
               params=init(model.init)(key, tokens), batches=batches)
 
 
-def _resnet_task(c, shape, dataset, init, key) -> dict:
+def _make_batches(c: ml_collections.ConfigDict, workers: int) -> Callable[[int], dict]:
+  """`step -> this process's share of global batch number step` (config.data.pipeline)."""
+  if c.data.pipeline == "grain":
+    try:
+      ds = data.batches(c.data.name, c.data.batch_size, seq_len=c.data.seq_len,
+                        split=c.data.split, seed=c.seed,
+                        label_skew=c.data.label_skew or None, num_workers=workers)
+    except ValueError as e:
+      raise ValueError(f"config.data: {e}") from None
+    return ds.__getitem__
+  dataset = _dataset(c)
+  pi, pc = jax.process_index(), jax.process_count()
+  if isinstance(dataset, data.TextDataset):
+    return lambda t: dataset.batch(t, c.data.batch_size, seq_len=c.data.seq_len, seed=c.seed,
+                                   process_index=pi, process_count=pc)
+  if c.data.label_skew:  # each worker's slice of the batch from its own skewed shard
+    dataset = data.label_skew(dataset, workers, c.data.label_skew, seed=c.seed)
+  return lambda t: dataset.batch(t, c.data.batch_size, seed=c.seed, process_index=pi,
+                                 process_count=pc)
+
+
+def _one_row_per_worker(c: ml_collections.ConfigDict, workers: int):
+  """`c` with a global batch of one row per worker (for batch shapes: `_batch_shapes`)."""
+  small = c.copy_and_resolve_references()
+  small.data.batch_size = workers
+  return small
+
+
+def _batch_shapes(batches: Callable[[int], dict], c: ml_collections.ConfigDict) -> Callable:
+  """`step -> ShapeDtypeStructs` of this process's share of a global batch of
+  config.data.batch_size rows, from `batches` of fewer rows (nothing of the batch's size
+  is loaded)."""
+  share = c.data.batch_size // jax.process_count()
+  return lambda t: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((share, *x.shape[1:]), x.dtype), batches(t))
+
+
+def _resnet_task(c, shape, init, key, batches) -> dict:
   """An image ResNet (models.ResNet: the ImageNet stem for images of 64 pixels and more,
   the CIFAR stem below) on a synthetic image dataset, data-parallel."""
-  if not isinstance(dataset, data.SyntheticImages):
-    raise ValueError(f"config.model.name {c.model.name!r} needs an image dataset "
-                     f"({', '.join(data.SYNTHETIC_IMAGES)}), got config.data.name "
-                     f"{c.data.name!r}.")
   if set(shape) & {"fsdp", *MODEL_AXES}:
     raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
                      "'lm' or a mesh of data axes.")
-  if c.data.label_skew:
-    raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
+  dataset = _dataset(c)
   model = models.ResNet(num_classes=dataset.num_classes, **RESNETS[c.model.name],
                         stem="imagenet" if min(dataset.shape[:2]) >= 64 else "cifar")
   params = init(model.init)(key, jnp.zeros((1, *dataset.shape)))
   return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
-              params=params, batches=_batches(dataset, c))
+              params=params, batches=batches)
+
+
+def _nnx_task(c: ml_collections.ConfigDict, batches, abstract: bool) -> dict:
+  """An NNX model (`params` is the module: `Trainer.init` splits it) and its loss."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+
+  def make():
+    rngs = nnx.Rngs(params=c.seed, dropout=c.seed + 1)
+    if c.model.name == "nnx_mlp":
+      dataset = _dataset(c)
+      return models.NnxMLP(dataset.x.shape[1], hidden=tuple(c.model.hidden),
+                           num_classes=dataset.num_classes, dropout=c.model.dropout,
+                           batch_norm=c.model.batch_norm, rngs=rngs)
+    return models.NnxTransformerLM(d_model=c.model.d_model, num_layers=c.model.num_layers,
+                                   num_heads=c.model.num_heads, d_ff=c.model.d_ff,
+                                   max_len=c.data.seq_len, dropout=c.model.dropout, rngs=rngs)
+
+  model = nnx.eval_shape(make) if abstract else make()
+  mlp = c.model.name == "nnx_mlp"
+  return dict(model=model, loss_fn=models.nnx_classifier_loss if mlp else models.nnx_lm_loss,
+              has_aux=mlp, params=model, batches=batches)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(name: str):
+  return data.load(name)
 
 
 def _dataset(c):
   try:
-    dataset = data.load(c.data.name)
+    dataset = _load(c.data.name)
   except ValueError as e:
     raise ValueError(f"config.data.name: {e}") from None
   if c.data.split == "all":
@@ -397,8 +452,8 @@ def _sequence_task(c, shape, sizes, make_params, batches) -> dict:
   return dict(model=model, loss_fn=models.lm_loss_sequence(model), has_aux=False,
               params=params, batch_specs=P(tuple(a for a in shape if a not in MODEL_AXES),
                                            "sequence"),
-              batches=lambda t, size=None: models.lm_sequence_batch(
-                  batches(t, size)["tokens"], w, zigzag=zigzag))
+              batches=lambda t: models.lm_sequence_batch(batches(t)["tokens"], w,
+                                                         zigzag=zigzag))
 
 
 def _pipeline_task(c, shape, sizes, init, key, tokens, batches) -> dict:

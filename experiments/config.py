@@ -5,7 +5,8 @@ A run's settings form one tree (`base_config`):
   seed, steps, log_every, checkpoint_every, keep, skip_nonfinite
   mesh          "data=8", "data=2,fsdp=2,tensor=2", "replica=2,data=4" ("" = data over all
                 devices)
-  model         name (lm | mlp | resnet18 | resnet50) and its sizes and layout options
+  model         name (lm | mlp | nnx_lm | nnx_mlp | resnet18 | resnet50) and its sizes and
+                layout options
   data          name (pydoc | stdlib | digits | text:<path> | synthetic:imagenet |
                 synthetic:cifar10), batch_size, seq_len, label_skew
   optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
@@ -36,7 +37,9 @@ from ml_collections import config_dict
 
 from experiments import methods
 
-MODELS = ("lm", "mlp", "resnet18", "resnet50")
+MODELS = ("lm", "mlp", "nnx_lm", "nnx_mlp", "resnet18", "resnet50")
+MUTABLE = ("per_worker", "mean")
+PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
 SPLITS = ("all", "train", "test")
 
@@ -123,10 +126,16 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
       vocab_size=256,        # the LM's vocabulary (>= the byte-level corpora's 256)
       # Layouts of the LM on a mesh with tensor / sequence / pipeline axes.
       sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
-      microbatches=0))       # pipeline micro-batches per worker (0: one per stage)
+      microbatches=0,        # pipeline micro-batches per worker (0: one per stage)
+      # NNX models (nnx_lm, nnx_mlp): dropout rate, BatchNorm (nnx_mlp), and how mutable
+      # variables (BatchNorm statistics) are kept: per_worker or mean over the data axes.
+      dropout=0.0, batch_norm=False, mutable="per_worker"))
   c.data = ml_collections.ConfigDict(dict(
       name="pydoc", batch_size=32, seq_len=64,
       split="all",           # all | train | test (the dataset's own held-out split)
+      # numpy: batches drawn by step from the embedded arrays; grain: a grain.MapDataset
+      # indexed by step (shuffled epochs; needed for folder:<path> of text files).
+      pipeline="numpy",
       label_skew=0.0))       # MLP: Dirichlet alpha of a label-skewed split (0: iid)
   c.optimizer = ml_collections.ConfigDict(dict(name="adamw", lr=3e-3, weight_decay=0.0))
   c.method = methods.method_defaults(method)
@@ -281,6 +290,19 @@ def check(c: ml_collections.ConfigDict) -> None:
   if c.model.d_model % c.model.num_heads:
     raise ValueError(f"config.model.d_model ({c.model.d_model}) must be divisible by "
                      f"config.model.num_heads ({c.model.num_heads}).")
+  if c.model.mutable not in MUTABLE:
+    raise ValueError(f"config.model.mutable {c.model.mutable!r} is unknown; allowed: "
+                     f"{', '.join(MUTABLE)}.")
+  dropout = c.model.dropout
+  if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or \
+     not 0 <= dropout < 1:
+    raise ValueError(f"config.model.dropout must be in [0, 1), got {dropout!r}.")
+  if c.data.pipeline not in PIPELINES:
+    raise ValueError(f"config.data.pipeline {c.data.pipeline!r} is unknown; allowed: "
+                     f"{', '.join(PIPELINES)}.")
+  if c.data.name.startswith("folder:") and c.data.pipeline != "grain":
+    raise ValueError(f"config.data.name {c.data.name!r} (a folder of text files) is read by "
+                     "the grain pipeline: set config.data.pipeline = 'grain'.")
   if c.data.split not in SPLITS:
     raise ValueError(f"config.data.split {c.data.split!r} is unknown; allowed: "
                      f"{', '.join(SPLITS)}.")

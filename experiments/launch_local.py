@@ -1,6 +1,7 @@
 r"""Starts N local processes of a jaxcomm program as one multi-host run on 127.0.0.1.
 
-  python -m experiments.launch_local --processes=2 -- --model=mlp --steps=100 --workdir=runs/mp
+  python -m experiments.launch_local --processes=2 -- --config.model.name=mlp \
+      --config.data.name=digits --config.steps=100 --workdir=runs/mp
 
 Every process gets `--coordinator=127.0.0.1:<free port> --num_processes=N --process_id=i`
 and `--devices=<devices / N>` emulated CPU devices, and talks to the others through JAX's
@@ -13,6 +14,26 @@ Faults: when a process fails, the others abort by themselves within the heartbea
 and then kills whatever is left, so it never hangs. It exits with the first failing
 process's status and prints one line `launch_local: {json}` with every process's exit
 status and how long after the first failure each one ended.
+
+Elastic runs (`jaxcomm.elastic`): with --elastic, or a failure schedule, the processes do
+not share fate; the others train on when one dies (--noelastic --kill=... kills a process
+of an ordinary run, which then fails as a whole).
+
+  python -m experiments.launch_local --processes=3 --devices=3 --heartbeat_timeout=5 \\
+      --kill=2@40 --restart=2@80 \\
+      -- --config=experiments/configs/diloco.py --config.method.sync_every=10 \\
+      --config.model.name=mlp --config.data.name=digits --config.data.batch_size=24 \\
+      --config.steps=400 --workdir=runs/elastic
+
+--kill=P@T arms process P to SIGKILL itself when it is about to take step T (exactly then,
+so runs are reproducible); --restart=P@T starts P again, with the same command line, once P
+is dead and process 0 has committed step T. Both take comma-separated lists. The program
+learns it is elastic from the environment (JAXCOMM_ELASTIC=1; JAXCOMM_KILL_AT=T on a
+process to kill; JAXCOMM_PROGRESS, a file where it writes each step it commits) and gets
+--collective_timeout as XLA's CPU collective timeout. The run ends when process 0 ends (the
+others get --grace seconds more); the launcher exits with status 0 when every process's
+last incarnation exited 0, or, for a process on the kill schedule, ended by SIGKILL (the
+schedule's, or the launcher's when it was restarted too late to join).
 """
 
 from __future__ import annotations
@@ -23,6 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from absl import app
@@ -36,6 +58,16 @@ _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout", 30, "Seconds after which a silent process is declared dead.")
 _GRACE = flags.DEFINE_float(
     "grace", 15.0, "Extra seconds the others get to exit by themselves after a failure.")
+_ELASTIC = flags.DEFINE_bool(
+    "elastic", None, "Processes do not share fate (jaxcomm.elastic); on by default with "
+    "--kill or --restart (--noelastic: a kill brings every process down, as without it).")
+_KILL = flags.DEFINE_list("kill", [], "P@T,...: process P SIGKILLs itself before step T.")
+_RESTART = flags.DEFINE_list(
+    "restart", [], "P@T,...: start process P again once it is dead and process 0 has "
+    "committed step T.")
+_COLLECTIVE_TIMEOUT = flags.DEFINE_integer(
+    "collective_timeout", 30, "Elastic runs: seconds a cross-process collective waits for a "
+    "peer before it fails (XLA:CPU).")
 
 
 def free_port() -> int:
@@ -53,6 +85,100 @@ def commands(program: str, program_flags: list[str], processes: int, devices: in
       f"--coordinator=127.0.0.1:{port}", f"--num_processes={processes}", f"--process_id={i}",
       f"--devices={devices // processes}", f"--heartbeat_timeout={heartbeat_timeout}"]
           for i in range(processes)]
+
+
+def schedule(name: str, specs: list[str], processes: int) -> list[tuple[int, int]]:
+  """[(process, step), ...] from `P@T` strings; ValueError naming the flag otherwise.
+
+  >>> schedule("kill", ["2@40", "1@7"], 3)
+  [(2, 40), (1, 7)]
+  """
+  out = []
+  for spec in specs:
+    try:
+      p, t = (int(x) for x in spec.split("@"))
+    except ValueError:
+      raise ValueError(f"--{name}: expected P@T (process@step), got {spec!r}.") from None
+    if not 1 <= p < processes or t < 0:
+      raise ValueError(f"--{name}: process must be in [1, {processes}) (process 0 hosts the "
+                       f"coordination service and cannot be lost) and step >= 0; got {spec!r}.")
+    out.append((p, t))
+  return out
+
+
+def kill_env(base: dict, i: int, kills: list, killable: bool = True) -> dict:
+  """`base` with JAXCOMM_KILL_AT set for process i if the schedule kills it."""
+  env = dict(base)
+  env.pop("JAXCOMM_KILL_AT", None)
+  at = [t for p, t in kills if p == i]
+  if killable and at:
+    env["JAXCOMM_KILL_AT"] = str(min(at))
+  return env
+
+
+def elastic_env(base: dict, i: int, progress_dir: str, kills: list, collective_timeout: int,
+                killable: bool = True) -> dict:
+  """The environment of process i of an elastic run."""
+  env = dict(kill_env(base, i, kills, killable), JAXCOMM_ELASTIC="1",
+             JAXCOMM_PROGRESS=os.path.join(progress_dir, f"progress.{i}"))
+  flag = "--xla_cpu_collective_timeout_seconds"
+  if flag not in env.get("XLA_FLAGS", ""):
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}={collective_timeout}".strip()
+  return env
+
+
+def read_progress(path: str) -> int:
+  """The last step a process reported committing (-1 before any)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return int(f.read().strip() or -1)
+  except (OSError, ValueError):
+    return -1
+
+
+def supervise_elastic(start, n: int, restarts: list[tuple[int, int]], progress_dir: str,
+                      grace_s: float) -> dict:
+  """Runs an elastic job: restarts processes on schedule; ends when process 0 has ended.
+
+  `start(i, first)` starts incarnation `first` (True for the first) of process i. Returns
+  {"returncodes": [each process's last status], "incarnations": [[statuses], ...],
+  "restarted": [[process, step], ...], "killed_by_launcher": [...]}.
+  """
+  procs = [start(i, True) for i in range(n)]
+  history = [[] for _ in range(n)]
+  pending = list(restarts)
+  restarted, killed = [], []
+  ended0 = None
+  while True:
+    for i, p in enumerate(procs):
+      if p is not None and p.poll() is not None:
+        history[i].append(p.returncode)
+        procs[i] = None
+        if i == 0:
+          ended0 = time.monotonic()
+    if ended0 is not None:
+      if all(p is None for p in procs):
+        break
+      if time.monotonic() - ended0 > grace_s:
+        for i, p in enumerate(procs):
+          if p is not None:
+            p.kill()
+            p.wait()
+            history[i].append(p.returncode)
+            procs[i] = None
+            killed.append(i)
+        break
+    committed = read_progress(os.path.join(progress_dir, "progress.0"))
+    for item in list(pending):
+      i, step = item
+      if procs[i] is None and history[i] and committed >= step and ended0 is None:
+        procs[i] = start(i, False)
+        restarted.append([i, step])
+        pending.remove(item)
+    time.sleep(0.05)
+  return {"returncodes": [h[-1] if h else None for h in history], "incarnations": history,
+          "restarted": restarted, "not_restarted": [list(x) for x in pending],
+          "killed_by_launcher": killed}
 
 
 def supervise(procs: list[subprocess.Popen], deadline_after_failure: float) -> dict:
@@ -85,6 +211,39 @@ def supervise(procs: list[subprocess.Popen], deadline_after_failure: float) -> d
           "exit_after_failure_s": after, "killed_by_launcher": killed}
 
 
+def main_elastic(cmds: list[list[str]], env: dict) -> None:
+  n = len(cmds)
+  try:
+    kills = schedule("kill", _KILL.value, n)
+    restarts = schedule("restart", _RESTART.value, n)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  with tempfile.TemporaryDirectory(prefix="launch_local_") as progress_dir:
+    live = []
+
+    def start(i, first):
+      proc = subprocess.Popen(cmds[i], env=elastic_env(env, i, progress_dir, kills,
+                                                       _COLLECTIVE_TIMEOUT.value,
+                                                       killable=first))
+      live.append(proc)
+      return proc
+
+    try:
+      # Once process 0 (the coordination service) has ended nothing more can happen: the
+      # others get --grace seconds to exit (a process restarted too late waits for it).
+      report = supervise_elastic(start, n, restarts, progress_dir, _GRACE.value)
+    finally:  # Interrupted (Ctrl-C, SIGTERM): take the children down too.
+      for p in live:
+        if p.poll() is None:
+          p.send_signal(signal.SIGTERM)
+  print("launch_local: " + json.dumps(report), file=sys.stderr, flush=True)
+  scheduled = {p for p, _ in kills}
+  bad = [c for i, c in enumerate(report["returncodes"])
+         if c != 0 and not (c == -signal.SIGKILL and i in scheduled)]
+  if bad:
+    sys.exit(bad[0] if bad[0] > 0 else 128 - bad[0])
+
+
 def main(argv):
   program_flags = argv[1:]
   n = _PROCESSES.value
@@ -94,7 +253,17 @@ def main(argv):
   cmds = commands(_PROGRAM.value, program_flags, n, _DEVICES.value, _HEARTBEAT.value,
                   free_port())
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  procs = [subprocess.Popen(c, env=env) for c in cmds]
+  elastic = _ELASTIC.value if _ELASTIC.value is not None else bool(_KILL.value or _RESTART.value)
+  if elastic:
+    main_elastic(cmds, env)
+    return
+  try:
+    kills = schedule("kill", _KILL.value, n)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  if _RESTART.value:
+    raise app.UsageError("--restart needs an elastic run (drop --noelastic).")
+  procs = [subprocess.Popen(c, env=kill_env(env, i, kills)) for i, c in enumerate(cmds)]
   try:
     report = supervise(procs, _HEARTBEAT.value + _GRACE.value)
   finally:  # Interrupted (Ctrl-C, SIGTERM): take the children down too.

@@ -72,9 +72,16 @@ def main(argv):
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
   # First, before any computation: joins the other processes of a multi-process run.
-  train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                          heartbeat_timeout_s=_HEARTBEAT.value)
+  if elastic_run.requested():  # processes may die and rejoin (experiments/elastic_run.py)
+    from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+    elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                              heartbeat_timeout_s=_HEARTBEAT.value,
+                              collective_timeout_s=elastic_run.collective_timeout_s())
+  else:
+    train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                            heartbeat_timeout_s=_HEARTBEAT.value)
 
   workdir = _WORKDIR.value
   status = execute(run_config(workdir), workdir)
@@ -87,11 +94,15 @@ def execute(config, workdir: str) -> int:
   status: 0, or PREEMPTED when the run saved a checkpoint and stopped early."""
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
   try:
     run = build.build(config)
     record_config(workdir, config)
   except ValueError as e:  # a user's mistake: one line, no traceback
     sys.exit(f"error: {e}")
+  if elastic_run.requested():
+    run_elastic(run, workdir)
+    return 0
   trainer, state = train_run(run, workdir)
   steps_done = int(state.step)
   if steps_done < run.steps:  # preempted: the checkpoint of this step is on disk
@@ -103,6 +114,23 @@ def execute(config, workdir: str) -> int:
   return 0
 
 
+def run_elastic(run, workdir: str) -> None:
+  """Trains `run` with `jaxcomm.elastic` (launch_local --elastic / --kill / --restart)."""
+  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  c = run.config
+  if set(run.mesh.axis_names) != {"data"} or c.data.label_skew:
+    raise ValueError("elastic runs train on one data axis: config.mesh 'data=N' only, no "
+                     "config.data.label_skew.")
+  elastic_run.run(lambda m: train.Trainer(run.loss_fn, run.optimizer, m, axis_name="data",
+                                          has_aux=run.has_aux),
+                  run.params, elastic_run.with_kill_switch(run.batches), steps=run.steps,
+                  round_steps=elastic_run.round_steps(c.method.name,
+                                                      c.method.get("sync_every") or 1),
+                  workdir=workdir, checkpoint_every=c.checkpoint_every, keep=c.keep,
+                  log_every=c.log_every)
+
+
 def train_run(run, workdir: str):
   """Trains `run` in `workdir` (resuming from its checkpoints); returns (trainer, state)."""
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
@@ -112,7 +140,9 @@ def train_run(run, workdir: str):
   if c.checkpoint_every:
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
-  state, _ = train.fit(trainer, trainer.init(run.params), run.batches, run.steps,
+  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
+  batches = elastic_run.with_kill_switch(run.batches)  # launch_local --kill (JAXCOMM_KILL_AT)
+  state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
                        workdir=workdir, log_every=c.log_every, checkpointer=checkpointer)
   if checkpointer is not None:
     checkpointer.close()

@@ -2,14 +2,15 @@
 
 Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs), `sync`
 (every-step gradient synchronisation), `local` (when it travels), `parallel` (layouts),
-`models`, `data`, `train`, `sim`, `plan` (real model sizes, compiled but never
-allocated); `testing` holds the contract checks every codec and
-transform passes, for your own tests.
+`models`, `data`, `train`, `elastic` (training on while processes die and rejoin), `sim`,
+`plan` (real model sizes, compiled but never allocated); `testing` holds the contract
+checks every codec and transform passes, for your own tests.
 """
 
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
+from jaxcomm import elastic
 from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import parallel
@@ -25,6 +26,7 @@ __all__ = (
     "codecs",
     "comm",
     "data",
+    "elastic",
     "local",
     "models",
     "parallel",

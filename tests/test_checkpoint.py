@@ -98,8 +98,9 @@ def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
   _, start = resumed_runs[algo]
   trainer, params, _, _ = faults.uninterrupted(algo, STEPS)
   batch_fn = faults.built(algo, STEPS).batches
-  init = trainer.init(params)
-  state, _ = train.fit(trainer, init, batch_fn, start, progress=False)
+  state = trainer.init(params)
+  init = jax.tree.map(np.asarray, faults.key_data(state))  # the step consumes (donates) state
+  state, _ = train.fit(trainer, state, batch_fn, start, progress=False)
   get = lambda s, name: optax.tree_utils.tree_get(s.opt_state, name)
   if algo == "powersgd":  # per-worker error memory; the warm-start Q moved on
     assert _per_worker_and_distinct(get(state, "error"))

@@ -288,3 +288,28 @@ def test_the_command_line_error_is_one_line(tmp_path):
   assert typo.stderr.strip().splitlines()[-1] == ("error: --config.stepz=3: no such setting "
                                                   "'stepz'. Did you mean \"steps\" instead "
                                                   "of \"stepz\"?")
+
+
+def test_nnx_models_and_a_folder_of_text_train_from_the_config(tmp_path):
+  """config.model.name nnx_mlp (dropout, BatchNorm) and nnx_lm on a folder of text files
+  through the grain pipeline: built by build(), trained two steps, data read from the
+  folder only."""
+  (tmp_path / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+  (tmp_path / "b.txt").write_text("pack my box with five dozen liquor jugs\n" * 40)
+  for name, dataset, extra in (("nnx_mlp", "digits", {"dropout": 0.1, "batch_norm": True}),
+                               ("nnx_lm", f"folder:{tmp_path}", {"dropout": 0.1})):
+    c = tiny(config.base_config("diloco", sync_every=1))
+    c.model.name, c.data.name, c.data.pipeline = name, dataset, "grain"
+    c.model.update(**extra)
+    run = build.build(c)
+    trainer = run.trainer()
+    state, history = train.fit(trainer, trainer.init(run.params), run.batches, 2,
+                               log_every=1, progress=False)
+    assert int(state.step) == 2 and all(np.isfinite(h["loss"]) for h in history)
+    assert state.model_state is not None  # RNG streams (and BatchNorm statistics)
+  tokens = run.batches(0)["tokens"]
+  text = set((tmp_path / "a.txt").read_bytes() + (tmp_path / "b.txt").read_bytes())
+  assert set(np.unique(tokens).tolist()) <= text
+  c.data.pipeline = "numpy"
+  with pytest.raises(ValueError, match="config.data.pipeline = 'grain'"):
+    build.build(c, abstract=True)

@@ -78,7 +78,7 @@ def test_agreement_bytes_counted_equal_inspect_and_formula(mesh8):
   flag, grads = comm.allreduce_bytes(4, W), comm.allreduce_bytes(3 * 4, W)
   assert report.wire_bytes(conditional=False) == flag   # every step, before the decision
   assert report.wire_bytes(conditional=True) == grads   # only in the branch that applies
-  _, m = trainer.step(state, batch)
+  state, m = trainer.step(state, batch)  # (the step consumes the state it is given)
   assert int(m["wire_bytes"]) == flag + grads and int(m["skipped_steps"]) == 0
   bad = {**batch, "x": batch["x"].copy()}
   bad["x"][0, 0] = np.inf

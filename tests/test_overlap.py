@@ -308,7 +308,9 @@ def acco_run(request, mesh8, mlp):
   params, loss, batch_fn = mlp
   counts = request.param
   tx = local.acco(optax.adam(1e-2), "data", micro_batches=counts)
-  trainer = train.Trainer(local.micro_batch_loss(loss, counts, "data"), tx, mesh8)
+  # Not donated: the tests read every intermediate state.
+  trainer = train.Trainer(local.micro_batch_loss(loss, counts, "data"), tx, mesh8,
+                          donate=False)
   state = trainer.init(params)
   states, history = [state], []
   for t in range(5):

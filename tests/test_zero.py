@@ -102,7 +102,9 @@ def lm_runs(mesh8):
   }
   runs = {}
   for name, (model, tx, specs) in methods.items():
-    trainer = train.Trainer(models.lm_loss(model), tx, mesh8, param_specs=specs)
+    # Not donated: later tests start again from state0.
+    trainer = train.Trainer(models.lm_loss(model), tx, mesh8, param_specs=specs,
+                            donate=False)
     state = state0 = trainer.init(params)
     compiled, report = compile_step(trainer, state, batch_fn(0))
     sent = []

@@ -8,7 +8,7 @@ from jaxcomm import parallel
 def defaults():
   return config.from_factory(parallel.zero, skip=("inner", "axis_name", "param_specs",
                                                   "regather", "key"),
-                             types={"codec": str, "memory": str})
+                             types={"codec": str, "memory": str, "gather_codec": str})
 
 
 def build(settings, ctx):
@@ -16,4 +16,5 @@ def build(settings, ctx):
     raise ValueError("stage 3 keeps parameters sharded: use a mesh with an fsdp axis "
                      "(config.mesh = 'data=2,fsdp=4') and any method.")
   return config.call(parallel.zero, settings, inner=ctx.inner, axis_name=ctx.axis_name,
-                     codec=ctx.codec(settings.codec), key=ctx.key)
+                     codec=ctx.codec(settings.codec),
+                     gather_codec=ctx.codec(settings.gather_codec, "gather_codec"), key=ctx.key)

@@ -25,6 +25,7 @@ from jaxcomm.comm._collectives import tree_bytes
 from jaxcomm.comm._collectives import varying
 from jaxcomm.comm._collectives import varying_axes
 from jaxcomm.comm._compressed import COLLECTIVES
+from jaxcomm.comm._compressed import all_gather_encoded
 from jaxcomm.comm._compressed import CompressedSum
 from jaxcomm.comm._compressed import ScatteredSum
 from jaxcomm.comm._compressed import compressed_bytes
@@ -76,6 +77,7 @@ __all__ = (
     "algorithm_times",
     "all_gather",
     "all_gather_bytes",
+    "all_gather_encoded",
     "all_to_all",
     "all_to_all_bytes",
     "allreduce_bytes",

@@ -181,10 +181,10 @@ def require_varying(tree: Any, axis_name: AxisName, where: str) -> None:
     >>> f(jnp.ones(1), jnp.arange(8.0)).tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
   """
-  axes = [a for a in _axes(axis_name) if _tracks_varying(a)]
+  axes = [a for a in axis_names(axis_name) if _tracks_varying(a)]
   if not axes:
     return
-  shown = _axes(axis_name)[0] if len(_axes(axis_name)) == 1 else _axes(axis_name)
+  shown = axis_names(axis_name)[0] if len(axis_names(axis_name)) == 1 else axis_names(axis_name)
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     missing = [a for a in axes if a not in varying_axes(leaf)]
     if missing:

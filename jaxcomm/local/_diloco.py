@@ -71,6 +71,10 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   rounding: θ_out − (θ_out − mean_w(θ_out − lr g_w)) instead of θ − lr mean_w g_w, a few
   ulps of θ per step (tests hold 1e-6).
 
+  Sharded parameters (a replica laid out over fsdp / tensor, `parallel.Layout.optimizer`):
+  element-wise, so each device syncs its shards and the outer parameters and state are
+  stored sharded like the parameters; equal to unsharded replicas. A codec acts per shard.
+
   Args:
     inner: the optimiser each worker runs (AdamW in the paper); its state persists.
     outer: the outer optimiser (Nesterov SGD, lr 0.7, momentum 0.9 in the paper; SGD(1.0)

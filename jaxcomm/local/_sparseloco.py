@@ -109,7 +109,8 @@ def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: fl
   differ between workers, so they are all-gathered and decoded (wire bytes
   (W − 1) × payload per sync). There is no outer momentum: the decaying memory takes its
   place. Defaults (β = 0.95, α = 1, 2-bit values, density 2 %, chunks of 4096) are our
-  reading of the paper, *unverified*.
+  reading of the paper, *unverified*. Sharded parameters (`parallel.Layout.optimizer`):
+  per shard, the top-k chunks are cut from this device's shards.
 
   Args:
     inner: the optimiser each worker runs (AdamW in the paper).

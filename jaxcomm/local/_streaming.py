@@ -83,6 +83,11 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   not clipped: it grows as λ Δ_p ⊙ Δ_p and a large λ diverges. CoCoDC's adaptive choice of
   the fragment to send is not implemented (fragments sync in the fixed order above).
 
+  Sharded parameters (`parallel.Layout.optimizer`): per shard, fragments are dealt from
+  the flat vector of this device's shards. When P (and a block codec's block x P) divides
+  every shard's last dimension, element i of a tensor lands in the same fragment (and codec
+  block) as unsharded, and the run equals unsharded replicas.
+
   Args:
     inner: the optimiser each worker runs.
     outer: the outer optimiser; one state per fragment.

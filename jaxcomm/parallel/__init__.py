@@ -1,6 +1,8 @@
 """Layouts: meshes and axis rules, ZeRO 1/2/3, Megatron tensor and sequence parallelism,
 sequence-parallel attention (ring, Ulysses, linear) and pipeline schedules."""
 
+from jaxcomm.parallel._by_sharding import by_sharding
+from jaxcomm.parallel._by_sharding import sharding_label
 from jaxcomm.parallel._collective_matmul import matmul_allgather_overlapped
 from jaxcomm.parallel._fsdp import fsdp
 from jaxcomm.parallel._layout import Layout
@@ -61,6 +63,7 @@ __all__ = (
     "attention_ulysses",
     "attention_ulysses_bytes",
     "bubble_fraction_gpipe",
+    "by_sharding",
     "causal_attention",
     "dense_column",
     "dense_row",
@@ -84,6 +87,7 @@ __all__ = (
     "replicated_fraction",
     "schedule_1f1b",
     "schedule_gpipe",
+    "sharding_label",
     "spec_axes",
     "zero",
     "zigzag_order",

@@ -10,8 +10,10 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm
+from jaxcomm.parallel import _by_sharding
 from jaxcomm.parallel import _rules
 from jaxcomm.parallel import _validate
+from jaxcomm.parallel import _zero
 from jaxcomm.parallel._mesh import BATCH_AXES
 
 
@@ -19,10 +21,16 @@ from jaxcomm.parallel._mesh import BATCH_AXES
 class Layout:
   """How a model is laid out on a mesh.
 
-  The batch is split over the batch axes (`data`, `fsdp`) that the mesh has. Parameters are
-  sharded by `rules` (logical names -> mesh axes, see `make_rules`): over `tensor` they are
-  computed on in shards (Megatron tensor parallelism); over a batch axis (`fsdp` by default)
-  they are stored in shards and gathered layer by layer (ZeRO-3 / FSDP, see `fsdp`).
+  The batch is split over the batch axes (`replica`, `data`, `fsdp`) that the mesh has.
+  Parameters are sharded by `rules` (logical names -> mesh axes, see `make_rules`): over
+  `tensor` they are computed on in shards (Megatron tensor parallelism); over a batch axis
+  (`fsdp` by default) they are stored in shards and gathered layer by layer (ZeRO-3 / FSDP,
+  see `fsdp`).
+
+  Replicas: the communication method (a `jaxcomm.sync` or `jaxcomm.local` transform)
+  synchronises over `replica_axis` (the mesh's `replica` axis, or without one the batch axes
+  the parameters are not sharded over, e.g. `data`); ZeRO-3 and tensor parallelism run
+  inside each replica (`inner_axes`, `tensor`). `optimizer` puts the two together.
 
   Attributes:
     mesh: the device mesh (see `make_mesh`).
@@ -37,6 +45,9 @@ class Layout:
   >>> layout = Layout(make_mesh({"data": 2, "fsdp": 2, "tensor": 2}))
   >>> layout.batch_axes, layout.tensor_axis, layout.gather_axes
   (('data', 'fsdp'), 'tensor', ('fsdp',))
+  >>> replicas = Layout(make_mesh("replica=2,fsdp=2,tensor=2"))
+  >>> replicas.batch_axes, replicas.replica_axis, replicas.inner_axes
+  (('replica', 'fsdp'), 'replica', ('fsdp',))
   """
   mesh: jax.sharding.Mesh
   rules: Any = _rules.DEFAULT_RULES
@@ -77,6 +88,76 @@ class Layout:
     param_axes = {a for name, v in self.rules if name != "batch"
                   for a in comm.axis_names(v)}
     return tuple(a for a in self.batch_axes if a in param_axes and self.size(a) > 1)
+
+  @property
+  def replica_axis(self) -> str | tuple | None:
+    """The axis name a communication method synchronises over (None: nothing to sync).
+
+    The `replica` axis when the mesh has one and the rules do not shard parameters over it;
+    otherwise the batch axes the parameters are not sharded over (`data` in a
+    `data x fsdp x tensor` mesh). A single axis is returned as a string.
+    """
+    free = tuple(a for a in self.batch_axes if a not in self.gather_axes)
+    axes = ("replica",) if "replica" in free else free
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+  @property
+  def inner_axes(self) -> tuple:
+    """Batch axes inside a replica (`data`, `fsdp`): reduced exactly every step by ZeRO-3."""
+    method = comm.axis_names(self.replica_axis)
+    return tuple(a for a in self.batch_axes if a not in method)
+
+  def optimizer(self, method, param_specs: Any, regather: Any = None):
+    """The transform that trains a laid-out model with a communication method over replicas.
+
+    Every step the gradient is first reduced exactly inside the replica: ZeRO-3
+    (`zero(stage=3)`) over `inner_axes` finishes the FSDP reduce-scatter of the sharded
+    parameters and averages the others over `data`. Only then does `method` see it: one
+    gradient per replica, sharded like the parameters, so that a method over `replica_axis`
+    (DiLoCo, PowerSGD, a codec with error feedback) runs as it would on unsharded replicas
+    and its state (outer parameters, error memories) is stored sharded like the parameters.
+    `method` runs once per group of equally sharded leaves (`by_sharding`), so a flat
+    vector of every leaf (a codec's) never makes a replicated parameter differ over
+    `tensor` or `fsdp`.
+
+    Args:
+      method: an optax transform that synchronises over `replica_axis` and includes the
+        optimiser, e.g. `optax.chain(sync.powersgd(2, axis_name="replica",
+        param_specs=specs), optax.adamw(1e-3))` or `local.diloco(optax.adamw(1e-3), outer,
+        sync_every=50, axis_name="replica")`.
+      param_specs: the parameters' PartitionSpecs (`Layout.param_specs`).
+      regather: the model's `param_regather()` (counts FSDP's backward gathers).
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` for `Trainer(..., axis_name=batch_axes,
+      param_specs=param_specs)`.
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from jaxcomm import local, models, train
+    >>> from jaxcomm.parallel import make_mesh
+    >>> layout = Layout(make_mesh("replica=2,fsdp=2,tensor=2"))
+    >>> lm = models.TransformerLM(d_model=16, num_layers=1, num_heads=2, d_ff=32, max_len=8,
+    ...                           layout=layout)
+    >>> params = models.TransformerLM(d_model=16, num_layers=1, num_heads=2, d_ff=32,
+    ...                               max_len=8).init(jax.random.key(0), jnp.zeros((1, 8), int))
+    >>> specs = layout.param_specs(lm.param_axes(), params)
+    >>> method = local.diloco(optax.sgd(0.1), optax.sgd(0.7, momentum=0.9, nesterov=True),
+    ...                       sync_every=2, axis_name=layout.replica_axis)
+    >>> trainer = train.Trainer(models.lm_loss(lm),
+    ...                         layout.optimizer(method, specs, lm.param_regather()),
+    ...                         layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
+    >>> state = trainer.init(params)
+    >>> outer = state.opt_state.inner_state.inner_states["fsdp"].inner_state.outer_params
+    >>> outer["params"]["head"]["kernel"].sharding.spec  # shared by replicas, sharded
+    P('fsdp',)
+    >>> state.params["params"]["head"]["kernel"].sharding.spec  # one copy per replica
+    P('replica', 'fsdp')
+    """
+    method = _by_sharding.by_sharding(method, param_specs)
+    if not self.inner_axes:
+      return method
+    axis = self.inner_axes[0] if len(self.inner_axes) == 1 else self.inner_axes
+    return _zero.zero(method, stage=3, axis_name=axis, param_specs=param_specs, regather=regather)
 
   @property
   def batch_spec(self) -> P:

@@ -1,4 +1,4 @@
-"""Meshes with named parallelism axes: data, fsdp, tensor, sequence, pipeline."""
+"""Meshes with named parallelism axes: replica, data, fsdp, tensor, sequence, pipeline."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ import jax
 
 from jaxcomm.parallel import _validate
 
-# What each axis means to jaxcomm's layouts (a mesh may have other axes too, e.g. `replica`,
-# the slow axis a method's sync crosses):
+# What each axis means to jaxcomm's layouts:
+#   replica   the slow axis between replicas of a (possibly sharded) model: the batch is
+#             split over it and the communication method (sync / local) synchronises over
+#             it; everything else runs inside a replica (see `Layout.optimizer`)
 #   data      the batch is split over it; parameters replicated (or sharded by ZeRO-3 rules)
 #   fsdp      the batch is split over it too, and the default rules shard parameters over it
 #   tensor    Megatron tensor parallelism: heads and MLP columns split over it
 #   sequence  the sequence is split over it (sequence-parallel attention)
 #   pipeline  layers are split over it (pipeline stages)
-AXES = ("data", "fsdp", "tensor", "sequence", "pipeline")
-BATCH_AXES = ("data", "fsdp")
+AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
+BATCH_AXES = ("replica", "data", "fsdp")
 
 
 def parse_mesh(text: str) -> dict:
@@ -47,9 +49,9 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int] | str,
 
   Auto axes give classic shard_map semantics (inputs are resharded to `in_specs`); the
   default Explicit axes of `jax.make_mesh` would require callers to pre-shard everything.
-  Axes keep the order given, outermost first: put `tensor` last so that its groups are
-  neighbouring devices (the fastest links). The layouts read the axes in `AXES`; any other
-  name (e.g. `replica`) is a plain axis for transforms and the Trainer.
+  Axes keep the order given, outermost first: put `replica` first (the slowest links) and
+  `tensor` last so that its groups are neighbouring devices (the fastest links). The layouts
+  read the axes in `AXES`; any other name is a plain axis for transforms and the Trainer.
 
   Args:
     shape: axis sizes, as a dict, as text like `"data=2,fsdp=2,tensor=2"`, or as a sequence

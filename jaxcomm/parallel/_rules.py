@@ -26,7 +26,7 @@ Rules = tuple  # ((logical name, mesh axis | tuple of mesh axes | None), ...)
 # Megatron tensor parallelism over `tensor` and ZeRO-3 / FSDP over `fsdp`. Embedding and
 # vocabulary dimensions stay whole over `tensor` (no vocab-parallel softmax here).
 DEFAULT_RULES: Rules = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("replica", "data", "fsdp")),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),

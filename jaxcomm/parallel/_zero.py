@@ -10,7 +10,29 @@ holds only its own chunk's state.
 
 The reduce-scatter takes any codec with optional error feedback: the encoded chunks travel by
 one all-to-all and are decoded and summed in float32 by their owner
-(`comm.reduce_scatter_encoded`), so compression composes with sharding.
+(`comm.reduce_scatter_encoded`), so compression composes with sharding. The parameter
+all-gather takes a codec too (`gather_codec`): each device then keeps the exact float32
+master copy of its chunk in the state, steps it, and all-gathers it encoded
+(`comm.all_gather_encoded`); every device's parameters are the decoded gather.
+
+ZeRO++ (arXiv 2306.10209) across replicas of a model sharded inside each replica: ZeRO-3
+over the fast `fsdp` axis holds the parameters partitioned inside the replica (hpZ's
+secondary partition: the backward re-gather of every layer stays on `fsdp`), and stage 1
+over the slow `replica` axis holds the primary partition (the master chunk and the
+optimiser state, 1/(R F) of the model per device) with the gradient reduce-scattered as
+int8 codes with error feedback (qgZ) and the parameters all-gathered as int8 codes with
+block scales (qwZ):
+
+    zeropp = zero(optax.adamw(1e-3), 1, "replica", codecs.uniform(8, block=256), "ef",
+                  gather_codec=codecs.uniform(8, block=256))
+    tx = layout.optimizer(zeropp, specs, lm.param_regather())  # ZeRO-3 over fsdp around it
+
+The slow axis then carries per step only the int8 reduce-scatter and the int8 gather:
+(R-1)/R |θ|/F bytes each plus scales, against 3 (R F - 1)/(R F) |θ| float32 bytes of
+ZeRO-3 over replica x fsdp. The forward gather of a layer's parameters over the slow axis
+happens once per step, after the optimiser step, instead of in the next forward pass: the
+same values and bytes, without the per-layer prefetch overlap. (The paper also quantises
+the gathers and reduce-scatter inside the node; here the fsdp traffic stays float32.)
 
 Stages 1 and 2 differ in where the gradient waits when several micro-batches are accumulated
 (`accumulate_steps > 1`): stage 1 sums the whole local gradient and reduce-scatters once per
@@ -51,6 +73,8 @@ class ZeroState(NamedTuple):
   count: jax.Array        # i32[]: micro-batches seen
   key: Any                # u32[2]: PRNG key of a stochastic codec
   wire_bytes: jax.Array   # u32[]: cumulative bytes sent (mod 2**32)
+  master: Any = optax.EmptyState()  # stages 1/2 with a gather codec: f32[N/W] exact master
+                                    # copy of this device's chunk of the parameters
 
 
 def _flat_padded(tree, w):
@@ -66,7 +90,8 @@ def _num_elements(tree) -> int:
 def zero(inner: optax.GradientTransformation, stage: int = 1,
          axis_name: comm.AxisName = "data", codec: codecs.Codec | None = None,
          memory: str | None = None, *, param_specs: Any = None, regather: Any = None,
-         accumulate_steps: int = 1, key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
+         accumulate_steps: int = 1, key: jax.Array | None = None,
+         gather_codec: codecs.Codec | None = None) -> optax.GradientTransformationExtraArgs:
   """ZeRO stage 1, 2 or 3 data parallelism around an inner optimiser.
 
   Args:
@@ -91,6 +116,10 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     accumulate_steps: micro-batches per optimiser step (stages 1/2); the updates are zero
       between optimiser steps.
     key: PRNG key for a stochastic codec; split at every update.
+    gather_codec: stages 1/2: a deterministic `jaxcomm.codecs.Codec` for the parameter
+      all-gather (None: the float32 updates are all-gathered). With it the state keeps the
+      exact master chunk and the parameters become its decoded gather (qwZ); their error
+      is the codec's (half a quantisation step per block for `codecs.uniform`).
 
   Returns:
     An `optax.GradientTransformationExtraArgs` (pass `params`; the Trainer does) whose
@@ -118,8 +147,18 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
                        "stored with (e.g. Layout.param_specs(...)).")
     if codec is not None or accumulate_steps != 1:
       raise ValueError("stage 3 reduce-scatters inside the model's backward pass: codec and "
-                       "accumulate_steps are for stages 1 and 2.")
+                       "accumulate_steps are for stages 1 and 2. For compressed ZeRO-3 across "
+                       "a slow axis (ZeRO++), put stage 1 with codec and gather_codec on the "
+                       "slow axis inside stage 3 on the fast one (see the module docstring).")
+    if gather_codec is not None:
+      raise ValueError("gather_codec is for stages 1 and 2 (stage 3 gathers inside the "
+                       "model); for ZeRO++ put stage 1 with a gather_codec on the slow axis "
+                       "inside stage 3 on the fast one (see the module docstring).")
     return _zero3(inner, axis_name, param_specs, regather)
+  if gather_codec is not None and (not isinstance(gather_codec, codecs.Codec) or
+                                   gather_codec.stochastic):
+    raise ValueError(f"gather_codec must be a deterministic jaxcomm.codecs.Codec (every "
+                     f"worker decodes the same parameters) or None, got {gather_codec!r}.")
   axes = comm.axis_names(axis_name)
   k = accumulate_steps
   raw_key = optax.EmptyState() if key is None else (
@@ -142,7 +181,8 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
         inner_state=inner.init(my_chunk(pvec, m)),
         error=jnp.zeros((n,), jnp.float32) if memory else empty,
         accumulated=jnp.zeros(({1: n, 2: m}[stage],), jnp.float32) if k > 1 else empty,
-        count=jnp.zeros((), jnp.int32), key=raw_key, wire_bytes=comm.zero_bytes())
+        count=jnp.zeros((), jnp.int32), key=raw_key, wire_bytes=comm.zero_bytes(),
+        master=my_chunk(pvec, m) if gather_codec is not None else empty)
 
   def scatter(vec, error, enc_key):
     """Reduce-scatter (encoded if a codec is set): (summed chunk, new error, bytes)."""
@@ -155,16 +195,27 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     out, nbytes = comm.reduce_scatter_encoded(vec, codec, axes or None, key=enc_key)
     return out.chunk, (vec - out.own if memory else error), nbytes
 
-  def optimise(chunk_mean, inner_state, params, extra):
-    """Inner step on this device's chunk, then all-gather the updates: (vec, state, bytes)."""
+  def optimise(chunk_mean, inner_state, params, master, extra):
+    """Inner step on this device's chunk, then all-gather: (vec, state, master, bytes).
+
+    Without a gather codec the updates travel; with one, the stepped master chunk travels
+    encoded and the updates move the parameters to its decoded gather.
+    """
     w = size()
-    p_chunk = None
+    pvec = p_chunk = None
     if params is not None:
       pvec, _ = _flat_padded(params, w)
       p_chunk = my_chunk(pvec, pvec.shape[0] // w)
-    u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk, **extra)
-    u_vec, nbytes = comm.all_gather(u_chunk, axes or None, tiled=True)
-    return u_vec, inner_state, nbytes
+    if gather_codec is None:
+      u_chunk, inner_state = inner.update(chunk_mean, inner_state, p_chunk, **extra)
+      u_vec, nbytes = comm.all_gather(u_chunk, axes or None, tiled=True)
+      return u_vec, inner_state, master, nbytes
+    if pvec is None:
+      raise ValueError("zero with a gather_codec needs `params` in update().")
+    u_chunk, inner_state = inner.update(chunk_mean, inner_state, master, **extra)
+    master = optax.apply_updates(master, u_chunk)
+    new_vec, nbytes = comm.all_gather_encoded(master, gather_codec, axes or None)
+    return new_vec - pvec, inner_state, master, nbytes
 
   def update_fn(updates, state, params=None, **extra):
     comm.require_varying(updates, axes, "parallel.zero")
@@ -174,9 +225,11 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     new_key, enc_key = (jax.random.split(state.key) if stochastic else (state.key, None))
     if k == 1:
       chunk, error, nb1 = scatter(g, state.error, enc_key)
-      u_vec, inner_state, nb2 = optimise(chunk / w, state.inner_state, params, extra)
+      u_vec, inner_state, master, nb2 = optimise(chunk / w, state.inner_state, params,
+                                                 state.master, extra)
       return unflatten(u_vec), ZeroState(inner_state, error, state.accumulated, count,
-                                         new_key, comm.add_bytes(state.wire_bytes, nb1 + nb2))
+                                         new_key, comm.add_bytes(state.wire_bytes, nb1 + nb2),
+                                         master)
     counter = state.wire_bytes
     if stage == 1:  # Sum the whole local gradient; reduce-scatter once per optimiser step.
       pending, error = state.accumulated + g, state.error
@@ -185,22 +238,24 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       pending, counter = state.accumulated + chunk, comm.add_bytes(counter, nb1)
 
     def step(op):
-      pending, error, inner_state, counter = op
+      pending, error, inner_state, counter, master = op
       chunk, nb1 = pending, 0.0
       if stage == 1:
         chunk, error, nb1 = scatter(pending, error, enc_key)
-      u_vec, inner_state, nb2 = optimise(chunk / (w * k), inner_state, params, extra)
+      u_vec, inner_state, master, nb2 = optimise(chunk / (w * k), inner_state, params, master,
+                                                 extra)
       return (u_vec, jnp.zeros_like(pending), error, inner_state,
-              comm.add_bytes(counter, nb1 + nb2))
+              comm.add_bytes(counter, nb1 + nb2), master)
 
     def wait(op):
-      pending, error, inner_state, counter = op
+      pending, error, inner_state, counter, master = op
       # Fresh zeros (not zeros_like the local gradient, which would vary per worker).
-      return jnp.zeros(g.shape, g.dtype), pending, error, inner_state, counter
+      return jnp.zeros(g.shape, g.dtype), pending, error, inner_state, counter, master
 
-    u_vec, pending, error, inner_state, counter = comm.cond(
-        count % k == 0, step, wait, (pending, error, state.inner_state, counter))
-    return unflatten(u_vec), ZeroState(inner_state, error, pending, count, new_key, counter)
+    u_vec, pending, error, inner_state, counter, master = comm.cond(
+        count % k == 0, step, wait, (pending, error, state.inner_state, counter, state.master))
+    return unflatten(u_vec), ZeroState(inner_state, error, pending, count, new_key, counter,
+                                       master)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

@@ -152,6 +152,12 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
   results are all-gathered over the fast axis. Memories of a shard live in its slots of the
   full-length buffers (state shapes never depend on the mesh).
 
+  Sharded gradients (a replica of a model laid out over fsdp / tensor, see
+  `parallel.Layout.optimizer`): the codec acts per shard, on the flat vector of this
+  device's shards, and the memories hold this device's shards (their memory falls with the
+  shard count). A block codec then equals its unsharded self when its block divides every
+  shard's last dimension (the blocks hold the same elements); a top-k keeps k per shard.
+
   Randomness: stochastic codecs need `key`; it lives in the state and is split every update.
   Each worker folds in its axis index, except for shared-key codecs (random-k with a shared
   key), where every worker must draw the same coordinates.

@@ -56,6 +56,10 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
   (decoupled weight decay). Wire format: k float32 values and tile-local indices (uint16
   for 64 x 64 tiles) per tile, from all W workers: (W - 1) x that per device.
 
+  Sharded gradients (`parallel.Layout.optimizer`): per shard; the tiles are cut from this
+  device's shard of each tensor (chunks divide the shard's dimensions), so no tile
+  straddles two devices and nothing travels but the replicas' payloads.
+
   Args:
     learning_rate: a float or an optax schedule of the update count.
     beta: momentum decay in [0, 1) (DeMo: 0.999).

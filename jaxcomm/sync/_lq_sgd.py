@@ -43,8 +43,8 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
            collective: str = "two_phase", warm_start: bool = True, memory: str | None = "ef",
            start_iter: int = 0, min_compression_rate: float = 2,
            orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
-           axis_name: comm.AxisName = "data", key: jax.Array | None = None
-           ) -> optax.GradientTransformation:
+           axis_name: comm.AxisName = "data", key: jax.Array | None = None, *,
+           param_specs: Any = None) -> optax.GradientTransformation:
   """PowerSGD (see `powersgd`) whose factors P and Q travel as log-quantised codes.
 
   q(x) = sign(x) log(1 + alpha |x| / s) / log(1 + alpha) with s the block's largest
@@ -61,7 +61,8 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
     block: elements per float32 scale (None: one per vector / chunk).
     collective: "gather" or "two_phase".
     warm_start, memory, start_iter, min_compression_rate, orthogonalization_epsilon,
-      batch_same_shape, axis_name, key: as in `powersgd`.
+      batch_same_shape, axis_name, key, param_specs: as in `powersgd` (with sharded
+      gradients the whole-matrix view needs the same small inner-axis collectives).
 
   Returns:
     An `optax.GradientTransformation` with `PowerSGDState` state.
@@ -89,4 +90,4 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
                             start_iter=start_iter, min_compression_rate=min_compression_rate,
                             orthogonalization_epsilon=float(orthogonalization_epsilon),
                             batch_same_shape=batch_same_shape, axis_name=axis_name, key=key,
-                            codec=codec, collective=collective)
+                            codec=codec, collective=collective, param_specs=param_specs)

@@ -8,7 +8,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 from jaxcomm import codecs, comm
 
@@ -50,7 +49,8 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
   The decoded mean is the new m on every worker; the update is -lr m_hat / (sqrt(v_hat) + eps).
   Bias correction of m continues after the freeze (it tends to 1). Coordinates whose frozen
   v is 0 are never moved (exact Adam would not move them; a 1-bit code cannot send 0).
-  This is a complete optimiser: do not chain another one after it.
+  This is a complete optimiser: do not chain another one after it. Sharded gradients
+  (`parallel.Layout.optimizer`): per shard, the sign scales are over this device's shards.
 
   Args:
     learning_rate: a float or an optax schedule of the update count.
@@ -94,8 +94,7 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
     mean, nbytes = comm.mean(g, axis_name)
     mu = b1 * state.mu + (1 - b1) * mean
     nu = b2 * state.nu + (1 - b2) * mean * mean
-    return (mu, nu, comm.varying(state.worker_error, axis_name),
-            comm.varying(state.server_error, axis_name), nbytes)
+    return mu, nu, state.worker_error, state.server_error, nbytes
 
   def onebit_branch(g, state):
     sent = b1 * state.mu + (1 - b1) * g + state.worker_error
@@ -115,8 +114,10 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
       return mu, nu, we, se, comm.add_bytes(state.wire_bytes, nbytes)
 
     if freeze_step > 0:
-      mu, nu, we, se, counter = lax.cond(state.count < freeze_step, lambda: run(adam_branch),
-                                         lambda: run(onebit_branch))
+      # comm.cond: the branches' outputs vary over different axes (the 1-bit branch's error
+      # memories over the workers, a sharded gradient's moments over its shard axes).
+      mu, nu, we, se, counter = comm.cond(state.count < freeze_step, lambda: run(adam_branch),
+                                          lambda: run(onebit_branch))
     else:
       mu, nu, we, se, counter = run(onebit_branch)
     # The variance's bias correction freezes with it.

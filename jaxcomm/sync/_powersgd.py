@@ -16,6 +16,7 @@ from jax import lax
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
+from jaxcomm.sync import _shards
 
 MEMORIES = (None, "ef")
 
@@ -30,21 +31,41 @@ class PowerSGDState(NamedTuple):
 
 class _Group(NamedTuple):
   members: tuple  # ((leaf index, transposed), ...) in leaf order
-  n: int          # rows of the oriented matrix (the shorter side)
-  m: int          # columns
+  n: int          # rows of the oriented matrix (the shorter side), of the whole tensor
+  m: int          # columns, of the whole tensor
   r: int          # rank used: min(rank, n, m)
+  # With sharded leaves (`param_specs`), a group holds leaves of one shape and sharding:
+  dims: tuple = ()     # mesh axes splitting each dimension of the leaves
+  n_axes: tuple = ()   # mesh axes splitting the oriented rows (P^ is orthonormalised whole)
+  m_axes: tuple = ()   # mesh axes splitting the columns (P = M Q sums over them)
+  origin: tuple = ()   # (group of the unsharded plan, position in it) of each member
 
 
 class _Plan(NamedTuple):
   exact: tuple    # leaf indices reduced uncompressed (ndim <= 1 or not worth compressing)
   groups: tuple   # _Group, ...
+  sizes: tuple = ()  # matrices in each group of the unsharded plan (what Q is drawn for)
 
 
-def _plan(leaves, rank, min_compression_rate, batch_same_shape) -> _Plan:
-  """Which leaves are compressed, oriented how, and batched with which others (static)."""
-  exact, by_key = [], {}
+def _oriented_dims(ndim: int, transposed: bool) -> tuple[tuple, tuple]:
+  """(dimensions forming the oriented rows, dimensions forming the columns)."""
+  rows, cols = tuple(range(ndim - 1)), (ndim - 1,)
+  return (cols, rows) if transposed else (rows, cols)
+
+
+def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None) -> _Plan:
+  """Which leaves are compressed, oriented how, and batched with which others (static).
+
+  Decisions are taken on the whole tensors' shapes (`dims[i]`: the mesh axes splitting
+  each dimension of leaf i; then call inside shard_map), so a sharded run compresses
+  exactly what an unsharded one does. Sharded leaves are batched only with leaves of the
+  same shape and sharding; `origin` remembers their place in the unsharded plan.
+  """
+  dims = dims or [None] * len(leaves)
+  exact, subgroups, unsharded = [], {}, {}
   for i, x in enumerate(leaves):
-    shape = jnp.shape(x)
+    axes = dims[i] or ((),) * len(jnp.shape(x))
+    shape = _shards.global_shape(jnp.shape(x), axes)
     if len(shape) <= 1:
       exact.append(i)
       continue
@@ -56,13 +77,27 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape) -> _Plan:
       exact.append(i)
       continue
     key = (n, m) if batch_same_shape else (n, m, i)
-    by_key.setdefault(key, []).append((i, transposed))
-  groups = tuple(_Group(tuple(mem), k[0], k[1], min(rank, k[0])) for k, mem in by_key.items())
-  return _Plan(tuple(exact), groups)
+    members = unsharded.setdefault(key, [])
+    sharding = (shape, axes, transposed) if any(axes) else None
+    subgroups.setdefault((key, sharding), []).append((i, transposed, len(members)))
+    members.append(i)
+  keys = list(unsharded)
+  groups = []
+  for (key, sharding), mem in subgroups.items():
+    n_axes = m_axes = axes = ()
+    if sharding is not None:
+      shape, axes, transposed = sharding
+      row_dims, col_dims = _oriented_dims(len(shape), transposed)
+      n_axes = tuple(a for d in row_dims for a in axes[d])
+      m_axes = tuple(a for d in col_dims for a in axes[d])
+    groups.append(_Group(tuple((i, t) for i, t, _ in mem), key[0], key[1], min(rank, key[0]),
+                         dims=axes, n_axes=n_axes, m_axes=m_axes,
+                         origin=tuple((keys.index(key), pos) for _, _, pos in mem)))
+  return _Plan(tuple(exact), tuple(groups), tuple(len(unsharded[k]) for k in keys))
 
 
 def _stack(leaves, group: _Group) -> jax.Array:
-  """f32[B, n, m]: the group's leaves as oriented matrices."""
+  """f32[B, n, m]: the group's leaves as oriented matrices (local blocks when sharded)."""
   mats = []
   for i, transposed in group.members:
     mat = leaves[i].astype(jnp.float32).reshape(-1, leaves[i].shape[-1])
@@ -70,10 +105,29 @@ def _stack(leaves, group: _Group) -> jax.Array:
   return jnp.stack(mats)
 
 
+def _stacked_shape(leaves, group: _Group) -> tuple:
+  """The shape `_stack` gives (leaves may be ShapeDtypeStructs)."""
+  i, transposed = group.members[0]
+  shape = jnp.shape(leaves[i])
+  rows, cols = math.prod(shape[:-1]), shape[-1]
+  return (len(group.members), *((cols, rows) if transposed else (rows, cols)))
+
+
 def _unstack(batch, group: _Group, leaves, out: list) -> None:
   for b, (i, transposed) in enumerate(group.members):
     mat = batch[b].T if transposed else batch[b]
     out[i] = mat.reshape(leaves[i].shape).astype(leaves[i].dtype)
+
+
+def _local_index(group: _Group, shape, side: int, over: tuple = ()) -> jax.Array:
+  """Whole-matrix indices of this device's oriented rows (side 0) or columns (side 1).
+
+  With `over`, the indices of every device along those axes in all-gather order.
+  """
+  ds = _oriented_dims(len(shape), group.members[0][1])[side]
+  if over:
+    return _shards.gathered_indices(shape, group.dims, ds, over)
+  return _shards.flat_indices(shape, group.dims, ds)
 
 
 def orthonormalize(p: jax.Array, epsilon: float = 0.0) -> jax.Array:
@@ -103,8 +157,18 @@ def _matmul(a, b):
   return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
 
 
-def _initial_q(key, group: _Group, index: int) -> jax.Array:
-  return jax.random.normal(jax.random.fold_in(key, index), (len(group.members), group.m, group.r))
+def _initial_q(key, plan: _Plan, group: _Group, leaves) -> jax.Array:
+  """f32[B, m, r]: the group's first Q, the rows of the unsharded plan's Q this device holds.
+
+  Q of unsharded group k is drawn from fold_in(key, k), so a sharded run starts from the
+  same Q as an unsharded one.
+  """
+  drawn = {k: jax.random.normal(jax.random.fold_in(key, k), (plan.sizes[k], group.m, group.r))
+           for k in sorted({k for k, _ in group.origin})}
+  q = jnp.stack([drawn[k][pos] for k, pos in group.origin])
+  if group.m_axes:
+    q = q[:, _local_index(group, leaves[group.members[0][0]].shape, 1), :]
+  return q
 
 
 def _factor_sizes(plan: _Plan) -> tuple[int, int]:
@@ -114,23 +178,48 @@ def _factor_sizes(plan: _Plan) -> tuple[int, int]:
   return p, q
 
 
+def _orthonormalize_whole(p: jax.Array, group: _Group, shape, epsilon: float
+                          ) -> tuple[jax.Array, float]:
+  """P^ rows of this device for P f32[B, n/k, r] whose rows are split over `group.n_axes`.
+
+  The row blocks are all-gathered over those axes (small: n r per matrix), put in the
+  whole matrix's row order and orthonormalised as one matrix, exactly as unsharded.
+  """
+  if not group.n_axes:
+    return orthonormalize(p, epsilon), 0.0
+  gathered, nbytes = comm.all_gather(p, group.n_axes, axis=1, tiled=True)
+  whole = jnp.zeros((p.shape[0], group.n, p.shape[2]), p.dtype)
+  whole = whole.at[:, _local_index(group, shape, 0, over=group.n_axes)].set(gathered)
+  p_hat = orthonormalize(whole, epsilon)
+  return p_hat[:, _local_index(group, shape, 0)], nbytes
+
+
 def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int,
              min_compression_rate: float, orthogonalization_epsilon: float,
              batch_same_shape: bool, axis_name: comm.AxisName, key: jax.Array,
-             codec: codecs.Codec | None = None,
-             collective: str | None = None) -> optax.GradientTransformation:
+             codec: codecs.Codec | None = None, collective: str | None = None,
+             param_specs: Any = None) -> optax.GradientTransformation:
   """PowerSGD whose P and Q travel through `codec` (None: float32 psum). Validated by callers.
 
-  `key` is raw key data (`check_common`'s result).
+  `key` is raw key data (`check_common`'s result). With `param_specs` the leaves are shards
+  (call inside shard_map): each matrix's factors are summed over the axes splitting it (see
+  `powersgd`).
   """
   base_key = jax.random.wrap_key_data(key)
   error_feedback = memory == "ef"
 
+  def make_plan(tree):
+    leaves, dims = jax.tree.leaves(tree), None
+    if param_specs is not None:
+      specs = _shards.spec_leaves(param_specs, tree)
+      dims = [_shards.dim_axes(spec, len(jnp.shape(x))) for spec, x in zip(specs, leaves)]
+    return _plan(leaves, rank, min_compression_rate, batch_same_shape, dims)
+
   def init_fn(params):
     leaves = jax.tree.leaves(params)
-    plan = _plan(leaves, rank, min_compression_rate, batch_same_shape)
-    q = tuple(_initial_q(base_key, g, k) for k, g in enumerate(plan.groups))
-    error = (tuple(jnp.zeros((len(g.members), g.n, g.m), jnp.float32) for g in plan.groups)
+    plan = make_plan(params)
+    q = tuple(_initial_q(base_key, plan, g, leaves) for g in plan.groups)
+    error = (tuple(jnp.zeros(_stacked_shape(leaves, g), jnp.float32) for g in plan.groups)
              if error_feedback else None)
     return PowerSGDState(count=jnp.zeros((), jnp.int32), q=q, error=error,
                          wire_bytes=comm.zero_bytes())
@@ -146,6 +235,7 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
 
   def compressed_branch(leaves, state, plan):
     w = comm.axis_size(axis_name)
+    shapes = [leaves[g.members[0][0]].shape for g in plan.groups]
     mats = [_stack(leaves, g) for g in plan.groups]
     if error_feedback:
       mats = [mat + e for mat, e in zip(mats, state.error)]
@@ -153,40 +243,47 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
       qs = state.q
     else:  # A fresh Q every step, from a key every worker shares.
       step_key = jax.random.fold_in(base_key, state.count)
-      qs = tuple(_initial_q(step_key, g, k) for k, g in enumerate(plan.groups))
-    # 1. P = M Q; the P's of all groups travel in one buffer (with the exact leaves if plain).
-    ps = [_matmul(mat, q) for mat, q in zip(mats, qs)]
+      qs = tuple(_initial_q(step_key, plan, g, leaves) for g in plan.groups)
+    # 1. P = M Q (summed over the axes splitting the columns of a sharded matrix); the P's
+    # of all groups travel in one buffer (with the exact leaves if plain).
+    ps, nbytes = [], 0.0
+    for g, mat, q in zip(plan.groups, mats, qs):
+      p, sent = comm.sum(_matmul(mat, q), g.m_axes or None)
+      ps.append(p)
+      nbytes += sent
     p_flat = jnp.concatenate([p.reshape(-1) for p in ps]) if ps else jnp.zeros((0,))
     exact_flat = jnp.concatenate([leaves[i].astype(jnp.float32).reshape(-1)
                                   for i in plan.exact]) if plan.exact else jnp.zeros((0,))
-    nbytes = 0.0
     if codec is None:
-      both, nbytes = comm.sum(jnp.concatenate([p_flat, exact_flat]), axis_name)
+      both, sent = comm.sum(jnp.concatenate([p_flat, exact_flat]), axis_name)
       p_sum, exact_sum = both[:p_flat.shape[0]], both[p_flat.shape[0]:]
+      nbytes += sent
     else:
-      p_sum, _, nbytes = factor_sum(p_flat, w) if plan.groups else (p_flat, None, 0.0)
+      p_sum, _, sent = factor_sum(p_flat, w) if plan.groups else (p_flat, None, 0.0)
+      nbytes += sent
       exact_sum = exact_flat
       if plan.exact:
         exact_sum, exact_bytes = comm.sum(exact_flat, axis_name)
         nbytes += exact_bytes
-    # 2. Orthonormalise; 3. Q_w = M_w^T P^.
+    # 2. Orthonormalise (whole matrices); 3. Q_w = M_w^T P^ (summed over row shards).
     p_hats, q_locals, offset = [], [], 0
-    for g, mat in zip(plan.groups, mats):
-      size = len(g.members) * g.n * g.r
-      p_hat = orthonormalize(p_sum[offset:offset + size].reshape(len(g.members), g.n, g.r),
-                             orthogonalization_epsilon)
+    for g, mat, p, shape in zip(plan.groups, mats, ps, shapes):
+      size = p.size
+      p_hat, sent = _orthonormalize_whole(p_sum[offset:offset + size].reshape(p.shape), g,
+                                          shape, orthogonalization_epsilon)
       offset += size
       p_hats.append(p_hat)
-      q_locals.append(_matmul(jnp.swapaxes(mat, 1, 2), p_hat))
+      q_local, sent2 = comm.sum(_matmul(jnp.swapaxes(mat, 1, 2), p_hat), g.n_axes or None)
+      q_locals.append(q_local)
+      nbytes += sent + sent2
     # 5. Q = mean_w Q_w (one buffer).
     q_flat = jnp.concatenate([q.reshape(-1) for q in q_locals]) if q_locals else jnp.zeros((0,))
     q_sum, q_sent, q_bytes = factor_sum(q_flat, w) if plan.groups else (q_flat, q_flat, 0.0)
     nbytes += q_bytes
     out = list(leaves)
     new_q, new_error, offset = [], [], 0
-    for g, mat, p_hat in zip(plan.groups, mats, p_hats):
-      size = len(g.members) * g.m * g.r
-      shape = (len(g.members), g.m, g.r)
+    for g, mat, p_hat, q_local in zip(plan.groups, mats, p_hats, q_locals):
+      size, shape = q_local.size, q_local.shape
       q_mean = q_sum[offset:offset + size].reshape(shape) / w
       sent = q_sent[offset:offset + size].reshape(shape)
       offset += size
@@ -212,7 +309,7 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
     comm.require_varying(updates, axis_name, "sync.powersgd")
     del params
     leaves, treedef = jax.tree.flatten(updates)
-    plan = _plan(leaves, rank, min_compression_rate, batch_same_shape)
+    plan = make_plan(updates)
 
     def run(branch):
       out, q, error, nbytes = branch()
@@ -273,8 +370,8 @@ def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float =
 def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
              start_iter: int = 0, min_compression_rate: float = 2,
              orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
-             axis_name: comm.AxisName = "data", key: jax.Array | None = None
-             ) -> optax.GradientTransformation:
+             axis_name: comm.AxisName = "data", key: jax.Array | None = None, *,
+             param_specs: Any = None) -> optax.GradientTransformation:
   """Replaces each worker's gradient by PowerSGD's rank-r approximation of the mean.
 
   Per matrix-shaped tensor (ndim >= 2, viewed as prod(shape[:-1]) x shape[-1], oriented with
@@ -293,6 +390,17 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
   conv is 3, which would cap the rank at 3 and leave every conv uncompressed at rank >= 2.
   prod(shape[:-1]) x shape[-1] is PyTorch's (C_out) x (C_in kh kw) view, transposed.
 
+  Sharded gradients (a replica of a model laid out with FSDP or tensor parallelism; pass the
+  leaves' `param_specs`): PowerSGD keeps its global view, so a sharded run computes what an
+  unsharded one does. A device holds a block M_loc of each matrix: P = M Q is summed over
+  the mesh axes splitting the columns; P's row blocks are all-gathered over the axes
+  splitting the rows and orthonormalised as one matrix; Q_w = M^T P^ is summed over the
+  row axes. Those inner-axis collectives carry r (n/k + m/k) floats per matrix (k: the
+  shard count), counted in `wire_bytes` on their own axes; `axis_name` (the replica axis)
+  carries P and Q of this device's blocks. Q and the error memories are stored per device,
+  one block each, so their memory falls with the shard count. The plan (which matrices are
+  compressed, at which rank, with which first Q) is taken from the whole shapes.
+
   Args:
     rank: r >= 1 (capped at min(n, m) per matrix).
     warm_start: reuse the previous Q (else a fresh shared random Q every step).
@@ -304,6 +412,8 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
     axis_name: the data axis; None for one device.
     key: PRNG key of the first Q (shared by all workers; also of every fresh Q without
       `warm_start`); None is the fixed default `jax.random.key(0)`.
+    param_specs: optional PartitionSpecs of the gradient leaves (a tree like them) when they
+      are shards of larger tensors: the method then runs on the whole tensors, see above.
 
   Returns:
     An `optax.GradientTransformation`; its state keeps Q, the error memories (per worker)
@@ -324,4 +434,5 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
   return low_rank(rank, warm_start=warm_start, memory=memory,
                   start_iter=start_iter, min_compression_rate=min_compression_rate,
                   orthogonalization_epsilon=float(orthogonalization_epsilon),
-                  batch_same_shape=batch_same_shape, axis_name=axis_name, key=key)
+                  batch_same_shape=batch_same_shape, axis_name=axis_name, key=key,
+                  param_specs=param_specs)

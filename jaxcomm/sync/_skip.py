@@ -37,7 +37,9 @@ def skip_nonfinite(inner: optax.GradientTransformation,
   """Runs `inner` only when every worker's gradient is finite; otherwise skips the step.
 
   Each worker checks its local gradient; one int32 all-reduce over `axis_name` counts the
-  workers that saw a NaN or Inf (2(W-1)/W * 4 wire bytes every step). If any did, the step
+  workers that saw a NaN or Inf (2(W-1)/W * 4 wire bytes every step). When the gradient is
+  sharded (tensor or FSDP shards of a replica), the all-reduce also spans the axes its
+  shards differ over, so that every device takes the same decision. If any did, the step
   returns zero updates and leaves `inner`'s state exactly as it was (error memories, outer
   parameters, counters, PRNG keys) and increments `skipped_steps`; `inner`'s own collectives
   run only in the taken branch. Wrap the whole chain, so that nothing stateful sees the
@@ -69,7 +71,12 @@ def skip_nonfinite(inner: optax.GradientTransformation,
     finite = jnp.asarray(True)
     for g in jax.tree.leaves(updates):
       finite = finite & jnp.all(jnp.isfinite(g))
-    bad_workers, nbytes = comm.sum(jnp.logical_not(finite).astype(jnp.int32), axis_name)
+    # Every device that holds other gradient values takes part in the decision: the
+    # workers, and the devices holding other shards (tensor, fsdp), which must skip too.
+    workers = () if axis_name is None else (
+        tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,))
+    axes = workers + tuple(sorted(comm.varying_axes(finite) - set(workers)))
+    bad_workers, nbytes = comm.sum(jnp.logical_not(finite).astype(jnp.int32), axes or None)
     take = bad_workers == 0
     # The zero updates of a skipped step have the shapes and dtypes of the inner updates
     # (traced once more for its output types, without running it).

@@ -58,6 +58,9 @@ class Checkpointer:
     every: save when the step is a multiple of this (and at the end of `fit`).
     keep: how many of the newest checkpoints to keep.
     async_save: write in a background thread while training continues.
+    processes: None (every process saves and restores its shards) or a set of one process
+      that does it alone, holding the whole state (`{0}`: `jaxcomm.elastic` gathers the
+      live islands' state on process 0, since the others may be dead).
 
   >>> import tempfile, jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -75,14 +78,20 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, *, every: int = 100, keep: int = 3,
-               async_save: bool = True):
+               async_save: bool = True, processes: set[int] | None = None):
     directory, every, keep = _validate.checkpoint_args(directory, every, keep)
     self.directory = os.path.abspath(directory)
     self.every, self.keep = every, keep
+    self.processes = _validate.checkpoint_processes(processes)
     self._preemption = (None, False)  # (step asked about, answer)
+    if self.processes is not None:  # Orbax creates the directory only when all processes save
+      os.makedirs(self.directory, exist_ok=True)
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=every, max_to_keep=keep, create=True,
-        enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+        save_interval_steps=every, max_to_keep=keep, create=self.processes is None,
+        enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            primary_host=min(self.processes) if self.processes else 0,
+            active_processes=self.processes))
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "meta"))
 
@@ -103,7 +112,8 @@ class Checkpointer:
     """Saves `state` if its step is due (or `force`); returns whether a save started.
 
     Args:
-      state: the train state (on every process).
+      state: the train state (on every process; with `processes={i}`, on process i as
+        numpy arrays, e.g. from `jaxcomm.elastic.gather`).
       force: save whatever the step (the end of a run); a step saved already is not saved
         twice.
       info: small JSON-serialisable extras restored alongside the state.
@@ -152,7 +162,7 @@ class Checkpointer:
         error = _check(out, step, self._fingerprint(out["state"]))
       except Exception as e:  # pylint: disable=broad-except
         error = f"{type(e).__name__}: {e}"
-      if _all_processes_agree(error is None):
+      if self._all_agree(error is None):
         if unreadable:
           self._set_aside(unreadable)
         state = jax.tree.map(_unstorable, out["state"], state_like)
@@ -175,9 +185,16 @@ class Checkpointer:
     self._manager.close()
 
   # ---------------------------------------------------------------- helpers
+  def _all_agree(self, ok: bool) -> bool:
+    return ok if self.processes is not None else _all_processes_agree(ok)
+
   def _fingerprint(self, stored: Any) -> list[int]:
     leaves = jax.tree.leaves(stored)
-    return [int(x) for x in np.asarray(_fingerprint_fn(leaves[0].sharding.mesh)(leaves))]
+    if isinstance(leaves[0], jax.Array):
+      fn = _fingerprint_fn(leaves[0].sharding.mesh)
+    else:  # host arrays (a state gathered on one process), summed on this process's device
+      fn = _fingerprint_fn(None)
+    return [int(x) for x in np.asarray(fn(leaves))]
 
   def _set_aside(self, steps: list[int]) -> None:
     self.wait()
@@ -186,7 +203,7 @@ class Checkpointer:
         path = os.path.join(self.directory, str(step))
         if os.path.exists(path):
           os.replace(path, path + _UNREADABLE)
-    if jax.process_count() > 1:
+    if jax.process_count() > 1 and self.processes is None:
       multihost_utils.sync_global_devices("jaxcomm_checkpoint_set_aside")
     self._manager.reload()
 
@@ -211,10 +228,10 @@ def _abstract(like: Any, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
 
 
 @functools.lru_cache(maxsize=None)
-def _fingerprint_fn(mesh: jax.sharding.Mesh):
+def _fingerprint_fn(mesh: jax.sharding.Mesh | None):
   """u32[leaves]: one position-sensitive checksum per leaf, computed where the data lives."""
   return jax.jit(lambda leaves: jnp.stack([_leaf_fingerprint(x) for x in leaves]),
-                 out_shardings=NamedSharding(mesh, P()))
+                 out_shardings=None if mesh is None else NamedSharding(mesh, P()))
 
 
 def _leaf_fingerprint(x: jax.Array) -> jax.Array:

@@ -1,13 +1,21 @@
 """The train state and the step builder: a user loss and an optax transform on a mesh.
 
 Replicated or per-worker, by construction (DESIGN.md). A leaf of the train state is
-*per-worker* when the transform makes it differ between workers of the data axis (error
-memories, local momenta, DiLoCo worker parameters). The builder finds out which leaves those
-are by tracing the transform under `shard_map` and reading each output's varying manual axes
-(the same types that shard_map's check uses): starting from `init`, it traces `update` with a
-local (varying) gradient until the set of varying leaves stops growing. Per-worker leaves are
-stored with a leading worker axis of size W sharded over the data axis; replicated leaves are
-stored once. Nothing per-worker is averaged or dropped at a step boundary.
+*per-worker* when the transform makes it differ between devices that its PartitionSpec says
+hold the same value (error memories, local momenta, DiLoCo worker parameters). The builder
+finds out which leaves those are, and over which mesh axes they differ, by tracing the
+transform under `shard_map` and reading each output's varying manual axes (the same types
+that shard_map's check uses): starting from `init`, it traces `update` with a local
+(varying) gradient until the sets of varying axes stop growing. A per-worker leaf is stored
+with a leading axis over exactly the mesh axes it differs over and its spec does not shard
+it over: a replica's state inside a `replica x fsdp x tensor` mesh is stored once per
+replica (leading axis over `replica`), sharded like the parameters inside the replica.
+Replicated leaves are stored once. Nothing per-worker is averaged or dropped at a step
+boundary.
+
+The step donates the train state (`donate_argnums`): the new state takes the old one's
+buffers, so a model-sized state (DiLoCo's outer parameters, error memories) is not held
+twice at the step's peak. A state passed to `step` is consumed; keep the returned one.
 
 Meshes are built with `AxisType.Auto` axes (see `jaxcomm.parallel.make_mesh`): the classic
 shard_map model, in which inputs are resharded to `in_specs` as needed.
@@ -16,9 +24,8 @@ shard_map model, in which inputs are resharded to `in_specs` as needed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +55,12 @@ class TrainState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
-  """Which leaves of the train state are per-worker (boolean trees like the state's)."""
+  """Which leaves of the train state are per-worker, and over which mesh axes.
+
+  Trees like params/opt_state whose leaves are frozensets of mesh axis names: the axes a
+  leaf differs over that its spec does not shard it over (empty: replicated; truthy when
+  per-worker). Such a leaf is stored with a leading axis over those axes (mesh order).
+  """
   params: Any
   opt_state: Any
   model_state: Any = None
@@ -90,6 +102,8 @@ class Trainer:
   the other variables become `TrainState.model_state`; RNG streams are reseeded every step
   with `step_key(stream key, step, worker)` (see `jaxcomm.train._nnx`). `model(state)`
   gives the trained model back.
+    donate: donate the train state to the step (its buffers are reused for the new state;
+      the state passed to `step` is then consumed). True by default.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -107,7 +121,8 @@ class Trainer:
   def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
                param_specs: Any = None, has_aux: bool = False, batch_specs: Any = None,
-               key: jax.Array | None = None, mutable: str = "per_worker"):
+               key: jax.Array | None = None, mutable: str = "per_worker",
+               donate: bool = True):
     axes = _validate.trainer_axes(axis_name, mesh)
     _validate.trainer_args(loss_fn, optimizer)
     # Typed, for fold_in; None means the loss takes no key (not a default key).
@@ -121,6 +136,7 @@ class Trainer:
     self.param_specs = param_specs
     self.has_aux = has_aux
     self.batch_specs = batch_specs
+    self.donate = v.one_of("donate", donate, (True, False))
     self._layout = None
     self._opt_specs = None
     self._sq_groups = [()]
@@ -137,15 +153,17 @@ class Trainer:
       return jax.tree.map(lambda _: P(), params)
     return spec_tree
 
+  def _lead_axes(self, pw) -> tuple:
+    """The mesh axes (mesh order) of a per-worker leaf's leading axis; () if replicated."""
+    return tuple(a for a in self.mesh.axis_names if a in pw) if pw else ()
+
+  def _lead_size(self, pw) -> int:
+    return math.prod(self.mesh.shape[a] for a in self._lead_axes(pw))
+
   def _specs(self, per_worker, base_specs):
-    """PartitionSpec per leaf: per-worker leaves get the data axes as a leading dimension."""
+    """PartitionSpec per leaf: per-worker leaves get their axes as a leading dimension."""
     def one(pw, spec):
-      if not pw:
-        return spec
-      if len(self._worker_axes(spec)) != len(self.axes):
-        raise ValueError(f"a state leaf sharded as {spec} over a data axis also differs "
-                         f"between the workers of {self.axes}; such leaves are unsupported.")
-      return P(self.axes, *spec)
+      return P(self._lead_axes(pw), *spec) if pw else spec
     return jax.tree.map(one, per_worker, base_specs)
 
   def _base_opt_specs(self, opt_state):
@@ -160,9 +178,9 @@ class Trainer:
   def _stack(self, tree, per_worker):
     return jax.tree.map(lambda pw, x: x[None] if pw else x, per_worker, tree)
 
-  def _worker_axes(self, spec) -> set:
-    """Data axes over which a leaf with this base spec can be per-worker (not sharded)."""
-    return set(self.axes) - {a for entry in spec for a in comm.axis_names(entry)}
+  def _free_axes(self, spec) -> frozenset:
+    """Mesh axes over which a leaf with this base spec can differ without being sharded."""
+    return frozenset(self.mesh.axis_names) - {a for entry in spec for a in comm.axis_names(entry)}
 
   def _resize(self, shape, spec, grow: bool) -> tuple:
     """Global shape from a local one (grow) or the reverse, for a leaf with this spec."""
@@ -194,12 +212,12 @@ class Trainer:
     return jax.tree_util.tree_map_with_path(spec_for, opt_local)
 
   def _derive_layout(self, params) -> StateLayout:
-    """Fixed point of 'which leaves vary over the data axes' under init and update.
+    """Fixed point of 'over which axes does each leaf vary' under init and update.
 
     `init` is traced under shard_map, so an optimiser state whose shapes depend on the axis
-    sizes (a 1/W shard, ZeRO) works; probes stack every leaf over all mesh axes so that
-    leaves varying over non-data axes (tensor-parallel shards) pass shard_map's check. A
-    leaf is per-worker when it varies over a data axis its spec does not shard it over.
+    sizes (a 1/W shard, ZeRO) works; probes stack every leaf over all mesh axes so that any
+    leaf passes shard_map's check. A leaf is per-worker over the mesh axes it varies over
+    that its spec does not shard it over.
     """
     params_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
                               params)
@@ -209,7 +227,7 @@ class Trainer:
 
     def record(key, tree, specs):
       found[key] = jax.tree.map(
-          lambda x, spec: bool(self._worker_axes(spec) & comm.varying_axes(x)), tree, specs)
+          lambda x, spec: self._free_axes(spec) & comm.varying_axes(x), tree, specs)
 
     def probe_init(p):
       opt = self.optimizer.init(p)
@@ -224,9 +242,8 @@ class Trainer:
         lambda x, spec: jax.ShapeDtypeStruct(self._resize(x.shape, spec, grow=True), x.dtype),
         found["opt_local"], opt_specs)
     found["opt"] = jax.tree.map(
-        lambda vary, spec: bool(self._worker_axes(spec) & vary), found.pop("opt_vary"),
-        opt_specs)
-    layout = StateLayout(params=jax.tree.map(lambda _: False, params_abs),
+        lambda vary, spec: self._free_axes(spec) & vary, found.pop("opt_vary"), opt_specs)
+    layout = StateLayout(params=jax.tree.map(lambda _: frozenset(), params_abs),
                          opt_state=found["opt"])
     for _ in range(8):
       def probe_update(p, o, layout=layout):
@@ -239,21 +256,42 @@ class Trainer:
         return jax.tree.map(lambda x: x[None], (p, o))
 
       stacked = lambda abs_tree, pw: jax.tree.map(
-          lambda w, x: jax.ShapeDtypeStruct((self.num_workers, *x.shape), x.dtype) if w else x,
+          lambda w, x: jax.ShapeDtypeStruct((self._lead_size(w), *x.shape), x.dtype) if w else x,
           pw, abs_tree)
       in_specs = (self._specs(layout.params, pspecs), self._specs(layout.opt_state, opt_specs))
       jax.eval_shape(jax.shard_map(probe_update, mesh=self.mesh, in_specs=in_specs,
                                    out_specs=every),
                      stacked(params_abs, layout.params), stacked(opt_abs, layout.opt_state))
       new = StateLayout(
-          params=jax.tree.map(lambda a, b: a or b, layout.params, found["params"]),
-          opt_state=jax.tree.map(lambda a, b: a or b, layout.opt_state, found["opt"]))
+          params=jax.tree.map(lambda a, b: a | b, layout.params, found["params"]),
+          opt_state=jax.tree.map(lambda a, b: a | b, layout.opt_state, found["opt"]))
       if jax.tree.leaves(new.params) == jax.tree.leaves(layout.params) and \
          jax.tree.leaves(new.opt_state) == jax.tree.leaves(layout.opt_state):
+        self._check_params_layout(new.params, pspecs)
         self._opt_specs = opt_specs
         return new
       layout = new
     raise RuntimeError("the per-worker layout of the train state did not settle.")
+
+  def _check_params_layout(self, per_worker, pspecs):
+    """A parameter may differ only between workers of the data axes.
+
+    A replicated parameter that the update makes differ over a model axis (`tensor`,
+    `pipeline`) would be differentiated as a per-device value there: its gradient would
+    lose the sum over that axis. This happens when a transform mixes it with leaves sharded
+    over that axis (one flat vector of every gradient leaf).
+    """
+    flat, _ = jax.tree_util.tree_flatten_with_path(per_worker)
+    for (path, axes), spec in zip(flat, jax.tree.leaves(pspecs,
+                                                        is_leaf=lambda s: isinstance(s, P))):
+      extra = sorted(set(axes) - set(self.axes))
+      if extra:
+        raise ValueError(
+            f"the update makes parameter {jax.tree_util.keystr(path)} (spec {spec}) differ "
+            f"over mesh axes {extra}, which are not data axes {self.axes}: the transform "
+            f"mixes it with parameters sharded over {extra} (e.g. in one flat vector). Run "
+            "the transform on each group of equally sharded leaves "
+            "(jaxcomm.parallel.by_sharding, as parallel.Layout.optimizer does).")
 
   @property
   def layout(self) -> StateLayout:
@@ -292,8 +330,9 @@ class Trainer:
       _validate.mutable_state(self.mutable, model_state, self._nnx.is_variable())
     self._layout = self._derive_layout(params)
     if model_state is not None:  # per worker: the variables the forward pass updates
-      per_worker = jax.tree.map(lambda var: var and self.mutable == "per_worker",
-                                self._nnx.is_variable())
+      per_worker = jax.tree.map(
+          lambda var: frozenset(self.axes) if var and self.mutable == "per_worker"
+          else frozenset(), self._nnx.is_variable())
       self._layout = dataclasses.replace(self._layout, model_state=per_worker)
     pspecs = self._param_spec(self.param_specs, params)
     opt_out = self._specs(self.layout.opt_state, self._opt_specs)
@@ -304,7 +343,7 @@ class Trainer:
     def init_local(p, ms):
       opt = self.optimizer.init(p)
       # Per-worker leaves start equal on all workers but are stored once per worker.
-      p, opt, ms = (jax.tree.map(lambda pw, x: comm.varying(x, self.axes) if pw else x,
+      p, opt, ms = (jax.tree.map(lambda pw, x: comm.varying(x, self._lead_axes(pw)),
                                  pw_tree, tree)
                     for pw_tree, tree in ((self.layout.params, p),
                                           (self.layout.opt_state, opt),
@@ -315,7 +354,11 @@ class Trainer:
     init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh, in_specs=(pspecs, model_specs),
                                     out_specs=(param_out, opt_out, model_out)))
     p, opt, ms = init_fn(params, model_state)
-    step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
+    # Computed, not device_put: on a mesh over every process, device_put of a host value first
+    # checks with an all-gather over all devices that each process passed the same value, a
+    # collective that jaxcomm.elastic cannot afford once a process has restarted.
+    step = jax.jit(lambda: jnp.zeros((), jnp.int32),
+                   out_shardings=NamedSharding(self.mesh, P()))()
     return TrainState(step=step, params=p, opt_state=opt, model_state=ms)
 
   def model(self, state: TrainState, worker: int = 0) -> Any:
@@ -348,7 +391,7 @@ class Trainer:
         size = math.prod(self.mesh.shape[a] for a in comm.axis_names(axes))
         n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
-          kind = "data" if set(names) <= set(self.axes) else "mesh"
+          kind = "data" if set(comm.axis_names(axes)) <= set(self.axes) else "mesh"
           raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
                            f"{kind} axis size {size} (axes {axes!r}).")
 
@@ -406,7 +449,8 @@ class Trainer:
     m_specs = jax.tree.map(lambda _: P(out_axes), out_m)
     return jax.jit(jax.shard_map(step_local, mesh=self.mesh,
                                  in_specs=(specs, self.batch_spec(batch)),
-                                 out_specs=(specs, m_specs, P())))
+                                 out_specs=(specs, m_specs, P())),
+                   donate_argnums=(0,) if self.donate else ())
 
   def _local_loss(self) -> Callable:
     """`(params, batch, model_state, step) -> (loss, (aux, model_state))` on one worker.
@@ -441,7 +485,11 @@ class Trainer:
                         model_state), nbytes
 
   def step_fn(self, state, batch) -> Callable:
-    """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`."""
+    """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`.
+
+    With `donate` (the default) it consumes `state`: lowering and compiling it (e.g.
+    `comm.inspect`) leaves the state usable, calling it does not.
+    """
     if self._step_fn is None:
       self._step_fn = self._build_step(state, batch)
     return self._step_fn
@@ -511,5 +559,21 @@ class Trainer:
     return jax.tree.map(jax.make_array_from_process_local_data, sharding, local_batch)
 
   def worker_view(self, tree_stacked, per_worker_tree, worker: int = 0):
-    """One worker's view of a state tree: per-worker leaves indexed, replicated ones as is."""
-    return jax.tree.map(lambda pw, x: x[worker] if pw else x, per_worker_tree, tree_stacked)
+    """One worker's view of a state tree: per-worker leaves indexed, replicated ones as is.
+
+    `worker` counts the workers of the data axes (`num_workers`); a leaf stored once per
+    replica gives that worker's replica's copy. Leading axes over non-data axes stay.
+    """
+    sizes = [self.mesh.shape[a] for a in self.axes]
+    coords = dict(zip(self.axes, jnp.unravel_index(worker, sizes))) if sizes else {}
+
+    def one(pw, x):
+      lead = self._lead_axes(pw)
+      if not lead:
+        return x
+      x = x.reshape(*(self.mesh.shape[a] for a in lead), *x.shape[1:])
+      keep = [a for a in lead if a not in coords]
+      x = x[tuple(int(coords[a]) if a in coords else slice(None) for a in lead)]
+      return x.reshape(-1, *x.shape[len(keep):]) if keep else x
+
+    return jax.tree.map(one, per_worker_tree, tree_stacked)

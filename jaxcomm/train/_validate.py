@@ -83,3 +83,18 @@ def distributed_args(coordinator: Any, num_processes: Any, process_id: Any,
                      f"got {coordinator!r}.")
   num_processes = v.integer("num_processes", num_processes, low=1)
   v.integer("process_id", process_id, low=0, high=num_processes - 1)
+
+
+def checkpoint_processes(processes: Any) -> frozenset | None:
+  """None (every process) or a set of one process index."""
+  if processes is None:
+    return None
+  try:
+    out = frozenset(v.integer("processes", p, low=0) for p in processes)
+  except TypeError as e:
+    raise ValueError(f"processes must be None or a set of process indices, got "
+                     f"{processes!r}.") from e
+  if len(out) != 1:
+    raise ValueError(f"processes must be None (all processes) or a set of one process index, "
+                     f"got {sorted(out)}.")
+  return out
