@@ -145,10 +145,46 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
 
 
 def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
-  """`method`'s settings subtree (its defaults, then `settings`), with its name."""
+  """`method`'s settings subtree (its defaults, then `settings`), with its name.
+
+  A setting the method does not have is an error naming it (a misspelt setting would
+  otherwise be ignored).
+  """
   c = methods.method_defaults(method)
+  unknown = sorted(set(settings) - set(c.keys()))
+  if unknown:
+    raise ValueError(f"method {method!r} has no setting {', '.join(map(repr, unknown))}; its "
+                     f"settings: {', '.join(sorted(c.keys()))}.")
   c.name = method
   c.update(settings)
+  return c
+
+
+def with_method(config: ml_collections.ConfigDict, entry: dict) -> ml_collections.ConfigDict:
+  """`config` with the method of an entry `{"method": name, **settings}` (the form of
+  experiments/compare.py's METHODS), its optional "optimizer" overrides and "mesh".
+
+  >>> c = with_method(base_config(), {"method": "diloco", "sync_every": 5, "mesh": "fsdp=8",
+  ...                                 "optimizer": {"lr": 1e-3}})
+  >>> c.method.name, c.method.sync_every, c.mesh, c.optimizer.lr
+  ('diloco', 5, 'fsdp=8', 0.001)
+  """
+  entry = dict(entry)
+  if "method" not in entry:
+    raise ValueError(f"a method entry needs a 'method' (a name of experiments/methods/, a "
+                     f"module path or a .py file), got {entry!r}.")
+  optimizer = entry.pop("optimizer", {})
+  mesh = entry.pop("mesh", None)
+  c = config.copy_and_resolve_references()
+  unknown = sorted(set(optimizer) - set(c.optimizer.keys()))
+  if unknown:
+    raise ValueError(f"config.optimizer has no setting {', '.join(map(repr, unknown))}; its "
+                     f"settings: {', '.join(sorted(c.optimizer.keys()))}.")
+  with c.unlocked():
+    c.method = method_config(entry.pop("method"), **entry)
+    c.optimizer.update(optimizer)
+    if mesh is not None:
+      c.mesh = mesh
   return c
 
 

@@ -116,6 +116,13 @@ PRESETS: dict[str, Link] = {
                "(~60 ms round trip, the order of US east-west coast paths); the setting of "
                "low-communication training across datacenters (DiLoCo, arXiv 2311.08105). "
                "Both numbers are assumptions a user should replace with their own."),
+    "internet": Link.gbit(
+        0.1, 40e-3, name="internet",
+        source="Workers of independent providers over the public internet, the regime of "
+               "OpenDiLoCo (arXiv 2407.07852: two continents, three countries) and INTELLECT-1 "
+               "(arXiv 2412.01152: 14 nodes on three continents). The numbers are assumptions, "
+               "not those papers': 100 Mbit/s available to the job per worker and 40 ms one "
+               "way (~80 ms round trip, the order of a transatlantic path)."),
 }
 
 

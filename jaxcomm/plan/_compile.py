@@ -5,9 +5,10 @@
 shardings only: `jax.eval_shape`), lowers and compiles the step for them, and reads the
 compiled program: its collectives (`comm.parse_hlo`: bytes per mesh axis), XLA's memory
 analysis (bytes per device) and cost analysis (FLOPs per device), and the per-device bytes
-of every argument from the shardings the compiled program takes. The counters' bytes at
-each step come from the counter machine (`_schedule`). Nothing is allocated or run at the
-model's size.
+of every argument from the shardings the compiled program takes. When the program has
+conditional collectives (a sync every H steps), which steps send them comes from the
+transform's own byte counters, run at the real size without the model (`_schedule`).
+Nothing is allocated or run at the model's size.
 
 The numbers are XLA:CPU's, for the program that runs on the emulated devices: the
 collectives and the argument bytes are those of any backend (they follow from the program
@@ -29,6 +30,11 @@ from jax.sharding import NamedSharding
 from jaxcomm import comm
 from jaxcomm import train
 from jaxcomm.plan import _schedule
+
+# The program is compiled, never run: LLVM's optimisation of its machine code is skipped. It
+# changes no HLO, so neither the collectives nor XLA's memory and cost analyses (the tests
+# hold them equal to a real step's, compiled at the default level); it halves the compile.
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +63,8 @@ class StepPlan:
     state_bytes: bytes per device of the arguments the compiled step takes, by part:
       `params`, `opt_state`, `model_state`, `step` and `batch`.
     counted: f64[steps]: the bytes the transform's counters count at each step from
-      `init` (see `_schedule`), or None when that depends on values (`why_not_counted`).
+      `init` (see `_schedule`); None when the step has no conditional collective (every
+      step sends the same) or when which steps sync depends on values (`why_not_counted`).
     why_not_counted: "" or why `counted` is None.
     mesh_shape: {axis: size} of the mesh.
     steps: the steps `counted` covers.
@@ -74,8 +81,9 @@ class StepPlan:
 
   @property
   def schedule(self) -> np.ndarray:
-    """f64[steps] bytes per device at each step: the counted ones, or (when the counters
-    cannot be run) every conditional branch at every step, an upper bound."""
+    """f64[steps] bytes per device at each step: the counted ones; without conditional
+    collectives the compiled every-step bytes; else (the counters could not be run) every
+    conditional branch at every step, an upper bound."""
     if self.counted is not None:
       return self.counted
     return np.full(self.steps, self.report.wire_bytes())
@@ -123,7 +131,7 @@ def abstract_state(trainer: train.Trainer, params: Any) -> train.TrainState:
   ...                         parallel.make_mesh({"data": 8}))
   >>> state = abstract_state(trainer, {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)})
   >>> state.opt_state[1][0].mu["w"].shape, state.params["w"].sharding.spec
-  ((1000,), PartitionSpec())
+  ((1000,), P())
   """
   params = jax.tree.map(lambda x: _struct(x, "params"), params)
   state = jax.eval_shape(trainer.init, params)
@@ -157,8 +165,8 @@ def _argument_bytes(compiled, state, batch) -> dict:
                model_state=(state.model_state, state_sh.model_state),
                step=(state.step, state_sh.step), batch=(batch, batch_sh))
   for part, (structs, shardings) in parts.items():
-    flat = jax.tree.leaves(structs)
-    flat_sh = jax.tree.leaves(shardings, is_leaf=lambda x: x is None)
+    treedef = jax.tree.structure(structs)
+    flat, flat_sh = treedef.flatten_up_to(structs), treedef.flatten_up_to(shardings)
     out[part] = sum(_shard_bytes(x, sh) for x, sh in zip(flat, flat_sh) if sh is not None)
   return out
 
@@ -188,7 +196,7 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
   ...                         optax.chain(sync.mean("data"), optax.sgd(0.1)),
   ...                         parallel.make_mesh({"data": 8}))
   >>> f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  >>> step = compile_step(trainer, {"w": f32(1000, 10)}, {"x": f32(64, 1000)}, steps=3)
+  >>> step = compile_step(trainer, {"w": f32(1000, 10)}, {"x": f32(64, 1000)})
   >>> step.bytes_per_step(), 2 * 7 / 8 * 4 * 10_000  # a ring all-reduce of the gradient
   (70000.0, 70000.0)
   >>> step.state_bytes["params"], step.state_bytes["batch"]  # per device: 8 rows of x
@@ -197,10 +205,11 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
   if not isinstance(trainer, train.Trainer):
     raise ValueError(f"trainer must be a jaxcomm.train.Trainer, got {type(trainer).__name__}.")
   steps = _check_steps(steps)
+  params = jax.tree.map(lambda x: _struct(x, "params"), params)
   state = abstract_state(trainer, params)
   batch = abstract_batch(trainer, batch)
   step_fn = trainer.step_fn(state, batch)
-  compiled = step_fn.lower(state, batch).compile()
+  compiled = step_fn.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
   report = comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
   m = compiled.memory_analysis()
   memory = Memory(arguments=m.argument_size_in_bytes, outputs=m.output_size_in_bytes,
@@ -208,7 +217,9 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
     analysis = analysis[0] if analysis else {}
-  counted, why = _schedule.counted_bytes(trainer, step_fn, state, batch, steps, report)
+  counted, why = None, ""
+  if report.wire_bytes(conditional=True):
+    counted, why = _schedule.counted_bytes(trainer, params, state, batch, steps, report)
   return StepPlan(report=report, memory=memory, flops=float(analysis.get("flops", 0.0)),
                   bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
                   state_bytes=_argument_bytes(compiled, state, batch), counted=counted,

@@ -56,14 +56,14 @@ def _memory(compiled) -> int:
   return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
 
 
-def counted_bytes(trainer, step_fn, state, batch, steps: int, report: comm.CollectiveReport,
+def counted_bytes(trainer, params, state, batch, steps: int, report: comm.CollectiveReport,
                   *, limit: int = LIMIT) -> tuple[np.ndarray | None, str]:
   """The bytes the counters count at each of the first `steps` steps from `trainer.init`.
 
   Args:
     trainer: the `train.Trainer` whose step is planned.
-    step_fn: its jitted step (`trainer.step_fn(state, batch)`).
-    state: the abstract train state (ShapeDtypeStructs with shardings).
+    params: the abstract initial parameters (what `trainer.init` takes).
+    state: the abstract train state (`abstract_state(trainer, params)`).
     batch: the abstract global batch.
     steps: how many steps to count.
     report: the compiled step's collectives (to unwrap counters past 4 GiB a step).
@@ -72,6 +72,7 @@ def counted_bytes(trainer, step_fn, state, batch, steps: int, report: comm.Colle
   Returns:
     (f64[steps] bytes per device at each step, "") or (None, why not).
   """
+  step_fn = trainer.step_fn(state, batch)
   leaves, treedef = jax.tree.flatten(state)
   keep = [i for i, leaf in enumerate(leaves) if _carried(leaf)]
   rest = [i for i in range(len(leaves)) if i not in keep]
@@ -88,7 +89,8 @@ def counted_bytes(trainer, step_fn, state, batch, steps: int, report: comm.Colle
 
   carried_abs = [leaves[i] for i in keep]
   others_abs = [leaves[i] for i in rest]
-  probe = jax.jit(step).lower(carried_abs, others_abs, batch).compile()
+  fast = {"xla_backend_optimization_level": 0}  # compiled for its analyses and a short run
+  probe = jax.jit(step).lower(carried_abs, others_abs, batch).compile(compiler_options=fast)
   (_, live_others, live_batch), _ = probe.input_shardings
   if jax.tree.leaves((live_others, live_batch)):
     return None, ("which steps sync depends on the parameters, optimiser moments or batch "
@@ -101,11 +103,10 @@ def counted_bytes(trainer, step_fn, state, batch, steps: int, report: comm.Colle
     return lax.scan(body, carried, None, length=steps)[1]
 
   def initial():
-    params = jax.tree.map(_zeros, state.params)
-    return [jax.tree.leaves(trainer.init(params))[i] for i in keep]
+    return [jax.tree.leaves(trainer.init(jax.tree.map(_zeros, params)))[i] for i in keep]
 
-  run = jax.jit(machine).lower(carried_abs).compile()
-  start = jax.jit(initial).lower().compile()
+  run = jax.jit(machine).lower(carried_abs).compile(compiler_options=fast)
+  start = jax.jit(initial).lower().compile(compiler_options=fast)
   held = max(_memory(run), _memory(start))
   if held > limit:
     return None, (f"the counter machine would hold {held:,} bytes per device (limit "
