@@ -464,8 +464,8 @@ def _header(c, model, mesh, dev, mfu, compute_seconds, records, tokens, steps) -
 def table(records: list, links: dict) -> str:
   """Markdown: bytes, memory and compute per method; step time and crossover per link."""
   dp = next(r for r in records if r["method"] == REFERENCE)
-  head = ["method", "mesh", "bytes/step/device", "by axis", "DP / method (outer axis)", "state/device",
-          "peak/device (XLA:CPU)", "compute/step"]
+  head = ["method", "mesh", "bytes/step/device", "by axis", "DP / method (outer axis)",
+          "state/device", "peak/device (XLA:CPU)", "compute/step"]
   head += [f"step on {n}" for n in links] + [f"beats DP below ({n})" for n in links]
   rows = []
   for r in records:

@@ -2,9 +2,9 @@
 
 `inspect(fn, *args)` compiles `fn` for `args`, parses the optimised HLO text and reports every
 collective: op, dtype, operand shape, the mesh axes its replica groups span, its wire bytes
-(per device, ALGORITHMS.md conventions), whether it sits inside a conditional branch (and
-which), and how many times an enclosing loop with a known trip count runs it. This is the independent check
-of the bytes the transforms count in their state.
+(per device, docs/algorithms.md conventions), whether it sits inside a conditional branch
+(and which), and how many times an enclosing loop with a known trip count runs it. This is
+the independent check of the bytes the transforms count in their state.
 """
 
 from __future__ import annotations
