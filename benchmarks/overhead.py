@@ -1,6 +1,7 @@
 r"""Step-time overhead of every compressor over exact data parallelism.
 
   python -m benchmarks.overhead --model=lm,mlp --repeats=5 --steps=10 --devices=8
+  python -m benchmarks.overhead --model=lm --method="DeMo 64/32"   # DeMo against DP only
 
 For each model (the experiments' default LM; the MLP on digits) each method trains inside
 the `Trainer` on a mesh of --devices devices (emulated CPU devices, or the accelerators
@@ -23,6 +24,8 @@ _MODEL = flags.DEFINE_list("model", ["lm", "mlp"], "Models: lm, mlp.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per method (median reported).")
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed repeat.")
 _DEVICES = flags.DEFINE_integer("devices", 8, "Devices on the data axis (CPU: emulated).")
+_METHODS = flags.DEFINE_multi_string("method", None, "Only this method (a name as in the table, "
+                                     "repeatable); exact DP always runs, it is the reference.")
 
 
 def methods():
@@ -70,6 +73,18 @@ def time_steps(trainer, state, batch, steps):
   return state, (time.perf_counter() - start) / steps
 
 
+def selected():
+  """`methods()` filtered by --method (exact DP always first: the ratios' reference)."""
+  chosen = methods()
+  if _METHODS.value:
+    unknown = set(_METHODS.value) - {name for name, _ in chosen}
+    if unknown:
+      raise ValueError(f"--method: unknown {sorted(unknown)}; allowed: "
+                       f"{[name for name, _ in chosen]}.")
+    chosen = [m for m in chosen if m[0] == "exact DP" or m[0] in _METHODS.value]
+  return chosen
+
+
 def main(argv):
   del argv
   import jax  # pylint: disable=import-outside-toplevel
@@ -84,7 +99,7 @@ def main(argv):
   for model in _MODEL.value:
     loss_fn, params, batch, has_aux = task(model)
     runs = []
-    for name, build in methods():
+    for name, build in selected():
       trainer = train.Trainer(loss_fn, build(optax.adam(1e-3)), mesh, has_aux=has_aux)
       state = trainer.init(params)
       batch_d = trainer.shard_batch(batch) if jax.process_count() > 1 else batch
@@ -101,7 +116,7 @@ def main(argv):
   head = f"{'method':28s}" + "".join(f" | {m + ' ms':>10s} {'ratio':>6s}" for m in models)
   print(head)
   print("-" * len(head))
-  for name, _ in methods():
+  for name, _ in selected():
     print(f"{name:28s}" + "".join(
         f" | {1e3 * results[m][name][0]:>10.2f} {results[m][name][1]:>5.2f}x" for m in models))
 

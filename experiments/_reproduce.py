@@ -42,7 +42,7 @@ COMMON_FLAGS = {
 
 def define_flags(**program_flags) -> None:
   """Defines COMMON_FLAGS and the program's own {name: (kind, default, help)}; a flag that
-  an imported module already defined (compression_table's --devices) is reused."""
+  an imported module already defined is reused."""
   for name, (kind, default, help_text) in {**COMMON_FLAGS, **program_flags}.items():
     if name not in flags.FLAGS:
       getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
@@ -138,10 +138,11 @@ def train_run(label: str, c, workers: int = 8, **info) -> dict:
 
   Returns a record: the loss and wire bytes of every step, their summaries (final smoothed
   train loss, mean and peak bytes per step, exact DP's all-reduce bytes for the same
-  parameters), and the held-out metrics of the parameters averaged over workers (the
-  parameters themselves where they are replicated; DiLoCo's workers all hold θ_out right
-  after a sync). `info` is copied into the record (the swept setting, e.g. H). A run
-  already made in this process with the same config and workers is not repeated.
+  parameters, the bytes of the compiled step's collectives read by `comm.inspect`), and the
+  held-out metrics of the parameters averaged over workers (the parameters themselves where
+  they are replicated; DiLoCo's workers all hold θ_out right after a sync). `info` is copied
+  into the record (the swept setting, e.g. H). A run already made in this process with the
+  same config and workers is not repeated.
   """
   key = c.to_json() + f"/{workers}"
   if key not in _DONE:
@@ -164,6 +165,10 @@ def _train(c, workers: int, label: str) -> dict:
   state, history = train.fit(trainer, state, run.batches, run.steps, log_every=1,
                              progress=False)
   seconds = time.perf_counter() - start
+  # The collectives of the step program (already compiled by the run: no second compile);
+  # branches that run only on some steps (a DiLoCo sync) are in `compiled_branch_bytes`.
+  batch = trainer.shard_batch(run.batches(0))  # as fit passes it: the program is reused
+  report = comm.inspect(trainer.step_fn(state, batch), state, batch)
   per_worker = trainer.layout.params
   final = jax.tree.map(lambda pw, x: np.asarray(x).mean(0) if pw else np.asarray(x),
                        per_worker, state.params)
@@ -176,6 +181,8 @@ def _train(c, workers: int, label: str) -> dict:
       "bytes_per_step": float(step_bytes.mean()),
       "peak_bytes_per_step": float(step_bytes.max()),
       "total_bytes": float(step_bytes.sum()),
+      "compiled_step_bytes": float(report.wire_bytes(conditional=False)),
+      "compiled_branch_bytes": float(report.wire_bytes(conditional=True)),
       "dp_bytes_per_step": float(comm.allreduce_bytes(comm.tree_bytes(run.params), workers)),
       "train_seconds": seconds,
       "curve": {"loss": losses.tolist(), "wire_bytes": step_bytes.tolist()},

@@ -17,8 +17,15 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
-_MODELS = flags.DEFINE_list("models", ["resnet18", "lm"], "Models: resnet18, lm.")
+
+
+def define_flags() -> None:
+  """--devices and --models, defined when the program runs (not on import, so that importing
+  `sync_bytes` into another program or a test defines no flag that could clash)."""
+  if "devices" not in flags.FLAGS:
+    flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
+  if "models" not in flags.FLAGS:
+    flags.DEFINE_list("models", ["resnet18", "lm"], "Models: resnet18, lm.")
 
 
 def methods():
@@ -97,13 +104,13 @@ def sync_bytes(tx, params, mesh, axis_name="data"):
 def main(argv):
   del argv
   import jax  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()
   rows = {name: {} for name, _ in methods()}
   sizes = {}
-  for model in _MODELS.value:
+  for model in flags.FLAGS.models:
     params = model_params(model)
     sizes[model] = sum(x.size for x in jax.tree.leaves(params))
     for name, make in methods():
@@ -112,16 +119,17 @@ def main(argv):
         raise AssertionError(f"{model} {name}: counted {counted} bytes, compiled {inspected}")
       rows[name][model] = counted
   head = f"{'method':40s}" + "".join(
-      f" | {m + ' floats/step':>22s} {'ratio':>8s}" for m in _MODELS.value)
+      f" | {m + ' floats/step':>22s} {'ratio':>8s}" for m in flags.FLAGS.models)
   print(f"W = {w} devices; wire floats = bytes sent per device per step / 4; ratio = exact DP / "
-        f"method; parameters: " + ", ".join(f"{m} {sizes[m]:,}" for m in _MODELS.value))
+        f"method; parameters: " + ", ".join(f"{m} {sizes[m]:,}" for m in flags.FLAGS.models))
   print(head)
   print("-" * len(head))
   dp = rows[methods()[0][0]]
   for name, per_model in rows.items():
     print(f"{name:40s}" + "".join(
-        f" | {per_model[m] / 4:>22,.0f} {dp[m] / per_model[m]:>7.1f}x" for m in _MODELS.value))
+        f" | {per_model[m] / 4:>22,.0f} {dp[m] / per_model[m]:>7.1f}x" for m in flags.FLAGS.models))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

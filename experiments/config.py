@@ -307,6 +307,20 @@ def _get(c, path: str) -> Any:
   return c
 
 
+def _one_of(c, path: str, allowed: tuple) -> None:
+  value = _get(c, path)
+  if value not in allowed:
+    raise ValueError(f"config.{path} {value!r} is unknown; allowed: {', '.join(allowed)}.")
+
+
+def _number_in(c, path: str, low: float, high: float, low_open: bool, what: str) -> None:
+  """A real number in [low, high) ((low, high) when low_open), else a ValueError."""
+  value = _get(c, path)
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+     not (low < value if low_open else low <= value) or not value < high:
+    raise ValueError(f"config.{path} must be {what}, got {value!r}.")
+
+
 def check(c: ml_collections.ConfigDict) -> None:
   """Checks the settings every run shares (the method's own are checked by its factory).
 
@@ -318,44 +332,24 @@ def check(c: ml_collections.ConfigDict) -> None:
                     ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
                     ("model.d_ff", 1), ("model.vocab_size", 1), ("model.microbatches", 0)):
     _int_at_least(c, path, low)
-  if c.model.name not in MODELS:
-    raise ValueError(f"config.model.name {c.model.name!r} is unknown; allowed: "
-                     f"{', '.join(MODELS)}.")
+  for path, allowed in (("model.name", MODELS), ("model.mutable", MUTABLE),
+                        ("data.pipeline", PIPELINES), ("data.split", SPLITS),
+                        ("optimizer.name", OPTIMIZERS)):
+    _one_of(c, path, allowed)
+  for path, low, high, low_open, what in (
+      ("model.dropout", 0, 1, False, "in [0, 1)"),
+      ("optimizer.lr", 0, math.inf, True, "a finite number > 0"),
+      ("optimizer.weight_decay", 0, math.inf, False, "a finite number >= 0"),
+      ("data.label_skew", 0, math.inf, False, "0 (iid) or a Dirichlet alpha > 0")):
+    _number_in(c, path, low, high, low_open, what)
   if not all(isinstance(h, int) and h >= 1 for h in c.model.hidden):
     raise ValueError(f"config.model.hidden must be widths >= 1, got {c.model.hidden!r}.")
   if c.model.d_model % c.model.num_heads:
     raise ValueError(f"config.model.d_model ({c.model.d_model}) must be divisible by "
                      f"config.model.num_heads ({c.model.num_heads}).")
-  if c.model.mutable not in MUTABLE:
-    raise ValueError(f"config.model.mutable {c.model.mutable!r} is unknown; allowed: "
-                     f"{', '.join(MUTABLE)}.")
-  dropout = c.model.dropout
-  if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or \
-     not 0 <= dropout < 1:
-    raise ValueError(f"config.model.dropout must be in [0, 1), got {dropout!r}.")
-  if c.data.pipeline not in PIPELINES:
-    raise ValueError(f"config.data.pipeline {c.data.pipeline!r} is unknown; allowed: "
-                     f"{', '.join(PIPELINES)}.")
   if c.data.name.startswith("folder:") and c.data.pipeline != "grain":
     raise ValueError(f"config.data.name {c.data.name!r} (a folder of text files) is read by "
                      "the grain pipeline: set config.data.pipeline = 'grain'.")
-  if c.data.split not in SPLITS:
-    raise ValueError(f"config.data.split {c.data.split!r} is unknown; allowed: "
-                     f"{', '.join(SPLITS)}.")
-  if c.optimizer.name not in OPTIMIZERS:
-    raise ValueError(f"config.optimizer.name {c.optimizer.name!r} is unknown; allowed: "
-                     f"{', '.join(OPTIMIZERS)}.")
-  lr = c.optimizer.lr
-  if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
-    raise ValueError(f"config.optimizer.lr must be a finite number > 0, got {lr!r}.")
-  wd = c.optimizer.weight_decay
-  if isinstance(wd, bool) or not isinstance(wd, numbers.Real) or not 0 <= wd < math.inf:
-    raise ValueError(f"config.optimizer.weight_decay must be a finite number >= 0, got "
-                     f"{wd!r}.")
-  skew = c.data.label_skew
-  if isinstance(skew, bool) or not isinstance(skew, numbers.Real) or not 0 <= skew < math.inf:
-    raise ValueError(f"config.data.label_skew must be 0 (iid) or a Dirichlet alpha > 0, got "
-                     f"{skew!r}.")
   if not isinstance(c.mesh, str):
     raise ValueError(f"config.mesh must be text like 'data=8' or 'data=2,tensor=4', got "
                      f"{c.mesh!r}.")

@@ -90,9 +90,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # compression_table defines --devices (and --models) on import: import it before
-  # define_flags so that the flag is shared rather than defined twice.
-  from experiments import compression_table  # noqa: F401  pylint: disable=unused-import
   rep.define_flags(ranks=("list", ["1", "2", "4"], "PowerSGD ranks."),
                    table=("bool", True, "Compile the ResNet-18 compression table."))
   app.run(main)

@@ -156,6 +156,12 @@ def _trial(codec: codecs.Codec, xs: list, other, key, bound_fn, draws: int,
     pays = [codec.encode(v, kj) for v, kj in zip([x, -0.7 * jnp.roll(x, 1), other], ks)]
     out["linear"] = (codec.decode_with(_sum_payloads(pays), n, ks[0]),
                      sum(codec.decode_with(p, n, kj) for p, kj in zip(pays, ks)))
+  if codec.decode_sum is not None:  # three workers' payloads decoded and summed in one pass
+    ks = [None if k is None else jax.random.fold_in(k, j) for j in range(3)]
+    pays = [codec.encode(v, kj) for v, kj in zip([x, -0.7 * jnp.roll(x, 1), other], ks)]
+    stacked = jax.tree.map(lambda *p: jnp.stack(p), *pays)
+    out["decode_sum"] = (codec.decode_sum(stacked, n),
+                         sum(codec.decode_with(p, n, kj) for p, kj in zip(pays, ks)))
   if splittable and x.shape[0] > 1:  # two-phase collectives vmap encode over chunks
     two = jnp.stack([x, -x[::-1]])
     ks = jax.random.split(key, 2) if keyed else None
@@ -189,6 +195,7 @@ def check_codec(codec: codecs.Codec, x: jax.Array | None = None, key: Any = None
   * the flags: a codec that is not `stochastic` is encoded with key=None (one that draws
     random numbers anyway fails, naming the flag); `shared_key` matches decode's
     signature; `linear`: the decoded sum of three payloads equals the sum of their decodes;
+    `decode_sum` (when given) of three stacked payloads equals the sum of their decodes;
     `unbiased`: the mean of `draws` round trips is as close to x as an unbiased estimate's
     would be; `variance_bound` bounds their mean squared error; `collective` is "gather"
     or "two_phase"; encode vmaps over chunks as the two-phase collectives need.
@@ -239,6 +246,9 @@ def check_codec(codec: codecs.Codec, x: jax.Array | None = None, key: Any = None
     _check_round_trip(codec, v, np.asarray(rt), float(bound), bound_fn is not None)
   if codec.linear:
     _check_linear(codec, xs[-1].shape[0], *(np.asarray(a, np.float64) for a in out["linear"]))
+  if codec.decode_sum is not None:
+    _check_decode_sum(codec, xs[-1].shape[0],
+                      *(np.asarray(a, np.float64) for a in out["decode_sum"]))
   for chunk, rt, bound in out.get("vmap", ()):  # encode under vmap, as two-phase sums run it
     _check_round_trip(codec, np.asarray(chunk, np.float64), np.asarray(rt), float(bound),
                       bound_fn is not None, " (encoded under jax.vmap, as two-phase sums do)")
@@ -290,6 +300,18 @@ def _check_linear(codec, n, decoded_sum, sum_decoded):
                  f"decode(p3) = {sum_decoded[i]:.6g} (difference {err[i]:.4g}, allowed "
                  f"{allowed:.4g}). Collectives psum a linear codec's payloads, so the sums "
                  f"would be wrong; set linear=False (payloads then travel by gather).")
+
+
+def _check_decode_sum(codec, n, one_pass, one_by_one):
+  """decode_sum of stacked payloads = the sum of their decodes, up to float32 rounding."""
+  err = np.abs(one_pass - one_by_one)
+  i = int(np.argmax(err))
+  allowed = codecs.F32_SLACK * float(np.max(np.abs(one_by_one)) + 1.0)
+  if err[i] > allowed:
+    _fail(codec, f"decode_sum of three stacked payloads (n = {n}) is {one_pass[i]:.6g} at "
+                 f"element {i}, the sum of their decodes {one_by_one[i]:.6g} (difference "
+                 f"{err[i]:.4g}, allowed {allowed:.4g}). The gather collective sums payloads "
+                 f"with decode_sum, so the sums would be wrong.")
 
 
 def _check_unbiased(codec, x, draws, variance):
@@ -408,7 +430,10 @@ def check_on_mesh(tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                   axis_name: comm.AxisName = "data", steps: int = 2):
   """The transform in the Trainer: compiles once, state types kept, bytes == inspect.
 
-  Each worker minimises 0.5 ||p - t_w||^2 with its own target t_w.
+  Each worker minimises 0.5 ||p - t_w||^2 with its own target t_w. `comm.inspect` turns
+  operand bytes into wire bytes with the same per-op helpers as the counters, so bytes ==
+  inspect proves the operand shapes and trip counts; hold the bytes against a literal or a
+  formula of your own as well (docs/algorithms.md), as jaxcomm's tests do.
 
   Returns:
     `(trainer, state, measurements, report)`: the last step's state and measurements and

@@ -1,4 +1,13 @@
-"""Collectives: values against numpy, wire bytes against ALGORITHMS.md and compiled HLO."""
+"""Collectives: values against numpy, wire bytes against hand literals and compiled HLO.
+
+The byte convention (docs/algorithms.md, "The byte convention") rests on the literals here:
+every collective kind's wire bytes are worked out by hand from the operand shapes (the
+derivation is in the comment beside each literal) and held against the bytes the function
+returns, against `comm.inspect`'s reading of the compiled program, and against the public
+helpers (`allreduce_bytes`, ...). `comm.inspect` converts operand bytes into wire bytes with
+the same per-op helpers as the counters, so elsewhere counted == inspected proves operand
+shapes and trip counts; the convention itself is proved only here.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +37,16 @@ def test_mean_and_sum_values_and_bytes(mesh8):
   x = jnp.arange(W * 6, dtype=jnp.float32).reshape(W, 6)
   f, out, rec = _run(mesh8, lambda b: comm.mean(b, "data"), x)
   np.testing.assert_allclose(out, x.mean(0, keepdims=True), rtol=1e-6)
-  assert rec["bytes"] == 2 * (W - 1) / W * 6 * 4
+  assert rec["bytes"] == 42.0  # all-reduce of f32[6] = 24 bytes: 2 * 7/8 * 24
   report = comm.inspect(f, x, mesh=mesh8)
   assert report.wire_bytes() == rec["bytes"]
   (c,) = report.collectives
   assert (c.op, c.axes, c.group_size, c.dtype) == ("all-reduce", ("data",), W, "f32")
   f, out, rec = _run(mesh8, lambda b: comm.sum(b, "data", dtype=jnp.bfloat16), x)
   np.testing.assert_allclose(out, x.sum(0, keepdims=True), rtol=1e-2)
-  assert rec["bytes"] == 2 * (W - 1) / W * 8 * 2  # 6 values padded to a multiple of W
+  # Two-phase in bf16: 6 values padded to 8 = W chunks of 1, all-to-all 7/8 * 8 * 2 bytes
+  # plus all-gather 7 * 1 * 2 bytes: 14 + 14.
+  assert rec["bytes"] == 28.0
   report = comm.inspect(f, x, mesh=mesh8)
   assert report.wire_bytes() == rec["bytes"] and {c.dtype for c in report} == {"u16"}
 
@@ -45,19 +56,20 @@ def test_gather_scatter_alltoall_permute(mesh8):
   # all_gather: every device gets everything.
   f, out, rec = _run(mesh8, lambda b: comm.all_gather(b, "data", tiled=True), x)
   np.testing.assert_array_equal(out, x)
-  assert rec["bytes"] == (W - 1) * W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  # Each device holds f32[8, 2] = 64 bytes and receives the 7 other blocks: 7 * 64.
+  assert rec["bytes"] == 448.0 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
   # reduce_scatter: device r gets the r-th slice of the sum.
   f, out, rec = _run(mesh8, lambda b: comm.reduce_scatter(b, "data"), x, P("data"))
   np.testing.assert_allclose(out, x.reshape(W, W, 2).sum(0), rtol=1e-6)
-  assert rec["bytes"] == (W - 1) / W * W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  assert rec["bytes"] == 56.0 == comm.inspect(f, x, mesh=mesh8).wire_bytes()  # 7/8 * 64
   # all_to_all: a transpose of blocks.
   f, out, rec = _run(mesh8, lambda b: comm.all_to_all(b, "data"), x, P("data"))
   np.testing.assert_array_equal(out, x.reshape(W, W, 2).transpose(1, 0, 2).reshape(W * W, 2))
-  assert rec["bytes"] == (W - 1) / W * W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  assert rec["bytes"] == 56.0 == comm.inspect(f, x, mesh=mesh8).wire_bytes()  # 7/8 * 64
   # ppermute ring: device i receives from i - 1.
   f, out, rec = _run(mesh8, lambda b: comm.shift(b, "data", 1), x, P("data"))
   np.testing.assert_array_equal(out, jnp.roll(x.reshape(W, W, 2), 1, axis=0).reshape(-1, 2))
-  assert rec["bytes"] == W * 2 * 4 == comm.inspect(f, x, mesh=mesh8).wire_bytes()
+  assert rec["bytes"] == 64.0 == comm.inspect(f, x, mesh=mesh8).wire_bytes()  # one block, once
 
 
 def test_no_axis_means_one_device():
@@ -89,14 +101,14 @@ def test_inspect_maps_groups_to_axes_on_2d_mesh(mesh4x2):
       ("all-reduce", ("data",)), ("all-reduce", ("tensor",)), ("all-gather", ("data",)),
       ("reduce-scatter", ("tensor",)), ("all-to-all", ("data",)),
       ("collective-permute", ("tensor",)), ("all-reduce", ("data", "tensor"))])
-  local = 8 * 4 * 4  # f32[8, 4] per device
+  # Every operand is this device's f32[8, 4] = 128 bytes; W = 4 on data, 2 on tensor.
   by_op = {(c.op, c.axes): c.wire_bytes for c in report}
-  assert by_op[("all-reduce", ("data",))] == 2 * 3 / 4 * local
-  assert by_op[("all-gather", ("data",))] == 3 * local
-  assert by_op[("reduce-scatter", ("tensor",))] == 1 / 2 * local
-  assert by_op[("all-to-all", ("data",))] == 3 / 4 * local
-  assert by_op[("collective-permute", ("tensor",))] == local
-  assert by_op[("all-reduce", ("data", "tensor"))] == 2 * 7 / 8 * local
+  assert by_op[("all-reduce", ("data",))] == 192.0            # 2 * 3/4 * 128
+  assert by_op[("all-gather", ("data",))] == 384.0            # 3 * 128
+  assert by_op[("reduce-scatter", ("tensor",))] == 64.0       # 1/2 * 128
+  assert by_op[("all-to-all", ("data",))] == 96.0             # 3/4 * 128
+  assert by_op[("collective-permute", ("tensor",))] == 128.0  # one buffer to one peer
+  assert by_op[("all-reduce", ("data", "tensor"))] == 224.0   # 2 * 7/8 * 128
   assert "all-gather" in report.table()
 
 
@@ -112,7 +124,7 @@ def test_inspect_marks_conditional_and_loops(mesh8):
   assert ar.in_conditional and ar.trips == 1 and ar.branch
   (cp,) = report.select(op="collective-permute")
   assert not cp.in_conditional and cp.trips == 5 and cp.branch == ""
-  assert report.wire_bytes(conditional=False) == 5 * 4 * 4
+  assert report.wire_bytes(conditional=False) == 80.0  # 5 trips of f32[4] = 16 bytes
 
 
 def test_inspect_tells_conditional_branches_apart(mesh8):
@@ -150,3 +162,30 @@ def test_counter_is_modular_and_found_by_name():
   state = (S(comm.add_bytes(comm.zero_bytes(), 7), jnp.ones(3)),
            {"x": S(comm.add_bytes(comm.zero_bytes(), 5), jnp.zeros(()))})
   assert int(comm.counted_bytes(state)) == 12
+
+
+def test_public_byte_helpers_equal_hand_literals():
+  """The helpers every counter (and `comm.inspect`) uses, and `compressed_bytes`, against
+  values worked out by hand from docs/algorithms.md."""
+  from jaxcomm import codecs  # pylint: disable=import-outside-toplevel
+  assert comm.allreduce_bytes(1000, 8) == 1750.0      # 2 * 7/8 * 1000
+  assert comm.reduce_scatter_bytes(1000, 8) == 875.0  # 7/8 * 1000
+  assert comm.all_gather_bytes(100, 8) == 700.0       # 7 * 100
+  assert comm.all_to_all_bytes(1000, 8) == 875.0      # 7/8 * 1000
+  assert comm.allreduce_bytes(1000, 1) == 0.0         # nobody to talk to
+  assert comm.tree_bytes({"w": jnp.ones((3, 4)), "b": jnp.ones(4, jnp.bfloat16)}) == 56  # 48 + 8
+  cases = [
+      # identity on 1000 elements: psum of 4000 bytes, 2 * 7/8 * 4000.
+      (codecs.identity(), 1000, "psum", 7000.0),
+      # top-4 of each of ceil(1003 / 64) = 16 chunks: 64 (f32 value, u8 index) pairs = 320
+      # bytes, all-gathered: 7 * 320.
+      (codecs.top_k(k=4, chunk=64), 1003, "gather", 2240.0),
+      # two-phase: chunks of ceil(1003 / 8) = 126; sign bits ceil(126 / 8) = 16 bytes and one
+      # f32 scale (126 <= 128): 20 bytes, sent 7 times in each phase: 2 * 7 * 20.
+      (codecs.sign(block=128), 1003, "two_phase", 280.0),
+      # 4-bit codes of 126 elements = 63 bytes, two blocks of 64 with (lo, step) f32 = 16:
+      # 79 bytes per chunk payload, 2 * 7 * 79.
+      (codecs.uniform(4, block=64, symmetric=False), 1003, "two_phase", 1106.0),
+  ]
+  for codec, n, collective, want in cases:
+    assert comm.compressed_bytes(codec, n, W, collective) == want, codec.name

@@ -50,10 +50,10 @@ def test_each_collective_matches_closed_form(op, alg, p):
 def test_ring_bandwidth_term_is_the_wire_byte_convention():
   no_latency = comm.Link(BW, 0.0)
   n, p = 12345.0, 8
-  expected = {"all-reduce": comm.allreduce_bytes(n, p),
-              "all-gather": comm.all_gather_bytes(n, p),
-              "reduce-scatter": comm.reduce_scatter_bytes(n, p),
-              "all-to-all": comm.all_to_all_bytes(n, p),
+  expected = {"all-reduce": 2 * (p - 1) / p * n,  # docs/algorithms.md, "The byte convention"
+              "all-gather": (p - 1) * n,
+              "reduce-scatter": (p - 1) / p * n,
+              "all-to-all": (p - 1) / p * n,
               "collective-permute": n}
   for op, wire in expected.items():
     assert comm.collective_time(op, n, p, no_latency, "ring") * BW == pytest.approx(wire)
@@ -130,7 +130,7 @@ def test_counted_bytes_give_the_same_time_as_the_compiled_collective(mesh8):
                             out_specs=P()))
   x = jnp.ones(8 * 5000, jnp.float32)
   report = comm.inspect(f, x, mesh=mesh8)
-  wire = comm.allreduce_bytes(5000 * 4, 8)
+  wire = 35000.0  # all-reduce of f32[5000] = 20000 bytes: 2 * 7/8 * 20000
   assert report.wire_bytes() == wire
   for alg in ("ring", "tree", "halving_doubling"):
     assert comm.wire_bytes_time(wire, "wan", group_size=8, algorithm=alg) == \

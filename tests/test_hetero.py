@@ -95,12 +95,37 @@ def test_rennala_equals_event_driven_reference_and_never_uses_stale_gradients(
   assert runs["rennala"].used[:, -1].sum() == 0
 
 
-def test_asynchronous_sgd_uses_stale_gradients(mesh8):
-  result = sim.simulate_workers(sim.asynchronous_sgd(), grad_fn, loss_fn, PARAMS,
-                        sim.fixed([1.0] * 7 + [10.0]), mesh=mesh8, steps=80, lr=0.02)
+def asynchronous_reference(compute, steps, lr, seed=0):
+  """Asynchronous SGD on one device: the first gradient to arrive (ties: the lower worker)
+  is applied at once; its worker restarts from the new iterate with its next job."""
+  time_key, grad_key = jax.random.split(jax.random.PRNGKey(seed))
+  times = compute.table(time_key, W, steps + 2).astype(np.float64)
+  grad = jax.jit(lambda x, w, j: grad_fn(
+      {"x": x}, jax.random.fold_in(jax.random.fold_in(grad_key, w), j))["x"])
+  x = np.asarray(PARAMS["x"], np.float32)
+  snapshot, start, job = [x] * W, [0] * W, [0] * W
+  busy = [times[w, 0] for w in range(W)]
+  clock, staleness = [], []
+  for k in range(steps):
+    w = int(np.argmin(busy))
+    clock.append(busy[w])
+    staleness.append(k - start[w])
+    x = x - np.float32(lr) * np.asarray(grad(snapshot[w], w, job[w]))
+    snapshot[w], start[w], job[w] = x, k + 1, job[w] + 1
+    busy[w] += times[w, job[w]]
+  return np.array(clock), np.array(staleness), x
+
+
+def test_asynchronous_sgd_uses_stale_gradients_as_the_event_driven_reference(mesh8):
+  compute = sim.fixed([1.0] * 7 + [10.0])
+  result = sim.simulate_workers(sim.asynchronous_sgd(), grad_fn, loss_fn, PARAMS, compute,
+                                mesh=mesh8, steps=80, lr=0.02)
   assert (result.used.sum(1) == 1).all()
   assert result.staleness.max() >= 7  # the slow worker's gradient arrives ~70 steps late
-  assert result.loss[-1] < result.loss[0]
+  clock, staleness, x = asynchronous_reference(compute, 80, 0.02)
+  np.testing.assert_allclose(result.time[1:], clock, rtol=1e-6)
+  np.testing.assert_array_equal(result.staleness, staleness)
+  np.testing.assert_allclose(result.params["x"], x, rtol=1e-4, atol=1e-5)
 
 
 def test_rennala_beats_synchronous_sgd_in_simulated_time_with_one_slow_worker(one_slow_worker):

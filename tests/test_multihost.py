@@ -54,6 +54,9 @@ def test_two_processes_train_like_one(algo, two_process_run):
   # The checkpoint written by two processes restores in this single process on 8 devices.
   final = faults.restore(trainer, params, str(workdir / "checkpoints"))
   assert int(final.step) == STEPS
+  # Not bit for bit (tried): the cross-process all-reduce (gloo) sums the workers in another
+  # order than the in-process one, so values agree to float32 rounding (measured on dp: the
+  # largest relative difference 1.1e-4 on a near-zero bias entry, the losses 1.1e-7).
   chex.assert_trees_all_close(final.params, reference.params, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(faults.key_data(final.opt_state),
                               faults.key_data(reference.opt_state), rtol=1e-5, atol=1e-6)
@@ -76,7 +79,8 @@ def test_a_dead_process_brings_the_other_down_within_the_heartbeat_timeout(tmp_p
   assert report is not None, result.stderr[-4000:]
   assert report["failed"] == 1 and report["returncodes"][1] == -9
   # Process 0 aborted by itself (JAX's heartbeat), not killed by the launcher, with a clear
-  # message, within the heartbeat timeout (plus the service's polling and a loaded machine).
+  # message, within the heartbeat timeout plus slack for the service's polling and a loaded
+  # machine (measured on this machine: 3.3 s and 4.2 s after the kill, with a 5 s timeout).
   assert report["killed_by_launcher"] == []
   assert report["returncodes"][0] not in (0, None)
   assert "another task died" in result.stderr

@@ -159,11 +159,13 @@ def test_dropout_batchnorm_dp_equals_the_one_device_reference(dp_runs, mutable):
   close(state.params, params)
   got = state.model_state["BatchNorm_0"]
   if mutable == "per_worker":  # one set of statistics per worker, each from its own rows
-    assert trainer.layout.model_state["BatchNorm_0"] == {"mean": True, "var": True}
+    data = frozenset({"data"})  # stored per worker: a leading axis over the data axis
+    assert trainer.layout.model_state["BatchNorm_0"] == {"mean": data, "var": data}
     close(got, jax.tree.map(lambda *xs: jnp.stack(xs), *ref_stats))
     assert not np.allclose(got["mean"][0], got["mean"][1])
   else:  # replicated: the workers' statistics averaged every step
-    assert trainer.layout.model_state["BatchNorm_0"] == {"mean": False, "var": False}
+    assert trainer.layout.model_state["BatchNorm_0"] == {"mean": frozenset(),
+                                                         "var": frozenset()}
     close(got, ref_stats[0])
   # The dropout stream keeps its base key: the step's keys are derived, never stored.
   base = nnx_mlp().dropout.rngs.key.get_value()

@@ -33,6 +33,10 @@ def test_notebook_runs(path, monkeypatch):
   # Run the kernel on this interpreter (the one with jaxcomm's dependencies).
   client.kernel_manager_class = _manager_for(sys.executable)
   client.execute()  # raises CellExecutionError on the first failing cell
+  code = [cell for cell in nb.cells if cell.cell_type == "code"]
+  assert code and all(cell.execution_count for cell in code), f"{path.name}: cells not run"
+  errors = [o for cell in code for o in cell.outputs if o.output_type == "error"]
+  assert not errors, errors
 
 
 def _manager_for(python):

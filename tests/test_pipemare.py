@@ -139,12 +139,17 @@ def test_pipemare_survives_a_rate_at_which_the_naive_asynchronous_pipeline_diver
   naive = sim.pipemare_sgd(STAGES, _loss, params, batches, lr=lr)
   pipemare = sim.pipemare_sgd(STAGES, _loss, params, batches, lr=lr, lr_rescheduling=True,
                               warmup_steps=100, discrepancy_correction=True)
-  start = sync.losses[0]
   final = lambda r: float(np.mean(r.losses[-20:]))
-  # Measured (seed 0): start 2.52; synchronous 0.55, PipeMare 1.13, naive NaN.
+  # The best constant prediction (the targets' mean) scores their variance: what a model
+  # that learned nothing from x would reach.
+  y = batches["y"].reshape(-1, DOUT)
+  constant = float(np.mean(np.sum((y - y.mean(0)) ** 2, -1)))
+  # Measured (seed 0): start 2.52, constant 1.98; synchronous 0.55, PipeMare 1.13, naive NaN.
   assert not np.all(np.isfinite(naive.losses))  # stage 0 sees weights 7 steps stale
-  assert np.all(np.isfinite(pipemare.losses)) and final(pipemare) < 0.6 * start
-  assert final(sync) < final(pipemare)  # the synchronous schedule remains the reference
+  assert np.all(np.isfinite(pipemare.losses))
+  # PipeMare keeps more than half of what synchronous SGD learns beyond the constant ...
+  assert final(pipemare) < (constant + final(sync)) / 2, (final(pipemare), constant)
+  assert final(sync) < final(pipemare)  # ... and the synchronous schedule stays the reference
 
 
 def test_bad_input():

@@ -416,7 +416,6 @@ def _every_method():
   c = lambda codec, **kw: optax.chain(
       sync.compressed(codec, axis_name="replica", **kw), sgd())
   key = jax.random.key(3)
-  mean = lambda: optax.chain(sync.mean("replica"), sgd())
   return {
       "codecs": {
           "cast": c(codecs.cast("bfloat16")), "int8_ef": c(codecs.uniform(8), memory="ef"),
@@ -449,8 +448,8 @@ def _every_method():
           "scaffold": local.scaffold(sgd(), 2, "replica"),
           "hierarchical": local.hierarchical(sgd(), 2, fast_axis=None, slow_axis="replica")},
       "overlap": {
-          "delayed": local.delayed(mean(), "replica"),
-          "stale_dc": local.stale(mean(), 1, "replica", compensation="dc"),
+          "delayed": local.delayed(sgd(), "replica"),
+          "stale_dc": local.stale(sgd(), 1, "replica", compensation="dc"),
           "acco": local.acco(sgd(), "replica")},
   }
 

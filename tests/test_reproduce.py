@@ -4,18 +4,19 @@ import json
 import math
 import os
 
+import jax
 import matplotlib.image
 import numpy as np
 import pytest
 
 from experiments import _reproduce as rep
 from experiments import build
+from experiments import compression_table
 from experiments import reproduce_demo
 from experiments import reproduce_diloco
 from experiments import reproduce_powersgd
 from experiments import reproduce_streaming
 from experiments import reproduce_topk
-from jaxcomm import codecs, comm, sync
 
 # One scale for every test: the DP and DiLoCo runs the reproductions share train once.
 TINY = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
@@ -28,7 +29,50 @@ def _params(model: str):
 
 
 def _num_params(model: str) -> int:
-  return comm.tree_bytes(_params(model)) // 4
+  return sum(x.size for x in jax.tree.leaves(_params(model)))
+
+
+W = 8
+
+
+# Byte formulas of docs/algorithms.md written out from the parameters' shapes (the library's
+# *_bytes helpers are held against hand literals in the sync tests, not used here).
+def _allreduce(nbytes, w=W):
+  return 2 * (w - 1) / w * nbytes
+
+
+def _powersgd_bytes(params, rank, w=W, rate=2):
+  """Each matrix n x m (shorter side first, rows = prod(shape[:-1])) with (n + m) r rate < n m
+  sends P (n r) in the all-reduce of the exact leaves and Q (m r) in a second one."""
+  p = q = exact = 0
+  for x in jax.tree.leaves(params):
+    if len(x.shape) < 2:
+      exact += x.size
+      continue
+    n, m = sorted((math.prod(x.shape[:-1]), x.shape[-1]))
+    r = min(rank, n)
+    if (n + m) * r * rate < n * m:
+      p, q = p + n * r, q + m * r
+    else:
+      exact += x.size
+  return _allreduce(4 * (p + exact), w) + (_allreduce(4 * q, w) if q else 0.0)
+
+
+def _demo_bytes(params, chunk=64, k=32):
+  """Tiles a x b (largest divisors <= chunk of prod(shape[:-1]) and shape[-1]), min(k, a b)
+  (f32 value, index) pairs per tile, indices as wide as the largest tile needs; gathered."""
+  divisor = lambda n: max(d for d in range(1, min(n, chunk) + 1) if n % d == 0)
+  pairs, tile = 0, 1
+  for x in jax.tree.leaves(params):
+    rows, cols = (math.prod(x.shape[:-1]), x.shape[-1]) if x.shape else (1, 1)
+    a, b = divisor(rows), divisor(cols)
+    pairs += (rows // a) * (cols // b) * min(k, a * b)
+    tile = max(tile, a * b)
+  return (W - 1) * pairs * (4 + (1 if tile <= 256 else 2 if tile <= 2**16 else 4))
+
+
+def _index_bytes(n):
+  return 1 if n <= 256 else 2 if n <= 2**16 else 4
 
 
 def _check_outputs(workdir, summary, records, figure):
@@ -56,10 +100,11 @@ def test_diloco(tmp_path):
   _check_outputs(workdir, s, s["by_h"] + s["by_workers"], "diloco.png")
   dp, h4 = s["by_h"]
   # DP sends the all-reduce of every parameter every step; DiLoCo the same once every H.
-  assert dp["bytes_per_step"] == dp["dp_bytes_per_step"] == \
-      comm.allreduce_bytes(4 * _num_params("lm"), 8)
+  assert dp["bytes_per_step"] == dp["dp_bytes_per_step"] == _allreduce(4 * _num_params("lm"))
+  assert dp["compiled_step_bytes"] == dp["bytes_per_step"]
   assert h4["bytes_per_step"] == dp["bytes_per_step"] / 4
-  assert h4["peak_bytes_per_step"] == dp["bytes_per_step"]
+  assert h4["peak_bytes_per_step"] == dp["bytes_per_step"] == h4["compiled_branch_bytes"]
+  assert h4["compiled_step_bytes"] == 0  # nothing travels outside the sync branch
   assert np.count_nonzero(h4["curve"]["wire_bytes"]) == TINY.steps // 4
   one = [r for r in s["by_workers"] if r["workers"] == 1]
   assert len(one) == 2 and all(r["bytes_per_step"] == 0 for r in one)  # nobody to talk to
@@ -69,16 +114,27 @@ def test_diloco(tmp_path):
 
 def test_powersgd(tmp_path):
   workdir = str(tmp_path)
-  s = reproduce_powersgd.run(TINY, workdir, ranks=(1,), table=False)
+  # table=True: ResNet-18's compression table, whose rows are checked counted == compiled.
+  # 4 workers: the same laws at half the devices' memory and threads.
+  w = 4
+  s = reproduce_powersgd.run(TINY, workdir, ranks=(1,), table=True, workers=w)
   _check_outputs(workdir, s, s["runs"], "powersgd.png")
   params = _params("mlp")
   dp, *lowrank = s["runs"]
   assert [(r["rank"], r["error_feedback"]) for r in lowrank] == \
       [(1, True), (1, False)]
   for r in lowrank:  # error feedback changes what is sent, not how much
-    assert r["bytes_per_step"] == sync.powersgd_bytes(params, r["rank"], 8)
+    assert r["bytes_per_step"] == r["compiled_step_bytes"] == \
+        _powersgd_bytes(params, r["rank"], w)
     assert 0 <= r["heldout_accuracy"] <= 1
-  assert dp["bytes_per_step"] == dp["dp_bytes_per_step"]
+  assert dp["bytes_per_step"] == dp["dp_bytes_per_step"] == dp["compiled_step_bytes"]
+  # ResNet-18 (11,173,962 parameters): the table's bytes (counted, checked against the
+  # compiled program inside run()) against the formula on its shapes.
+  resnet = compression_table.model_params("resnet18")
+  (_, size, dp_bytes, _, _), (name, _, rank1, _, ratio) = s["compression"]
+  assert size == 11_173_962 and dp_bytes == _allreduce(4 * size, w)
+  assert name == "PowerSGD rank 1" and rank1 == _powersgd_bytes(resnet, 1, w)
+  assert ratio == dp_bytes / rank1 > 100
 
 
 def test_topk(tmp_path):
@@ -87,8 +143,10 @@ def test_topk(tmp_path):
   _check_outputs(workdir, s, s["runs"], "topk.png")
   dp, with_memory, without = s["runs"]
   n = _num_params("mlp")
-  sent = comm.compressed_bytes(codecs.top_k(0.1), n, 8, "gather")
+  k = max(1, round(0.1 * n))  # (f32 value, index) pairs of the top 10 %, all-gathered
+  sent = (W - 1) * k * (4 + _index_bytes(n))
   assert with_memory["bytes_per_step"] == without["bytes_per_step"] == sent
+  assert with_memory["compiled_step_bytes"] == sent
   assert sent < dp["bytes_per_step"]
 
 
@@ -98,7 +156,8 @@ def test_demo(tmp_path):
   _check_outputs(workdir, s, s["runs"], "demo.png")
   dp, k32 = s["runs"]
   params = _params("lm")
-  assert k32["bytes_per_step"] == sync.demo_bytes(params, 8, 64, 32) < dp["bytes_per_step"]
+  assert k32["bytes_per_step"] == k32["compiled_step_bytes"] == _demo_bytes(params, 64, 32)
+  assert k32["bytes_per_step"] < dp["bytes_per_step"]
 
 
 def test_streaming(tmp_path):
@@ -111,15 +170,15 @@ def test_streaming(tmp_path):
   n = _num_params("lm")
   assert diloco["peak_bytes_per_step"] == dp["bytes_per_step"]
   # Each f32 fragment is ceil(n / P) elements: the peak is DiLoCo's / P up to that padding.
-  assert exact["peak_bytes_per_step"] == comm.allreduce_bytes(4 * math.ceil(n / p), 8)
+  m = math.ceil(n / p)
+  assert exact["peak_bytes_per_step"] == _allreduce(4 * m) == exact["compiled_branch_bytes"]
   assert exact["peak_bytes_per_step"] * p == pytest.approx(diloco["peak_bytes_per_step"],
-                                                           abs=comm.allreduce_bytes(4 * p, 8))
+                                                           abs=_allreduce(4 * p))
   # Same total: P fragment syncs per H steps against one full sync.
   assert exact["total_bytes"] == pytest.approx(diloco["total_bytes"],
-                                               abs=scale.steps * comm.allreduce_bytes(4, 8))
-  # fp4 codes (with block scales) are not summable: they are all-gathered.
-  assert paper["peak_bytes_per_step"] == comm.compressed_bytes(codecs.fp4(), math.ceil(n / p),
-                                                               8, "gather")
+                                               abs=scale.steps * _allreduce(4))
+  # fp4 codes (4 bits each, an f32 scale per 32) are not summable: they are all-gathered.
+  assert paper["peak_bytes_per_step"] == (W - 1) * (math.ceil(m / 2) + 4 * math.ceil(m / 32))
   assert np.count_nonzero(exact["curve"]["wire_bytes"]) == p * scale.steps // h
 
 

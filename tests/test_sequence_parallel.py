@@ -31,25 +31,64 @@ def mesh():
   return train.make_mesh({"data": 2, "sequence": W})
 
 
+# Wire bytes per device of one forward + backward, from docs/algorithms.md, written out here
+# (not the library's *_bytes helpers, which test_byte_helpers_equal_hand_literals pins).
+# blk: this device's [B, T/W, H, Dh] block; f32 everywhere.
+def ring_bytes(blk):
+  q = np.prod(blk)  # K and V shift W-1 times each way; the f32 dK, dV accumulators W times
+  return {"forward": (W - 1) * 2 * q * 4, "backward": (W - 1) * 2 * q * 4 + W * 2 * q * 4}
+
+
+def ulysses_bytes(blk):
+  q = np.prod(blk) * 4  # all-to-all of stacked Q, K, V and one of the output, each way
+  return {"forward": (W - 1) / W * (3 * q + q), "backward": (W - 1) / W * (3 * q + q)}
+
+
+def lasp2_bytes(blk):
+  s = blk[0] * blk[2] * blk[3] * blk[3] * 4  # one B x H x Dk x Dv f32 state per device
+  return {"forward": (W - 1) * s, "backward": (W - 1) / W * (W * s)}
+
+
+def allscan_bytes(blk, pieces=W):
+  s = blk[0] * blk[2] * blk[3] * blk[3]  # W + K - 2 chain steps of ceil(s / K) elements
+  return {"forward": (W + pieces - 2) * -(-s // pieces) * 4,
+          "backward": (W + pieces - 2) * -(-s // pieces) * 4}
+
+
 # name: (per-device kernel, one-device reference, zig-zag layout, bytes formula on a block)
 VARIANTS = {
-    "ring": (parallel.attention_ring, models.causal_attention, False,
-             lambda blk: parallel.attention_ring_bytes(blk, W)),
+    "ring": (parallel.attention_ring, models.causal_attention, False, ring_bytes),
     "ring_zigzag": (functools.partial(parallel.attention_ring, zigzag=True),
-                    models.causal_attention, True,
-                    lambda blk: parallel.attention_ring_bytes(blk, W)),
-    "ulysses": (parallel.attention_ulysses, models.causal_attention, False,
-                lambda blk: parallel.attention_ulysses_bytes(blk, W)),
+                    models.causal_attention, True, ring_bytes),
+    "ulysses": (parallel.attention_ulysses, models.causal_attention, False, ulysses_bytes),
     "linear_lasp2": (functools.partial(parallel.linear_attention_lasp2, decay=DECAY),
                      functools.partial(parallel.linear_attention, decay=DECAY), False,
-                     lambda blk: parallel.linear_attention_lasp2_bytes(blk, W)),
+                     lasp2_bytes),
     "linear_allscan": (functools.partial(parallel.linear_attention_allscan, decay=DECAY),
                        functools.partial(parallel.linear_attention, decay=DECAY), False,
-                       lambda blk: parallel.linear_attention_allscan_bytes(blk, W)),
+                       allscan_bytes),
     "linear_lasp_ring": (parallel.linear_attention_lasp_ring, parallel.linear_attention, False,
-                         lambda blk: parallel.linear_attention_allscan_bytes(
-                             blk, W, num_pieces=1)),
+                         functools.partial(allscan_bytes, pieces=1)),
 }
+
+
+def test_byte_helpers_equal_hand_literals():
+  # A [1, 4, 2, 8] block = 64 f32 on W = 4: K and V 512 bytes, shifted 3 times forward;
+  # backward 3 shifts again + 4 shifts of the f32 dK, dV (512 bytes): 1536 + 2048.
+  assert parallel.attention_ring_bytes((1, 4, 2, 8), 4) == {"forward": 1536.0,
+                                                            "backward": 3584.0}
+  # W = 2: all-to-all of Q, K, V (768 bytes) and of the output (256): 1/2 * 1024 each way.
+  assert parallel.attention_ulysses_bytes((1, 4, 2, 8), 2) == {"forward": 512.0,
+                                                               "backward": 512.0}
+  # A [1, 16, 2, 4] block: state 1 x 2 x 4 x 4 f32 = 128 bytes; W = 4: gather 3 * 128, its
+  # reduce-scatter 3/4 * 512. All-Scan with K = 4 pieces of 8: (4 + 4 - 2) * 32 bytes.
+  assert parallel.linear_attention_lasp2_bytes((1, 16, 2, 4), 4) == {"forward": 384.0,
+                                                                     "backward": 384.0}
+  assert parallel.linear_attention_allscan_bytes((1, 16, 2, 4), 4) == {"forward": 192.0,
+                                                                       "backward": 192.0}
+  # The LASP ring (K = 1): 3 steps of the whole 128-byte state.
+  assert parallel.linear_attention_allscan_bytes((1, 16, 2, 4), 4, num_pieces=1) == \
+      {"forward": 384.0, "backward": 384.0}
 
 
 def _inputs(seq_len):

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, local, parallel, sync
 from tests import contract
@@ -67,6 +68,9 @@ FACTORIES = {
     "local.streaming_diloco": (lambda inner: local.streaming_diloco(
         inner, optax.sgd(1.0), 2, fragments=2, axis_name=None, codec=None), lambda tx: tx),
     "parallel.zero": (lambda inner: parallel.zero(inner, 2, None), lambda tx: tx),
+    # One group of leaves sharded over `tensor`, one replicated (example_params: w, b).
+    "parallel.by_sharding": (lambda inner: parallel.by_sharding(
+        inner, {"w": P(None, "tensor"), "b": P()}), lambda tx: tx),
 }
 
 

@@ -1,8 +1,10 @@
 """ZeRO 1/2/3: equal to data parallelism, bytes three ways, 1/W memory, compression.
 
 Stages 1-3 are held against exact DP with the same optimiser; counted bytes against
-`comm.inspect` of the compiled step and the formulas; per-device optimiser-state bytes
-against the compiled memory analysis; compressed stage 1 against uncompressed training.
+`comm.inspect` of the compiled step (which shares the counters' per-op byte helpers: it
+proves shapes and trip counts) and against formulas written here from docs/algorithms.md;
+per-device optimiser-state bytes against the compiled memory analysis; compressed stage 1
+against uncompressed training.
 """
 
 import chex
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, data, models, parallel, sync, testing, train
+from test_validation import JUNK, builds_or_value_error, junk, ok, valid_or
 
 W = 8
 LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=8)
@@ -41,12 +44,14 @@ def per_device_bytes(tree) -> int:
 # ---------------------------------------------------------------- the compressed scatter
 # Float payloads travel as their bit patterns (u32, u16); a payload of several leaves (int8
 # codes and f32 scales) travels packed into one u8 buffer.
-@pytest.mark.parametrize("codec,wire", [(codecs.identity(), {"u32"}),
-                                        (codecs.cast("bfloat16"), {"u16"}),
-                                        (codecs.uniform(8), {"u8"}),
-                                        (codecs.top_k(0.25), None)],
+# Bytes: every device sends 7 of its 8 encoded chunks of 16 elements: identity 7 * 64;
+# bf16 7 * 32; int8 codes + one f32 scale 7 * (16 + 4); top-4 (f32 value, u8 index) 7 * 20.
+@pytest.mark.parametrize("codec,wire,nbytes", [(codecs.identity(), {"u32"}, 448),
+                                               (codecs.cast("bfloat16"), {"u16"}, 224),
+                                               (codecs.uniform(8), {"u8"}, 140),
+                                               (codecs.top_k(0.25), None, 140)],
                          ids=["identity", "bf16", "int8", "top_k"])
-def test_reduce_scatter_encoded(mesh8, codec, wire):
+def test_reduce_scatter_encoded(mesh8, codec, wire, nbytes):
   x = jax.random.normal(jax.random.key(0), (W, W * 16))
   record = {}
 
@@ -65,7 +70,7 @@ def test_reduce_scatter_encoded(mesh8, codec, wire):
   bound = float(codec.error_bound(x.ravel())) * W
   np.testing.assert_allclose(shard, x.sum(0), atol=bound + 1e-5)
   report = comm.parse_hlo(compiled.as_text(), mesh=mesh8)
-  assert record["bytes"] == (W - 1) * codec.payload_bytes(16) == report.wire_bytes()
+  assert record["bytes"] == nbytes == report.wire_bytes()
   assert [c.op for c in report] == ["all-to-all"]
   if wire is not None:
     assert {d for c in report for d in c.dtype.split(",")} == wire
@@ -127,7 +132,10 @@ def test_zero_bytes_counted_inspected_and_formula(lm_runs):
   params, _, runs = lm_runs
   n = sum(x.size for x in jax.tree.leaves(params))
   assert n % W == 0  # so that ZeRO's padded vector is exactly DP's
-  dp = comm.allreduce_bytes(4 * n, W)
+  # DP: all-reduce of 4n bytes, 2(W-1)/W 4n. ZeRO-1: reduce-scatter of the f32 vector,
+  # (W-1)/W 4n, plus all-gather of the updated 4n/W chunk, (W-1) 4n/W: the same total.
+  dp = 2 * (W - 1) / W * 4 * n
+  assert (W - 1) / W * 4 * n + (W - 1) * 4 * n / W == dp
   for name in ("dp", "zero1"):
     run = runs[name]
     assert run["sent"] == [dp, dp] and run["report"].wire_bytes() == dp, name
@@ -141,7 +149,7 @@ def test_zero_bytes_counted_inspected_and_formula(lm_runs):
   regather = jax.tree.leaves(run["model"].param_regather())
   formula, ratios = 0.0, set()
   for x, spec, again in zip(jax.tree.leaves(params), specs, regather):
-    leaf_dp = comm.allreduce_bytes(4 * x.size, W)
+    leaf_dp = 2 * (W - 1) / W * 4 * x.size
     ratio = (1.5 if again else 1.0) if "data" in parallel.spec_axes(spec) else 1.0
     formula += ratio * leaf_dp
     ratios.add(ratio)
@@ -209,7 +217,13 @@ def test_compressed_zero1_trains_lm_like_uncompressed(mesh8, lm_runs):
     scatter_bytes[name] = report.wire_bytes(op="all-to-all" if name != "f32" else
                                             "reduce-scatter")
     assert counted[name] == report.wire_bytes()
-  assert losses["f32"] < 0.8 * first["f32"], (first, losses)  # it trains
+  # It learns more than byte frequencies: below the entropy of the targets' unigram
+  # distribution (the best loss of a model that ignores the context), measured on the same
+  # 40 batches (plug-in estimate, biased low: a strict bound).
+  targets = np.concatenate([np.ravel(batch_fn(t)["tokens"][:, 1:]) for t in range(steps)])
+  freq = np.bincount(targets, minlength=256) / targets.size
+  unigram = -np.sum(freq[freq > 0] * np.log(freq[freq > 0]))
+  assert losses["f32"] < unigram, (losses, unigram)
   for name in ("bf16", "int8"):
     assert abs(losses[name] - losses["f32"]) < 0.03 * losses["f32"], losses
   n = sum(x.size for x in jax.tree.leaves(params))
@@ -232,7 +246,7 @@ def test_accumulation_stage1_vs_stage2(mesh8):
   ref = dp.init(params)
   for t in range(4):
     ref, _ = dp.step(ref, ds.batch(t, 64))
-  rs, ag = comm.reduce_scatter_bytes(4 * n_pad, W), comm.all_gather_bytes(4 * n_pad // W, W)
+  rs, ag = (W - 1) / W * 4 * n_pad, (W - 1) * 4 * n_pad // W  # reduce-scatter, all-gather
   for stage, per_step, acc in ((1, [0, rs + ag] * 2, n_pad), (2, [rs, rs + ag] * 2, n_pad // W)):
     trainer = train.Trainer(loss, parallel.zero(adam(), stage, "data", accumulate_steps=2),
                             mesh8)
@@ -284,54 +298,82 @@ def test_zero_bad_input():
 
 
 # ------------------------------------------------ property: builds and works, or ValueError
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.floats(allow_nan=True),
-                 st.text(max_size=3), st.just(()), st.just(print))
+def _zero_joint(values):
+  """Valid alone, not together: a memory needs a codec; stage 3 takes neither a codec nor
+  micro-batches (its reduce-scatter is the model's backward pass)."""
+  bad = []
+  if values["memory"] == "ef" and values["codec"] is None:
+    bad += ["memory", "codec"]
+  if values["stage"] == 3 and (values["codec"] is not None or values["accumulate_steps"] != 1):
+    bad += ["codec", "accumulate_steps"]
+  return bad
 
 
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(stage=st.one_of(st.sampled_from([1, 2, 3]), JUNK),
-       axis_name=st.one_of(st.sampled_from([None, "data"]), JUNK),
-       codec=st.one_of(st.sampled_from([None, codecs.cast("bfloat16")]), JUNK),
-       memory=st.one_of(st.sampled_from([None, "ef"]), JUNK),
-       accumulate_steps=st.one_of(st.integers(1, 2), JUNK))
-@example(stage=1, axis_name="data", codec=codecs.cast("bfloat16"), memory="ef",
-         accumulate_steps=2)
-@example(stage=3, axis_name="data", codec=None, memory=None, accumulate_steps=1)
+@given(stage=valid_or(st.sampled_from([1, 2, 3])),
+       axis_name=valid_or(st.sampled_from([None, "data"])),
+       codec=valid_or(st.sampled_from([None, codecs.cast("bfloat16")])),
+       memory=valid_or(st.sampled_from([None, "ef"])),
+       accumulate_steps=valid_or(st.integers(1, 2)))
+@example(stage=ok(1), axis_name=ok("data"), codec=ok(codecs.cast("bfloat16")), memory=ok("ef"),
+         accumulate_steps=ok(2))
+@example(stage=ok(3), axis_name=ok("data"), codec=ok(None), memory=ok(None),
+         accumulate_steps=ok(1))
 def test_zero_builds_and_runs_or_raises_value_error(mesh8, stage, axis_name, codec, memory,
                                                     accumulate_steps):
   params = {"w": jnp.arange(8.0), "b": jnp.ones(())}
   specs = {"w": P("data"), "b": P()}
-  try:
-    tx = parallel.zero(optax.sgd(0.1), stage, axis_name, codec, memory, param_specs=specs,
-                       accumulate_steps=accumulate_steps)
-  except ValueError:
-    return
 
-  def update(p):  # each worker's own gradient (varying), as the Trainer passes it
-    grads = jax.tree.map(lambda x: x + 1, comm.varying(p, "data" if axis_name else None))
-    return tx.update(grads, tx.init(p), p)[0]
+  def check(tx):
+    def update(p):  # each worker's own gradient (varying), as the Trainer passes it
+      grads = jax.tree.map(lambda x: x + 1,
+                           comm.varying(p, "data" if axis_name.value else None))
+      return tx.update(grads, tx.init(p), p)[0]
 
-  if axis_name is None:
-    out = update(params)
-  else:
-    in_specs = (specs,) if stage == 3 else (P(),)
-    stack = lambda out: jax.tree.map(lambda x: comm.varying(x, "data")[None], out)
-    out = jax.jit(jax.shard_map(lambda p: stack(update(p)), mesh=mesh8, in_specs=in_specs,
-                                out_specs=P("data")))(params)
-  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+    if axis_name.value is None:
+      out = update(params)
+    else:
+      in_specs = (specs,) if stage.value == 3 else (P(),)
+      stack = lambda out: jax.tree.map(lambda x: comm.varying(x, "data")[None], out)
+      out = jax.jit(jax.shard_map(lambda p: stack(update(p)), mesh=mesh8, in_specs=in_specs,
+                                  out_specs=P("data")))(params)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+
+  builds_or_value_error(
+      lambda **kw: parallel.zero(optax.sgd(0.1), param_specs=specs, **kw), check,
+      joint=_zero_joint, stage=stage, axis_name=axis_name, codec=codec, memory=memory,
+      accumulate_steps=accumulate_steps)
+
+
+def _layout(shape, rules, sequence_parallel):
+  return parallel.Layout(parallel.make_mesh(shape), rules=rules,
+                         sequence_parallel=sequence_parallel)
+
+
+def _layout_joint(values):  # sequence parallelism splits over a tensor axis of size > 1
+  shape = values["shape"]
+  if values["sequence_parallel"] is True and isinstance(shape, (dict, str)) and \
+     "tensor" not in str(shape):
+    return ["sequence_parallel"]
+  return []
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(shape=st.one_of(st.sampled_from(["data=8", "data=2,fsdp=2,tensor=2", {"tensor": 8}]),
-                       st.dictionaries(st.sampled_from(["data", "tensor", "x"]),
-                                       st.integers(0, 8), max_size=2), JUNK),
-       rules=st.one_of(st.sampled_from([None, {"embed": "tensor"}, (("mlp", ("data",)),)]),
-                       st.dictionaries(st.text(max_size=3), JUNK, max_size=2), JUNK),
-       sp=st.one_of(st.booleans(), JUNK))
+@given(shape=valid_or(st.sampled_from(["data=8", "data=2,fsdp=2,tensor=2", {"tensor": 8}]),
+                      st.one_of(st.dictionaries(st.sampled_from(["data", "tensor", "x"]),
+                                                st.integers(0, 8), max_size=2), JUNK)),
+       # A table replaces the defaults: valid ones are complete (make_rules keeps the rest).
+       rules=valid_or(st.sampled_from([None, parallel.make_rules(embed="tensor"),
+                                       tuple(parallel.make_rules(mlp=("data",)))]),
+                      st.one_of(st.sampled_from([{"embed": "tensor"}, (("mlp", ("data",)),)]),
+                                st.dictionaries(st.text(max_size=3), JUNK, max_size=2), JUNK)),
+       sp=valid_or(st.booleans()))
+@example(shape=ok("data=2,fsdp=2,tensor=2"), rules=ok(parallel.make_rules(embed="tensor")),
+         sp=ok(True))
+@example(shape=ok("data=8"), rules=junk({"embed": "tensor"}), sp=ok(False))  # no 'batch' rule
 def test_layout_builds_or_raises_value_error(shape, rules, sp):
-  try:
-    layout = parallel.Layout(parallel.make_mesh(shape), rules=rules, sequence_parallel=sp)
-  except ValueError:
-    return
-  assert layout.spec(("batch",)) is not None
+  def check(layout):
+    assert layout.spec(("batch",)) is not None
+  builds_or_value_error(_layout, check, joint=_layout_joint, shape=shape, rules=rules,
+                        sequence_parallel=sp)

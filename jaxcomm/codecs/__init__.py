@@ -33,6 +33,9 @@ error, which is why `check_codec` tests each:
 * `length`: the one n the codec accepts. Such a codec needs the whole vector, so
   collectives that split the vector into chunks (two-phase, hierarchical axes, ZeRO's
   reduce-scatter) refuse it when the transform is built.
+* `decode_sum(payloads, n)` (optional): the sum of the decodes of W payloads stacked on a
+  leading axis, in one pass; the gather collective uses it (sparse codecs scatter-add all
+  pairs into one vector and a transform codec inverts once instead of W times).
 
 Shape-aware codecs: wherever a transform takes a codec it also takes a factory `shapes ->
 Codec`, called with the parameter tree's leaf shapes in flat-vector order (`for_tree`), e.g.

@@ -36,6 +36,9 @@ class Codec:
     length: the one vector length the codec accepts (a per-tensor codec built for a
       parameter tree's shapes); such a codec needs the whole vector, so collectives that
       split it (two-phase, hierarchical axes, ZeRO's reduce-scatter) refuse it.
+    decode_sum: optional `(payloads, n) -> f32[n]`, the sum of the decodes of W payloads
+      stacked on a leading axis in one pass (sparse codecs scatter-add every pair; a
+      transform is inverted once, not W times); `decode_sum_with` falls back to a loop.
 
   A codec of your own (`jaxcomm.testing.check_codec` holds it to the contract):
 
@@ -60,6 +63,22 @@ class Codec:
   variance_bound: Callable[[jax.Array], jax.Array] | None = None  # x -> >= E||D(C(x))-x||^2
   collective: str = "gather"   # preferred collective when not linear: gather | two_phase
   length: int | None = None    # the only n it accepts; needs the whole vector (no splitting)
+  decode_sum: Callable[[Payload, int], jax.Array] | None = None  # ([W, ..], n) -> f32[n]
+
+  def decode_sum_with(self, payloads: Payload, n: int) -> jax.Array:
+    """Sum of `decode(payload_w, n)` over the leading axis of `payloads` (not shared-key).
+
+    >>> c = identity()
+    >>> c.decode_sum_with((jnp.ones((3, 2)),), 2)
+    Array([3., 3.], dtype=float32)
+    """
+    if self.decode_sum is not None:
+      return self.decode_sum(payloads, n)
+    pick = lambda i: jax.tree.map(lambda x: x[i], payloads)
+    first = self.decode(pick(0), n).astype(jnp.float32)
+    w = jax.tree.leaves(payloads)[0].shape[0]
+    return jax.lax.fori_loop(1, w, lambda i, acc: acc + self.decode(pick(i), n).astype(
+        jnp.float32), first)
 
   def decode_with(self, payload: Payload, n: int, key: Any = None) -> jax.Array:
     """decode(payload, n), passing `key` only to codecs whose decode needs it."""

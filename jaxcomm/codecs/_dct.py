@@ -74,12 +74,15 @@ def dct_top_k(chunk: int = 64, k: int = 32) -> Codec:
     return (jnp.take_along_axis(c, idx, axis=1).reshape(-1),
             idx.reshape(-1).astype(index_dtype(chunk)))
 
-  def decode(p, n):
+  def decode_sum(p, n):  # W payloads: scatter-add every coefficient, invert once
     vals, idx = p
     nc = num_blocks(n, chunk)
-    c = jnp.zeros((nc, chunk), jnp.float32).at[
-        jnp.arange(nc)[:, None], idx.reshape(nc, k).astype(jnp.int32)].set(vals.reshape(nc, k))
+    vals, idx = vals.reshape(-1, nc, k), idx.reshape(-1, nc, k).astype(jnp.int32)
+    c = jnp.zeros((nc, chunk), jnp.float32).at[jnp.arange(nc)[None, :, None], idx].add(vals)
     return unblock(jnp.matmul(c, d, precision=hi), n)
+
+  def decode(p, n):
+    return decode_sum(jax.tree.map(lambda v: v[None], p), n)
 
   def error_bound(x):
     c2 = jnp.sort(coefficients(x) ** 2, axis=1)  # ascending: the dropped ones come first
@@ -88,7 +91,7 @@ def dct_top_k(chunk: int = 64, k: int = 32) -> Codec:
 
   return Codec(f"dct_top_k(chunk={chunk}, k={k})", encode, decode,
                payload_bytes=lambda n: num_blocks(n, chunk) * k * (4 + index_dtype(chunk).itemsize),
-               error_bound=error_bound, collective="gather")
+               error_bound=error_bound, collective="gather", decode_sum=decode_sum)
 
 
 def largest_divisor(n: int, limit: int) -> int:
@@ -113,6 +116,51 @@ class _Tiling(NamedTuple):
   def tiles(self) -> int:
     return (self.rows // self.a) * (self.cols // self.b)
 
+  def to_tiles(self, x: jax.Array) -> jax.Array:
+    """f32[tiles, a, b]: the tensor's tiles, row-major over the tile grid."""
+    m = x[self.offset:self.offset + self.rows * self.cols]
+    m = m.reshape(self.rows // self.a, self.a, self.cols // self.b, self.b)
+    return m.transpose(0, 2, 1, 3).reshape(self.tiles, self.a, self.b)
+
+  def from_tiles(self, t: jax.Array) -> jax.Array:
+    """Inverse of `to_tiles`: the tensor's elements, flat."""
+    m = t.reshape(self.rows // self.a, self.cols // self.b, self.a, self.b)
+    return m.transpose(0, 2, 1, 3).reshape(-1)
+
+
+class _Group(NamedTuple):
+  """The tensors whose tiles share (a, b, k): one batched transform and selection."""
+  members: tuple   # _Tiling, in flat-vector order
+  start: int       # first coefficient slot of the group in the payload
+
+  @property
+  def a(self) -> int:
+    return self.members[0].a
+
+  @property
+  def b(self) -> int:
+    return self.members[0].b
+
+  @property
+  def k(self) -> int:
+    return self.members[0].k
+
+  @property
+  def tiles(self) -> int:
+    return sum(t.tiles for t in self.members)
+
+
+def _groups(tilings) -> list:
+  """Tilings grouped by (a, b, k), groups in order of first appearance; payload slots."""
+  by_shape = {}
+  for t in tilings:
+    by_shape.setdefault((t.a, t.b, t.k), []).append(t)
+  groups, start = [], 0
+  for members in by_shape.values():
+    groups.append(_Group(tuple(members), start))
+    start += groups[-1].tiles * members[0].k
+  return groups
+
 
 def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
   """DeMo's DCT top-k per tensor: 2-D orthonormal DCT-II over tiles, k largest per tile.
@@ -125,6 +173,11 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
   matrices. The k largest-magnitude coefficients of each tile travel: float32 values and
   tile-local indices (the narrowest unsigned type for the largest tile). With k >= a * b
   for every tile the round trip is exact up to float32 rounding.
+
+  All tiles of one shape (a, b) are transformed by one batched matmul and selected by one
+  top-k, whatever tensors they come from: the payload lists tile shapes in order of first
+  appearance, and within a shape the tensors in order, their tiles row-major, k (value,
+  index) pairs per tile (by decreasing magnitude).
 
   This is DeMo's transform (2-D for matrices); `dct_top_k` is the 1-D variant over fixed
   chunks of any flat vector. For tensors of more than two dimensions DeMo's code assumes
@@ -164,6 +217,7 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
     tilings.append(_Tiling(offset, rows, cols, a, b, min(k, a * b)))
     offset += rows * cols
   size = offset
+  groups = _groups(tilings)
   idx_dtype = index_dtype(max((t.a * t.b for t in tilings), default=1))
   mats = {s: jnp.asarray(dct_matrix(s)) for t in tilings for s in (t.a, t.b)}
   hi = lax.Precision.HIGHEST
@@ -172,41 +226,59 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
     if n != size:
       raise ValueError(f"tiled_dct_top_k was built for {size} elements, got {n}.")
 
-  def coefficients(x, t):
-    """f32[tiles, a * b]: each tile's 2-D DCT-II coefficients, D_a X D_b^T."""
-    m = x[t.offset:t.offset + t.rows * t.cols].reshape(t.rows // t.a, t.a, t.cols // t.b, t.b)
-    c = jnp.einsum("ij,rjsk,lk->rsil", mats[t.a], m, mats[t.b], precision=hi)
-    return c.reshape(t.tiles, t.a * t.b)
+  def coefficients(x, g):
+    """f32[tiles, a * b]: the group's tiles' 2-D DCT-II coefficients, D_a X D_b^T."""
+    tiles = jnp.concatenate([t.to_tiles(x) for t in g.members])
+    c = jnp.einsum("ij,tjk,lk->til", mats[g.a], tiles, mats[g.b], precision=hi)
+    return c.reshape(g.tiles, g.a * g.b)
 
   def encode(x, key):
     del key
     check(x.shape[0])
     vals, idxs = [], []
-    for t in tilings:
-      c = coefficients(x.astype(jnp.float32), t)
-      _, idx = lax.top_k(jnp.abs(c), t.k)
+    for g in groups:
+      c = coefficients(x.astype(jnp.float32), g)
+      _, idx = lax.top_k(jnp.abs(c), g.k)
       vals.append(jnp.take_along_axis(c, idx, axis=1).reshape(-1))
       idxs.append(idx.reshape(-1).astype(idx_dtype))
     return jnp.concatenate(vals), jnp.concatenate(idxs)
 
-  def decode(p, n):
+  def inverse(g, v, i):
+    """f32[tiles, a, b] from each tile's coefficient terms (values v, indices i: [tiles, s]).
+
+    s rank-one terms cost 2 a b s FLOPs per tile, the dense inverse D_a^T C D_b 2 a b (a + b)
+    after a scatter-add: the cheaper one runs (one payload's k = 32 of a 64 x 64 tile: 4x).
+    """
+    if v.shape[1] < g.a + g.b:
+      rows = mats[g.a][i // g.b] * v[..., None]  # [tiles, s, a]: c_s D_a[i_s, :]
+      return jnp.einsum("tsp,tsq->tpq", rows, mats[g.b][i % g.b], precision=hi)
+    c = jnp.zeros((g.tiles, g.a * g.b), jnp.float32).at[jnp.arange(g.tiles)[:, None], i].add(v)
+    return jnp.einsum("ij,til,lk->tjk", mats[g.a], c.reshape(g.tiles, g.a, g.b), mats[g.b],
+                      precision=hi)
+
+  def decode_sum(p, n):  # W payloads: every tile's W k terms inverted together
     check(n)
-    vals, idx = p
-    out, start = [], 0
-    for t in tilings:
-      m = t.tiles * t.k
-      c = jnp.zeros((t.tiles, t.a * t.b), jnp.float32).at[
-          jnp.arange(t.tiles)[:, None], idx[start:start + m].reshape(t.tiles, t.k).astype(
-              jnp.int32)].set(vals[start:start + m].reshape(t.tiles, t.k))
-      start += m
-      c = c.reshape(t.rows // t.a, t.cols // t.b, t.a, t.b)
-      out.append(jnp.einsum("ij,rsil,lk->rjsk", mats[t.a], c, mats[t.b],
-                            precision=hi).reshape(-1))
-    return jnp.concatenate(out) if out else jnp.zeros((0,), jnp.float32)
+    vals, idx = (v.reshape(v.shape[0], -1) for v in p)
+    parts = []
+    for g in groups:
+      m, w = g.tiles * g.k, vals.shape[0]
+      terms = lambda a: a[:, g.start:g.start + m].reshape(w, g.tiles, g.k).transpose(
+          1, 0, 2).reshape(g.tiles, w * g.k)
+      tiles = inverse(g, terms(vals), terms(idx).astype(jnp.int32))
+      start = 0
+      for t in g.members:
+        parts.append((t.offset, t.from_tiles(tiles[start:start + t.tiles])))
+        start += t.tiles
+    parts.sort(key=lambda part: part[0])
+    return (jnp.concatenate([part for _, part in parts]) if parts
+            else jnp.zeros((0,), jnp.float32))
+
+  def decode(p, n):
+    return decode_sum(jax.tree.map(lambda v: v[None], p), n)
 
   def error_bound(x):
-    dropped = [jnp.sqrt(jnp.sum(jnp.sort(coefficients(x, t) ** 2, axis=1)[:, :t.a * t.b - t.k],
-                                axis=1)).max() for t in tilings]
+    dropped = [jnp.sqrt(jnp.sum(jnp.sort(coefficients(x, g) ** 2, axis=1)[:, :g.a * g.b - g.k],
+                                axis=1)).max() for g in groups]
     tile = max((t.a * t.b for t in tilings), default=1)
     return jnp.max(jnp.stack(dropped)) + F32_SLACK * math.sqrt(tile) * jnp.max(jnp.abs(x))
 
@@ -216,4 +288,4 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
 
   return Codec(f"tiled_dct_top_k(chunk={chunk}, k={k})", encode, decode,
                payload_bytes=payload_bytes, error_bound=error_bound, collective="gather",
-               length=size)
+               length=size, decode_sum=decode_sum)

@@ -2,7 +2,10 @@
 
 All of them are non-linear (each worker's scales differ, so codes cannot be summed) and
 prefer the two-phase all-reduce, where a reduced chunk re-encodes to the size of a worker's.
-Codes travel packed (`pack_bits`), scales as float32, one or two per block.
+Codes travel packed (`pack_bits`), scales as float32, one or two per block. Stochastic
+rounding draws its uniforms from `_random` (counter-based: one fused pass, where threefry
+cost ten times the quantiser); grids are found by compares and decoded by select trees, so
+encode and decode are single vectorised passes.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomm.codecs import _random
 from jaxcomm.codecs._base import Codec
-from jaxcomm.codecs._bits import (F32_SLACK, blocks, check_bits, check_block, num_blocks,
-                                  pack_bits, packed_bytes, unblock, unpack_bits)
+from jaxcomm.codecs._bits import (F32_SLACK, block_sizes, blocks, check_bits, check_block,
+                                  num_blocks, pack_bits, packed_bytes, unblock, unpack_bits)
 
 _F32 = jnp.float32
 
@@ -27,10 +31,37 @@ def _need_key(key: Any, name: str):
 
 
 def _round(v: jax.Array, key: Any, stochastic: bool) -> jax.Array:
-  """Nearest rounding, or stochastic rounding floor(v + u) (unbiased: E = v)."""
+  """Nearest rounding, or stochastic rounding floor(v + u) (unbiased: E = v).
+
+  u is uniform on [0, 1) from `_random.uniform` (counter-based: one fused pass).
+  """
   if not stochastic:
     return jnp.round(v)
-  return jnp.floor(v + jax.random.uniform(key, v.shape, _F32))
+  return jnp.floor(v + _random.uniform(key, v.shape))
+
+
+def _rank(v: jax.Array, edges, strict: bool = False) -> jax.Array:
+  """int32: how many static `edges` are <= v (< v if strict): a sum of compares, fused."""
+  out = jnp.zeros(v.shape, jnp.int32)
+  for e in edges:
+    out = out + ((v > e) if strict else (v >= e)).astype(jnp.int32)
+  return out
+
+
+def _lookup(index: jax.Array, table) -> jax.Array:
+  """float32 table[index] for a static table: up to 16 entries a binary tree of selects on
+  the index bits (one fused pass: log2(size) bit tests, size - 1 selects; XLA:CPU runs a
+  gather element by element), a gather beyond."""
+  if len(table) > 16:
+    return jnp.asarray(table, _F32)[index]
+  depth = max(1, math.ceil(math.log2(len(table))))
+  level = [jnp.asarray(_F32(v)) for v in table] + [jnp.asarray(_F32(table[-1]))] * (
+      2 ** depth - len(table))
+  index = index.astype(jnp.uint32)
+  for bit in range(depth):  # pairs differing in this bit, lowest bit first
+    take_odd = ((index >> bit) & 1) == 1
+    level = [jnp.where(take_odd, hi, lo) for lo, hi in zip(level[0::2], level[1::2])]
+  return jnp.broadcast_to(level[0], index.shape)
 
 
 def _amax(x, block):
@@ -82,8 +113,11 @@ def uniform(bits: int = 8, *, stochastic: bool = False, block: int | None = None
     if symmetric:
       step = jnp.max(jnp.abs(xb), axis=1) / levels
       return xb, valid, -levels * step, step
-    lo = jnp.min(jnp.where(valid, xb, jnp.inf), axis=1)
-    hi = jnp.max(jnp.where(valid, xb, -jnp.inf), axis=1)
+    # min and max of the real elements: pad with the last one (it is in the last block)
+    # instead of masking the padding, so the reductions read nothing but the blocks.
+    n = x.shape[0]
+    edge = blocks(jnp.pad(x, (0, xb.size - n), mode="edge"), block)[0] if n else xb
+    lo, hi = jnp.min(edge, axis=1), jnp.max(edge, axis=1)
     return xb, valid, lo, (hi - lo) / levels
 
   def encode(x, key):
@@ -198,8 +232,8 @@ def sign(*, block: int | None = None) -> Codec:
   block = check_block(block)
 
   def scales(x):
-    xb, valid = blocks(jnp.abs(x), block)
-    return xb, jnp.sum(xb, axis=1) / jnp.sum(valid, axis=1)
+    xb, _ = blocks(jnp.abs(x), block)
+    return xb, jnp.sum(xb, axis=1) / block_sizes(x.shape[0], block)
 
   def encode(x, key):
     del key
@@ -247,21 +281,34 @@ def log_quant(bits: int = 4, alpha: float = 10.0, *, block: int | None = None) -
   levels = 2 ** (bits - 1) - 1
   alpha = float(alpha)
   log1p_a = math.log1p(alpha)
+  # Level j decodes to expm1(j / levels * log1p(alpha)) / alpha (times the block's m):
+  # a table computed once in float64, so decode is a lookup, not an expm1 per element.
+  magnitudes = (np.expm1(np.arange(levels + 1) / levels * log1p_a) / alpha).astype(np.float32)
+  # Up to 15 levels, encode compares u = alpha |x| / m with the exact midpoints between
+  # levels (expm1((j - 1/2) / levels * log1p(alpha)), rounded up to float32 so that u >= it
+  # iff u >= the real midpoint): a few compares instead of a log1p per element.
+  mids = None
+  if levels <= 15:
+    exact = np.expm1((np.arange(1, levels + 1) - 0.5) / levels * log1p_a)
+    mids = exact.astype(np.float32)
+    mids = np.where(mids < exact, np.nextafter(mids, np.float32(np.inf)), mids)
 
   def encode(x, key):
     del key
     xb, _ = blocks(x, block)
     m = jnp.max(jnp.abs(xb), axis=1)
-    q = jnp.log1p(alpha * jnp.abs(xb) / _safe(m)[:, None]) / log1p_a
-    lv = jnp.clip(jnp.round(q * levels), 0, levels).astype(jnp.uint32)
+    u = alpha * jnp.abs(xb) / _safe(m)[:, None]
+    if mids is not None:
+      lv = _rank(u, mids).astype(jnp.uint32)
+    else:
+      lv = jnp.clip(jnp.round(jnp.log1p(u) / log1p_a * levels), 0, levels).astype(jnp.uint32)
     code = lv | ((xb < 0).astype(jnp.uint32) << (bits - 1))
     return (pack_bits(unblock(code, x.shape[0]), bits), m)
 
   def decode(p, n):
     codes, m = p
     code = unpack_bits(codes, bits, n)
-    lv = (code & (2 ** (bits - 1) - 1)).astype(_F32)
-    mag = jnp.expm1(lv / levels * log1p_a) / alpha
+    mag = _lookup(code & levels, magnitudes)
     vb, _ = blocks(jnp.where((code >> (bits - 1)) == 1, -mag, mag), block)
     return unblock(vb * m[:, None], n)
 
@@ -298,14 +345,13 @@ def fp4(*, block: int | None = 32, stochastic: bool = False) -> Codec:
   (Array([ 6. , -3. ,  0.5,  1.5], dtype=float32), 6)
   """
   block = check_block(block)
-  grid = jnp.asarray(_E2M1)
-  mids = jnp.asarray((_E2M1[1:] + _E2M1[:-1]) / 2)
+  mids = (_E2M1[1:] + _E2M1[:-1]) / 2
 
   def scaled(x):
     xb, _ = blocks(x, block)
     scale = jnp.max(jnp.abs(xb), axis=1) / 6.0
     v = jnp.abs(xb) / _safe(scale)[:, None]
-    lo = jnp.clip(jnp.sum(v[..., None] >= grid[1:], axis=-1), 0, 6)  # grid[lo] <= v
+    lo = jnp.minimum(_rank(v, _E2M1[1:]), 6)  # _E2M1[lo] <= v
     return xb, scale, v, lo
 
   def encode(x, key):
@@ -313,17 +359,17 @@ def fp4(*, block: int | None = 32, stochastic: bool = False) -> Codec:
       _need_key(key, "fp4(stochastic=True)")
     xb, scale, v, lo = scaled(x)
     if stochastic:
-      frac = (v - grid[lo]) / (grid[lo + 1] - grid[lo])
-      idx = lo + (jax.random.uniform(key, v.shape, _F32) < frac)
+      below, above = _lookup(lo, _E2M1), _lookup(lo + 1, _E2M1)
+      idx = lo + (_random.uniform(key, v.shape) < (v - below) / (above - below))
     else:
-      idx = jnp.sum(v[..., None] > mids, axis=-1)
+      idx = _rank(v, mids, strict=True)  # the nearest grid value; ties go down
     code = idx.astype(jnp.uint32) | ((xb < 0).astype(jnp.uint32) << 3)
     return (pack_bits(unblock(code, x.shape[0]), 4), scale)
 
   def decode(p, n):
     codes, scale = p
     code = unpack_bits(codes, 4, n)
-    mag = grid[code & 7]
+    mag = _lookup(code & 7, _E2M1)
     vb, _ = blocks(jnp.where((code >> 3) == 1, -mag, mag), block)
     return unblock(vb * scale[:, None], n)
 
@@ -332,7 +378,7 @@ def fp4(*, block: int | None = 32, stochastic: bool = False) -> Codec:
 
   def variance_bound(x):  # Stochastic rounding across a gap g: variance <= g^2 / 4.
     _, scale, _, lo = scaled(x)
-    gap = (grid[lo + 1] - grid[lo]) * scale[:, None]
+    gap = (_lookup(lo + 1, _E2M1) - _lookup(lo, _E2M1)) * scale[:, None]
     return jnp.sum(gap ** 2) / 4
 
   return Codec(f"fp4(block={block}{', stochastic' if stochastic else ''})", encode, decode,

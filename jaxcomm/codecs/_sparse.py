@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm.codecs import _random
+from jaxcomm.codecs import _select
 from jaxcomm.codecs._base import Codec
 from jaxcomm.codecs._bits import F32_SLACK, blocks, check_block, index_dtype, num_blocks, unblock
 
@@ -60,6 +62,12 @@ def _scatter(vals, idx, n):
   return jnp.zeros((n,), jnp.float32).at[idx.astype(jnp.int32)].set(vals)
 
 
+def _scatter_sum(p, n):
+  """decode_sum of (values, indices) payloads stacked on a leading axis: one scatter-add."""
+  vals, idx = p
+  return jnp.zeros((n,), jnp.float32).at[idx.reshape(-1).astype(jnp.int32)].add(vals.reshape(-1))
+
+
 def _describe(count):
   return f"k={count}" if isinstance(count, int) else f"{count:g}"
 
@@ -70,7 +78,10 @@ def top_k(fraction: float | None = None, *, k: int | None = None,
 
   Payload: float32 values and indices (uint8 for chunks of at most 256 elements; otherwise
   the narrowest type for the vector length). k = max(1, round(fraction * size)) where size
-  is the chunk (or vector) length.
+  is the chunk (or vector) length. Ties at the k-th magnitude keep the lowest indices (as
+  `lax.top_k`). The order of the pairs carries no meaning: over the whole vector they
+  travel in index order (a sort-free selection, `_select.top_k_indices`), per chunk by
+  decreasing magnitude. Inputs must be NaN-free.
 
   Args:
     fraction: fraction of each chunk (or of the vector) kept, in (0, 1].
@@ -100,7 +111,10 @@ def top_k(fraction: float | None = None, *, k: int | None = None,
     del key
     size, _, kk = layout(x.shape[0])
     xb, _ = blocks(x, chunk)
-    _, idx = lax.top_k(jnp.abs(xb), kk)
+    if chunk is None:  # the whole vector: sort-free selection, pairs in index order
+      idx = _select.top_k_indices(jnp.abs(xb[0]), kk)
+      return (xb[0][idx], idx.astype(index_dtype(size)))
+    _, idx = lax.top_k(jnp.abs(xb), kk)  # per chunk: pairs by decreasing magnitude
     vals = jnp.take_along_axis(xb, idx, axis=1)
     return (vals.reshape(-1), idx.reshape(-1).astype(index_dtype(size)))
 
@@ -110,6 +124,13 @@ def top_k(fraction: float | None = None, *, k: int | None = None,
     rows = jnp.arange(nc)[:, None]
     out = jnp.zeros((nc, size), jnp.float32).at[rows, idx.reshape(nc, kk).astype(jnp.int32)].set(
         vals.reshape(nc, kk))
+    return unblock(out, n)
+
+  def decode_sum(p, n):  # W payloads: one scatter-add of all pairs (chunk-local indices)
+    size, nc, kk = layout(n)
+    vals, idx = (v.reshape(-1, nc, kk) for v in p)
+    rows = jnp.arange(nc)[None, :, None]
+    out = jnp.zeros((nc, size), jnp.float32).at[rows, idx.astype(jnp.int32)].add(vals)
     return unblock(out, n)
 
   def payload_bytes(n):
@@ -123,7 +144,7 @@ def top_k(fraction: float | None = None, *, k: int | None = None,
     return jnp.max(kth) * (1 + F32_SLACK)
 
   return Codec(f"top_k({_describe(count)}, chunk={chunk})", encode, decode, payload_bytes,
-               error_bound=error_bound, collective="gather")
+               error_bound=error_bound, collective="gather", decode_sum=decode_sum)
 
 
 class _Strata:
@@ -142,7 +163,10 @@ class _Strata:
     self.offset_dtype = index_dtype(int(self.size.max()))
 
   def offsets(self, key):
-    return jax.random.randint(key, self.start.shape, 0, jnp.asarray(self.size), jnp.int32)
+    """A uniform offset in every block: counter-based 32-bit words (`_random`) modulo the
+    block size (bias below size / 2**32; threefry's randint cost ~70 ns per pick on CPU)."""
+    words = _random.random_bits(key, self.start.shape)
+    return (words % jnp.asarray(self.size, jnp.uint32)).astype(jnp.int32)
 
   def indices(self, offsets):
     return jnp.asarray(self.start) + offsets.astype(jnp.int32)
@@ -202,16 +226,21 @@ def random_k(fraction: float | None = None, *, k: int | None = None,
   return Codec(f"random_k({_describe(count)}{', shared' if shared_key else ''})", encode,
                decode_shared if shared_key else decode_own, payload_bytes, linear=shared_key,
                stochastic=True, shared_key=shared_key,
-               error_bound=lambda x: jnp.max(jnp.abs(x)), collective="gather")
+               error_bound=lambda x: jnp.max(jnp.abs(x)), collective="gather",
+               decode_sum=None if shared_key else (lambda p, n: _scatter_sum(
+                   (p[0], jnp.asarray(strata(n).start) + p[1].astype(jnp.int32)), n)))
 
 
-def rtop_k(r: int | float, k: int | float) -> Codec:
+def rtop_k(r: int | float, k: int | float, *, order: str = "rank") -> Codec:
   """rTop-k: the r largest-magnitude elements, of which a uniformly random k are sent.
 
   r and k are counts (int) or fractions of the vector length (float in (0, 1]); k <= r.
-  The k are drawn stratified over the ranks (see `random_k`): each of the top r is sent with
-  probability about k/r. Payload: float32 values and indices. Each worker draws its own
-  subset (non-linear).
+  The k are drawn stratified (see `random_k`) over the top r listed by `order`: "rank" (by
+  decreasing magnitude, as `lax.top_k` lists them: this needs a sort of the r) or "index"
+  (in index order: no sort, several times faster for large r). Either way each of the top r
+  is sent with probability about k/r and the k are distinct; "rank" also spreads them over
+  the magnitudes. Payload: float32 values and indices. Each worker draws its own subset
+  (non-linear).
 
   References:
     Barnes, Inan, Isik, Ozgur, rTop-k: A Statistical Estimation Approach to Distributed SGD,
@@ -223,6 +252,8 @@ def rtop_k(r: int | float, k: int | float) -> Codec:
   (1, True, 5)
   """
   r, k = _check_count(r, "r"), _check_count(k, "k")
+  if order not in ("rank", "index"):
+    raise ValueError(f"order must be 'rank' or 'index', got {order!r}.")
   if isinstance(r, numbers.Integral) == isinstance(k, numbers.Integral) and k > r:
     raise ValueError(f"k ({k}) must not exceed r ({r}): k of the top r are sent.")
 
@@ -236,14 +267,18 @@ def rtop_k(r: int | float, k: int | float) -> Codec:
     if key is None:
       raise ValueError("rtop_k is stochastic: encode needs a PRNG key, got None.")
     rr, kk = sizes(x.shape[0])
-    _, top = lax.top_k(jnp.abs(x), rr)
-    st = _Strata(rr, kk)  # k of the top r by rank, each with probability k/r
+    top = _select.top_k_indices(jnp.abs(x), rr)  # the top r in index order
+    if order == "rank":  # a sort of r: lax.top_k(|x|, r)'s order
+      top = top[lax.top_k(jnp.abs(x[top]), rr)[1]]
+    st = _Strata(rr, kk)  # k of the top r (in `order`), each with probability k/r
     idx = top[st.indices(st.offsets(key))]
     return (x[idx], idx.astype(index_dtype(x.shape[0])))
 
   def payload_bytes(n):
     return sizes(n)[1] * (4 + index_dtype(n).itemsize)
 
-  return Codec(f"rtop_k(r={_describe(r)}, k={_describe(k)})", encode,
+  suffix = "" if order == "rank" else ", order=index"
+  return Codec(f"rtop_k(r={_describe(r)}, k={_describe(k)}{suffix})", encode,
                lambda p, n: _scatter(p[0], p[1], n), payload_bytes, stochastic=True,
-               error_bound=lambda x: jnp.max(jnp.abs(x)), collective="gather")
+               error_bound=lambda x: jnp.max(jnp.abs(x)), collective="gather",
+               decode_sum=_scatter_sum)

@@ -2,9 +2,9 @@
 
 Every function here is called inside `jax.shard_map` and returns `(result, wire_bytes)`,
 where `wire_bytes` is a static Python float: the bytes ONE device sends for that collective
-under the bandwidth-optimal algorithm (ALGORITHMS.md, "Wire bytes"). `axis_name=None` means
-one device: the functions return their input unchanged and 0 bytes, so every stage built on
-them also runs without a mesh.
+under the bandwidth-optimal algorithm (docs/algorithms.md, "The byte convention").
+`axis_name=None` means one device: the functions return their input unchanged and 0 bytes,
+so every stage built on them also runs without a mesh.
 
 Results of reductions and gathers are *invariant* over the axis (identical on every device),
 which is what lets the step builder tell replicated state from per-worker state.
@@ -62,7 +62,7 @@ def tree_bytes(tree: Any, dtype: Any = None) -> int:
 
 # Wire-byte formulas, one per collective kind (per device, ring algorithms).
 def allreduce_bytes(nbytes: float, w: int) -> float:
-  """Wire bytes per device (ALGORITHMS.md).
+  """Wire bytes per device (docs/algorithms.md).
 
   Example:
     >>> allreduce_bytes(1000, 8)  # ring: 2 (W - 1) / W of the payload
@@ -72,7 +72,7 @@ def allreduce_bytes(nbytes: float, w: int) -> float:
 
 
 def reduce_scatter_bytes(nbytes: float, w: int) -> float:
-  """Wire bytes per device (ALGORITHMS.md).
+  """Wire bytes per device (docs/algorithms.md).
 
   Example:
     >>> reduce_scatter_bytes(1000, 8)
@@ -82,7 +82,7 @@ def reduce_scatter_bytes(nbytes: float, w: int) -> float:
 
 
 def all_gather_bytes(nbytes_per_device: float, w: int) -> float:
-  """Wire bytes per device (ALGORITHMS.md).
+  """Wire bytes per device (docs/algorithms.md).
 
   Example:
     >>> all_gather_bytes(100, 8)  # each device receives the 7 other shards
@@ -92,7 +92,7 @@ def all_gather_bytes(nbytes_per_device: float, w: int) -> float:
 
 
 def all_to_all_bytes(nbytes: float, w: int) -> float:
-  """Wire bytes per device (ALGORITHMS.md).
+  """Wire bytes per device (docs/algorithms.md).
 
   Example:
     >>> all_to_all_bytes(1000, 8)

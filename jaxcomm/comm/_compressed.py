@@ -118,10 +118,13 @@ def linear_sum(payload: Any, decode: Callable[[Any], jax.Array],
 
 
 def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: AxisName, *,
-               weights: jax.Array | None = None) -> tuple[jax.Array, float]:
+               weights: jax.Array | None = None,
+               decode_sum: Callable[[Any], jax.Array] | None = None) -> tuple[jax.Array, float]:
   """All-gathers every device's payload, decodes each and sums in float32.
 
-  The decoded payloads are accumulated one at a time (memory of one decoded vector, not W).
+  The decoded payloads are accumulated one at a time (memory of one decoded vector, not W),
+  or, without weights, all at once by `decode_sum` when given (a codec's `decode_sum`: sparse
+  payloads scatter-added into one vector, a transform inverted once).
 
   Args:
     payload: this device's payload (any codec).
@@ -129,6 +132,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: Axis
     axis_name: the axis (or axes) to gather over; None for one device.
     weights: optional f32[W], the weight of each device's decoded payload in the sum (e.g. 0
       for a device that does not take part); the same on every device.
+    decode_sum: optional: payloads stacked on a leading axis -> the float32 sum of their
+      decodes (used when there are no weights).
 
   Returns:
     `(sum, wire bytes)`, the sum invariant over `axis_name`; bytes (W-1) * payload bytes.
@@ -145,6 +150,8 @@ def gather_sum(payload: Any, decode: Callable[[Any], jax.Array], axis_name: Axis
   w = axis_size(axes)
   wire, nbytes = all_gather(_pack(payload, 0), axes)  # [W, ...], invariant
   gathered = _unpack(wire, payload, 0)  # leaves [W, ...]
+  if decode_sum is not None and weights is None:
+    return decode_sum(gathered).astype(jnp.float32), nbytes
   term = lambda i: weigh(decode(jax.tree.map(lambda x: x[i], gathered)).astype(jnp.float32), i)
   total = lax.fori_loop(1, w, lambda i, acc: acc + term(i), term(0))
   return total, nbytes
@@ -353,13 +360,15 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   own = decode(payload)
   if collective == "psum":
     total, nbytes = linear_sum(payload, decode, axis_name)
-  else:
-    total, nbytes = gather_sum(payload, decode, axis_name, weights=weights)
+  else:  # shared-key codecs decode with the key, one payload at a time
+    total, nbytes = gather_sum(payload, decode, axis_name, weights=weights,
+                               decode_sum=None if codec.shared_key else
+                               (lambda p: codec.decode_sum_with(p, n)))
   return CompressedSum(total, own, server_memory), nbytes
 
 
 def compressed_bytes(codec: Codec, n: int, w: int, collective: str) -> float:
-  """The ALGORITHMS.md wire bytes per device of `compressed_sum` for n elements, W devices.
+  """The docs/algorithms.md wire bytes per device of `compressed_sum` for n elements, W devices.
 
   >>> from jaxcomm import codecs
   >>> compressed_bytes(codecs.identity(), 1000, 8, "psum")

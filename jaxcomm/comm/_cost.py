@@ -17,7 +17,7 @@ all-gather: each device's contribution), the algorithms charged here are
 
 "auto" charges the fastest of the three, as MPI libraries and NCCL's tuner pick the
 log-latency algorithms for small messages. The ring's bandwidth term is exactly the wire
-bytes of ALGORITHMS.md (what `comm.inspect` and the state counters report). For p not a
+bytes of docs/algorithms.md (what `comm.inspect` and the state counters report). For p not a
 power of two the log-step algorithms are charged ceil(log2 p) steps (Bruck's bound; MPICH's
 fold to a power of two adds up to two steps). The model sees no contention, no congestion
 and no overlap of steps with each other: on real networks the ring usually wins for large
@@ -305,14 +305,14 @@ def collective_time(op: str, nbytes: float, group_size: int, link: Link | str,
 
 
 def _ring_factor(op: str, p: int) -> float:
-  """Wire bytes per operand byte under the ring convention of ALGORITHMS.md."""
+  """Wire bytes per operand byte under the ring convention of docs/algorithms.md."""
   return _steps_and_bytes(op, "ring", 1.0, p)[1] if p > 1 else 0.0
 
 
 def wire_bytes_time(wire_bytes: float, topology_or_link: Any, *, group_size: int,
                     op: str = "all-reduce", axes: str | Sequence[str] | None = None,
                     messages: int = 1, algorithm: str = "ring") -> float:
-  """Seconds for wire bytes counted in state (ALGORITHMS.md convention) to travel.
+  """Seconds for wire bytes counted in state (docs/algorithms.md convention) to travel.
 
   The counters know bytes, not collectives: the bytes are taken as `messages` equal
   collectives of kind `op` over `group_size` devices, so the bandwidth term is exact and the

@@ -10,10 +10,15 @@ from jaxcomm import _validate as v
 
 
 def dataset_name(name: Any, known: Sequence[str]) -> str:
-  """A dataset `load` knows: one of `known` or 'text:<path>'."""
-  if isinstance(name, str) and (name in known or name.startswith("text:")):
+  """A dataset `load` knows: one of `known` or 'text:<path>' of an existing file."""
+  if isinstance(name, str) and name.startswith("text:"):
+    if not os.path.isfile(name[len("text:"):]):
+      raise ValueError(f"name {name!r}: the text file {name[len('text:'):]!r} does not exist.")
     return name
-  raise ValueError(f"dataset {name!r} does not exist; allowed: {', '.join(known)}.")
+  if isinstance(name, str) and name in known:
+    return name
+  raise ValueError(f"name must name a dataset; dataset {name!r} does not exist; allowed: "
+                   f"{', '.join(known)}.")
 
 
 def test_fraction(value: Any) -> float:

@@ -121,7 +121,9 @@ def heal(trainer: Trainer, state: TrainState, joiners: Sequence[bool], donor: in
     donor_state = jax.tree.map(lambda x: x[donor], gathered)
     params = jax.tree.map(lambda pw, mine, d: jnp.where(joining, d, mine) if pw else d,
                           layout.params, state.params, donor_state.params)
-    fresh = trainer.optimizer.init(trainer.worker_view(donor_state.params, layout.params))
+    # The donor's own parameters on this device (its worker row of per-worker leaves).
+    fresh = trainer.optimizer.init(jax.tree.map(lambda pw, x: x[0] if pw else x,
+                                                layout.params, donor_state.params))
     opt = jax.tree.map(
         lambda pw, mine, d, f: jnp.where(joining, f[None], mine) if pw else d,
         layout.opt_state, state.opt_state, donor_state.opt_state, fresh)

@@ -140,7 +140,7 @@ def acco(inner: optax.GradientTransformation, axis_name: comm.AxisName = "data",
   (sgd, momentum, adam, adamw, lion...; not global-norm clipping or per-layer trust ratios).
   Its state, the parameter shard and the inner state are per worker and 1/W of exact data
   parallelism's; the gradient buffer is one flat f32 copy of the parameters per worker. The
-  alternation and the restore follow the paper's description as read in ALGORITHMS.md; the
+  alternation and the restore follow our reading of the paper (docs/algorithms.md); the
   paper's two CUDA streams are one SPMD program here (the overlap is the absence of a data
   dependence, which the compiled HLO shows).
 

@@ -6,7 +6,8 @@ random-k) have summable payloads: a dropped worker sends the code of zeros; floa
 are all-reduced (`psum`), narrower float payloads travel as their bits through the two-phase
 reduction (all-to-all, float32 sum, all-gather), so every byte on the wire really is the
 narrow type. Every other codec travels by gather: all-gather the payloads, decode each
-worker's, sum in float32 weighted by the live mask.
+worker's, sum in float32 weighted by the live mask (docs/algorithms.md, "How a payload is
+summed").
 """
 
 from __future__ import annotations

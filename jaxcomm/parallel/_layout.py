@@ -59,6 +59,10 @@ class Layout:
     _validate.flag("sequence_parallel", self.sequence_parallel)
     _validate.flag("collective_matmul", self.collective_matmul)
     object.__setattr__(self, "rules", _rules.make_rules(self.rules))
+    if "batch" not in dict(self.rules):  # every model and the Trainer split the batch by it
+      raise ValueError(f"rules must map the logical axis 'batch' (a table replaces the "
+                       f"defaults; change single entries with make_rules(**overrides)); the "
+                       f"rules cover {sorted(dict(self.rules))}.")
     if self.sequence_parallel and self.tensor_axis is None:
       raise ValueError("sequence_parallel needs a mesh with a 'tensor' axis of size > 1; "
                        f"the mesh is {dict(self.mesh.shape)}.")

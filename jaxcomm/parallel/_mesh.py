@@ -68,7 +68,10 @@ def make_mesh(shape: Mapping[str, int] | Sequence[int] | str,
   ({'data': 4, 'tensor': 2}, {'data': 8})
   """
   if isinstance(shape, str):
-    shape = parse_mesh(shape)
+    try:
+      shape = parse_mesh(shape)
+    except ValueError as e:
+      raise ValueError(f"shape: {e}") from None
   if isinstance(shape, Mapping):
     shape = dict(shape)
   n = len(devices) if devices is not None else jax.device_count()

@@ -262,7 +262,8 @@ def pipeline_run(first_fn: Callable, stage_fn: Callable, last_fn: Callable, para
   Returns:
     `(loss, grads, busy)`: the mean loss over micro-batches (invariant over the axis),
     d loss / d params (leaves not varying over the axis are summed over it), and i32[] the
-    number of steps this stage worked (its measured bubble is 1 - busy / schedule.steps).
+    number of steps in which this stage ran a forward or a backward (a count of the table's
+    slots as executed, not a time: 1 - busy / schedule.steps is the table's idle fraction).
 
   >>> from jax.sharding import PartitionSpec as P
   >>> from jaxcomm.parallel import make_mesh

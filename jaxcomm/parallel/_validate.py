@@ -58,11 +58,11 @@ def mesh_shape(shape: Any, axis_names: Any, num_devices: int) -> tuple[tuple, tu
   sizes = dict(zip(axis_names, shape))
   if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1
              for s in shape):
-    raise ValueError(f"mesh axis sizes must be integers >= 1, got {sizes}.")
+    raise ValueError(f"shape: mesh axis sizes must be integers >= 1, got {sizes}.")
   shape = tuple(int(s) for s in shape)
   if math.prod(shape) != num_devices:
-    raise ValueError(f"mesh axis sizes {sizes} multiply to {math.prod(shape)}, but there are "
-                     f"{num_devices} devices.")
+    raise ValueError(f"shape: mesh axis sizes {sizes} multiply to {math.prod(shape)}, but "
+                     f"there are {num_devices} devices.")
   return shape, axis_names
 
 

@@ -136,7 +136,7 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
     update is h (not the mean of this step's messages).
   * "loco": p = g_w + e_w; send C(p); e_w <- beta e_w + (1 - beta)(p - D(C(p))), e_w kept in
     `memory_dtype` (bfloat16 by default). *(The exact LoCo update is unverified; this is the
-    form in ALGORITHMS.md.)*
+    form in docs/algorithms.md.)*
 
   `collective` is how the payloads are summed (see `jaxcomm.comm.compressed_sum`): "psum"
   (only linear codecs with float32 payloads), "gather" (all-gather, decode each, sum in

@@ -73,7 +73,7 @@ def gossip(tree: Any, graph: GossipGraph, axis_name: comm.AxisName,
       mod the period).
 
   Returns:
-    `(mixed tree, wire bytes)`: bytes = degree * tree bytes (ALGORITHMS.md, point-to-point).
+    `(mixed tree, wire bytes)`: bytes = degree * tree bytes (docs/algorithms.md, point-to-point).
 
   >>> out, nbytes = gossip({"w": jnp.ones(3)}, gossip_graph("ring", 8), None)
   >>> out["w"], nbytes

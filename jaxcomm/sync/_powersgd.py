@@ -350,7 +350,7 @@ def check_common(memory, start_iter, min_compression_rate, orthogonalization_eps
 
 def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float = 2,
                    batch_same_shape: bool = True) -> float:
-  """ALGORITHMS.md wire bytes per device of one compressed PowerSGD step (float32 P and Q).
+  """docs/algorithms.md wire bytes per device of one compressed PowerSGD step (float32 P and Q).
 
   One all-reduce of every P with the exact leaves, one of every Q:
   2(W-1)/W * 4 * (sum n r + exact elements) + 2(W-1)/W * 4 * sum m r.

@@ -54,11 +54,18 @@ class MetricsWriter:
     self._tb.close()
 
 
+def _in_notebook() -> bool:
+  """Whether this process is a Jupyter kernel (importing ipykernel alone is not enough:
+  nbclient does so to run notebooks)."""
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None else None
+  return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
 def progress_bar(total: int, initial: int, enabled: bool) -> tqdm.tqdm:
   """A tqdm bar on stderr (rate and ETA), off unless enabled, on process 0, and on a
   terminal or in a notebook (a log file gets no bar)."""
-  notebook = "ipykernel" in sys.modules
-  on = enabled and jax.process_index() == 0 and (sys.stderr.isatty() or notebook)
+  on = enabled and jax.process_index() == 0 and (sys.stderr.isatty() or _in_notebook())
   return tqdm.tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                    file=sys.stderr, disable=not on)
 
