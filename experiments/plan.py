@@ -434,6 +434,8 @@ def _bytes(n: float) -> str:
 
 
 def _seconds(s: float) -> str:
+  if s >= 100:
+    return f"{s:,.0f} s"
   if s >= 1:
     return f"{s:.3g} s"
   return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
