@@ -337,24 +337,7 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
   runs = {label: build.build(c, devices, abstract=True) for label, c in configs.items()}
   tokens = base.data.batch_size * (base.data.seq_len if base.model.name in ("lm", "nnx_lm")
                                    else 1)
-  def compile_one(label):
-    t0 = time.perf_counter()
-    r = runs[label]
-    try:
-      step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
-    except Exception as e:  # pylint: disable=broad-except
-      # A library limit met at this size (not the user's input, which is checked above):
-      # reported in the table and plan.json, and the other methods are planned.
-      step = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    if verbose:
-      print(f"planned {label} on {configs[label].mesh} in {time.perf_counter() - t0:.1f} s"
-            + (f" -- failed: {step}" if isinstance(step, str) else ""), file=sys.stderr,
-            flush=True)
-    return step, time.perf_counter() - t0
-
-  # Two at a time: XLA's compile of one program is single-threaded.
-  with concurrent.futures.ThreadPoolExecutor(max_workers=JOBS) as pool:
-    compiled = dict(zip(configs, pool.map(compile_one, configs)))
+  compiled = _compile_all(runs, steps, verbose)
   records, steps_of, failed = [], {}, {}
   for label, c in configs.items():
     step, seconds = compiled[label]
@@ -391,7 +374,7 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
                             for k, per in curves["seconds"].items()}},
       "elapsed_seconds": time.perf_counter() - started, "peak_rss_bytes": rss}
   with open(os.path.join(workdir, "plan.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1, default=_json)
+    json.dump(summary, f, indent=1, allow_nan=False, default=str)
   if verbose:
     print(head)
     print(text)
@@ -401,10 +384,28 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
   return summary
 
 
-def _json(x):
-  if isinstance(x, float) and math.isinf(x):
-    return "inf"
-  return str(x)
+def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
+  """{label: (StepPlan or why it failed, seconds)}, two methods compiling at a time (XLA's
+  compile of one program is single-threaded)."""
+  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+
+  def one(label):
+    t0 = time.perf_counter()
+    r = runs[label]
+    try:
+      step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
+    except Exception as e:  # pylint: disable=broad-except
+      # A library limit met at this size (the user's input is checked before): reported in
+      # the table and plan.json, and the other methods are planned.
+      step = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    if verbose:
+      print(f"planned {label} on {r.config.mesh} in {time.perf_counter() - t0:.1f} s"
+            + (f" -- failed: {step}" if isinstance(step, str) else ""), file=sys.stderr,
+            flush=True)
+    return step, time.perf_counter() - t0
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=JOBS) as pool:
+    return dict(zip(runs, pool.map(one, runs)))
 
 
 def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
@@ -420,8 +421,11 @@ def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
     for rec in records:
       label = rec["method"]
       seconds[label][name] = [fns[label](b) for b in grid]
-      rec.setdefault("crossover_bandwidth", {})[name] = None if label == REFERENCE else \
-          plan.crossover(fns[label], fns[REFERENCE], low=_BANDWIDTHS[0], high=_BANDWIDTHS[1])
+      if label != REFERENCE:  # bytes/s, or "always" / "never" over the sweep
+        b = plan.crossover(fns[label], fns[REFERENCE], low=_BANDWIDTHS[0],
+                           high=_BANDWIDTHS[1])
+        rec.setdefault("crossover_bandwidth", {})[name] = \
+            "never" if b is None else "always" if math.isinf(b) else b
   return {"bandwidths": grid, "seconds": seconds}
 
 
@@ -443,10 +447,8 @@ def _seconds(s: float) -> str:
 
 def _bandwidth(b) -> str:
   """A crossover: Gbit/s, or "always" / "never" over the whole sweep."""
-  if b is None:
-    return "never"
-  if math.isinf(b):
-    return "always"
+  if isinstance(b, str):
+    return b
   gbit = b * 8 / 1e9
   return f"{gbit:,.0f} Gb/s" if gbit >= 100 else f"{gbit:.3g} Gb/s"
 

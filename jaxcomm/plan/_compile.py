@@ -219,7 +219,8 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
     analysis = analysis[0] if analysis else {}
   counted, why = None, ""
   if report.wire_bytes(conditional=True):
-    counted, why = _schedule.counted_bytes(trainer, params, state, batch, steps, report)
+    counted, why = _schedule.counted_bytes(trainer, params, state, batch, steps, report,
+                                           compiler_options=COMPILER_OPTIONS)
   return StepPlan(report=report, memory=memory, flops=float(analysis.get("flops", 0.0)),
                   bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
                   state_bytes=_argument_bytes(compiled, state, batch), counted=counted,

@@ -57,7 +57,8 @@ def _memory(compiled) -> int:
 
 
 def counted_bytes(trainer, params, state, batch, steps: int, report: comm.CollectiveReport,
-                  *, limit: int = LIMIT) -> tuple[np.ndarray | None, str]:
+                  *, limit: int = LIMIT, compiler_options: dict | None = None
+                  ) -> tuple[np.ndarray | None, str]:
   """The bytes the counters count at each of the first `steps` steps from `trainer.init`.
 
   Args:
@@ -68,6 +69,7 @@ def counted_bytes(trainer, params, state, batch, steps: int, report: comm.Collec
     steps: how many steps to count.
     report: the compiled step's collectives (to unwrap counters past 4 GiB a step).
     limit: bytes per device the counter machine may hold.
+    compiler_options: XLA options of its compiles (`_compile.COMPILER_OPTIONS`).
 
   Returns:
     (f64[steps] bytes per device at each step, "") or (None, why not).
@@ -89,8 +91,8 @@ def counted_bytes(trainer, params, state, batch, steps: int, report: comm.Collec
 
   carried_abs = [leaves[i] for i in keep]
   others_abs = [leaves[i] for i in rest]
-  fast = {"xla_backend_optimization_level": 0}  # compiled for its analyses and a short run
-  probe = jax.jit(step).lower(carried_abs, others_abs, batch).compile(compiler_options=fast)
+  options = compiler_options or {}
+  probe = jax.jit(step).lower(carried_abs, others_abs, batch).compile(compiler_options=options)
   (_, live_others, live_batch), _ = probe.input_shardings
   if jax.tree.leaves((live_others, live_batch)):
     return None, ("which steps sync depends on the parameters, optimiser moments or batch "
@@ -105,8 +107,8 @@ def counted_bytes(trainer, params, state, batch, steps: int, report: comm.Collec
   def initial():
     return [jax.tree.leaves(trainer.init(jax.tree.map(_zeros, params)))[i] for i in keep]
 
-  run = jax.jit(machine).lower(carried_abs).compile(compiler_options=fast)
-  start = jax.jit(initial).lower().compile(compiler_options=fast)
+  run = jax.jit(machine).lower(carried_abs).compile(compiler_options=options)
+  start = jax.jit(initial).lower().compile(compiler_options=options)
   held = max(_memory(run), _memory(start))
   if held > limit:
     return None, (f"the counter machine would hold {held:,} bytes per device (limit "
