@@ -42,6 +42,9 @@ from jaxcomm import comm, data, models, parallel, sync, train
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
 MODEL_AXES = ("tensor", "sequence", "pipeline")
 SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
+# config.model.name -> models.ResNet's blocks (He et al., arXiv 1512.03385, Table 1).
+RESNETS = {"resnet18": dict(stages=(2, 2, 2, 2), block="basic"),
+           "resnet50": dict(stages=(3, 4, 6, 3), block="bottleneck")}
 
 
 # ---------------------------------------------------------------- methods
@@ -100,9 +103,11 @@ class Run:
       differentiates (the method's `wrap_loss` applied).
     model_loss_fn: the model's own loss, before the method's `wrap_loss`.
     has_aux: whether `loss_fn` returns `(loss, aux)`.
-    params: the initial parameters.
+    params: the initial parameters (`jax.ShapeDtypeStruct`s when built `abstract`).
     batches: `step -> this process's share of global batch number step` (numpy): a pure
-      function of (seed, step), so a resumed run needs only the step.
+      function of (seed, step), so a resumed run needs only the step. Built `abstract`:
+      the shapes of that share (`jax.ShapeDtypeStruct`s; nothing of the batch's size is
+      loaded).
     optimizer: the method's transform around the inner optimiser.
     axis_name: the batch axes (the Trainer's `axis_name`).
     method_axes: the axes the method synchronises over.
@@ -165,8 +170,9 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   Args:
     config: the settings (experiments/config.py's tree).
     devices: the devices of the mesh (default: all).
-    abstract: give the parameters as `jax.ShapeDtypeStruct`s (nothing is initialised or
-      compiled: for checking settings and for planning real model sizes).
+    abstract: give the parameters and batches as `jax.ShapeDtypeStruct`s (nothing is
+      initialised, loaded or compiled: for checking settings and for planning real model
+      sizes, `jaxcomm.plan`).
 
   Raises:
     ValueError: one line naming the setting that is wrong.
@@ -197,12 +203,13 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
     optimizer = layout.optimizer(make_optimizer(config, ctx), task["specs"],
                                  task["model"].param_regather())
   loss_fn = task_loss(config, task["loss_fn"], ctx)
+  batches = _batch_shapes(task["batches"], config) if abstract else task["batches"]
   if config.skip_nonfinite:
     optimizer = sync.skip_nonfinite(optimizer, batch_axes[0] if len(batch_axes) == 1
                                     else batch_axes)
   return Run(config=config, mesh=mesh, model=task["model"], loss_fn=loss_fn,
              model_loss_fn=task["loss_fn"],
-             has_aux=task["has_aux"], params=task["params"], batches=task["batches"],
+             has_aux=task["has_aux"], params=task["params"], batches=batches,
              optimizer=optimizer, axis_name=batch_axes[0] if len(batch_axes) == 1
              else batch_axes, method_axes=ctx.axis_name, specs=task.get("specs"),
              batch_specs=task.get("batch_specs"), method=method)
@@ -291,12 +298,17 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = Fa
   key = jax.random.key(c.seed)
   init = (lambda fn: functools.partial(jax.eval_shape, fn)) if abstract else jax.jit
   workers = math.prod(n for a, n in shape.items() if a not in MODEL_AXES)
-  labelled = not c.data.name.startswith("folder:") and \
-      isinstance(_dataset(c), data.ArrayDataset)
+  stored = not c.data.name.startswith("folder:")
+  labelled = stored and isinstance(_dataset(c), data.ArrayDataset)
+  images = stored and isinstance(_dataset(c), data.SyntheticImages)
   if c.model.name in ("mlp", "nnx_mlp") and not labelled:
     raise ValueError(f"config.model.name {c.model.name!r} needs a labelled dataset (digits), "
                      f"got config.data.name {c.data.name!r}.")
-  if c.model.name in ("lm", "nnx_lm") and labelled:
+  if c.model.name in RESNETS and not images:
+    raise ValueError(f"config.model.name {c.model.name!r} needs an image dataset "
+                     f"({', '.join(data.SYNTHETIC_IMAGES)}), got config.data.name "
+                     f"{c.data.name!r}.")
+  if c.model.name in ("lm", "nnx_lm") and (labelled or images):
     raise ValueError(f"config.model.name {c.model.name!r} needs a text dataset (pydoc, "
                      f"stdlib, text:<file>, folder:<path>), got config.data.name "
                      f"{c.data.name!r}.")
@@ -305,7 +317,8 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = Fa
   if c.model.name != "lm" and set(shape) & set(MODEL_AXES):
     raise ValueError(f"config.mesh {c.mesh!r} lays out the linen LM only; use "
                      "config.model.name 'lm' or a mesh of data axes.")
-  batches = _make_batches(c, workers)
+  # Abstract: batches of one row per worker, whose shapes `build` stretches to the batch.
+  batches = _make_batches(_one_row_per_worker(c, workers) if abstract else c, workers)
   if c.model.name.startswith("nnx_"):
     return _nnx_task(c, batches, abstract)
   if c.model.name == "mlp":
@@ -314,8 +327,15 @@ def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = Fa
     params = init(model.init)(key, jnp.zeros((1, dataset.x.shape[1])))
     return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
                 params=params, batches=batches)
-  sizes = dict(d_model=c.model.d_model, num_layers=c.model.num_layers,
-               num_heads=c.model.num_heads, d_ff=c.model.d_ff, max_len=c.data.seq_len)
+  if c.model.name in RESNETS:
+    return _resnet_task(c, shape, init, key, batches)
+  vocab = _dataset(c).vocab_size if stored else 256  # a folder of text files: bytes
+  if c.model.vocab_size < vocab:
+    raise ValueError(f"config.model.vocab_size ({c.model.vocab_size}) must hold the "
+                     f"dataset's {vocab} tokens (config.data.name {c.data.name!r}).")
+  sizes = dict(vocab_size=c.model.vocab_size, d_model=c.model.d_model,
+               num_layers=c.model.num_layers, num_heads=c.model.num_heads, d_ff=c.model.d_ff,
+               max_len=c.data.seq_len)
   tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
   if "sequence" in shape:
     return _sequence_task(c, shape, sizes, lambda: init(models.TransformerLM(**sizes).init)(
@@ -351,6 +371,36 @@ def _make_batches(c: ml_collections.ConfigDict, workers: int) -> Callable[[int],
     dataset = data.label_skew(dataset, workers, c.data.label_skew, seed=c.seed)
   return lambda t: dataset.batch(t, c.data.batch_size, seed=c.seed, process_index=pi,
                                  process_count=pc)
+
+
+def _one_row_per_worker(c: ml_collections.ConfigDict, workers: int):
+  """`c` with a global batch of one row per worker (for batch shapes: `_batch_shapes`)."""
+  small = c.copy_and_resolve_references()
+  small.data.batch_size = workers
+  return small
+
+
+def _batch_shapes(batches: Callable[[int], dict], c: ml_collections.ConfigDict) -> Callable:
+  """`step -> ShapeDtypeStructs` of this process's share of a global batch of
+  config.data.batch_size rows, from `batches` of fewer rows (nothing of the batch's size
+  is loaded)."""
+  share = c.data.batch_size // jax.process_count()
+  return lambda t: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((share, *x.shape[1:]), x.dtype), batches(t))
+
+
+def _resnet_task(c, shape, init, key, batches) -> dict:
+  """An image ResNet (models.ResNet: the ImageNet stem for images of 64 pixels and more,
+  the CIFAR stem below) on a synthetic image dataset, data-parallel."""
+  if set(shape) & {"fsdp", *MODEL_AXES}:
+    raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
+                     "'lm' or a mesh of data axes.")
+  dataset = _dataset(c)
+  model = models.ResNet(num_classes=dataset.num_classes, **RESNETS[c.model.name],
+                        stem="imagenet" if min(dataset.shape[:2]) >= 64 else "cifar")
+  params = init(model.init)(key, jnp.zeros((1, *dataset.shape)))
+  return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
+              params=params, batches=batches)
 
 
 def _nnx_task(c: ml_collections.ConfigDict, batches, abstract: bool) -> dict:

@@ -5,8 +5,10 @@ A run's settings form one tree (`base_config`):
   seed, steps, log_every, checkpoint_every, keep, skip_nonfinite
   mesh          "data=8", "data=2,fsdp=2,tensor=2", "replica=2,data=4" ("" = data over all
                 devices)
-  model         name (lm | mlp) and its sizes and layout options
-  data          name (pydoc | stdlib | digits | text:<path>), batch_size, seq_len, label_skew
+  model         name (lm | mlp | nnx_lm | nnx_mlp | resnet18 | resnet50) and its sizes and
+                layout options
+  data          name (pydoc | stdlib | digits | text:<path> | synthetic:imagenet |
+                synthetic:cifar10), batch_size, seq_len, label_skew
   optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
   method        name, and the method's own settings (see experiments/methods/)
 
@@ -35,7 +37,7 @@ from ml_collections import config_dict
 
 from experiments import methods
 
-MODELS = ("lm", "mlp", "nnx_lm", "nnx_mlp")
+MODELS = ("lm", "mlp", "nnx_lm", "nnx_mlp", "resnet18", "resnet50")
 MUTABLE = ("per_worker", "mean")
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
@@ -121,6 +123,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   c.mesh = ""                # "" = one data axis over every device
   c.model = ml_collections.ConfigDict(dict(
       name="lm", d_model=64, num_layers=2, num_heads=4, d_ff=256, hidden=(64,),
+      vocab_size=256,        # the LM's vocabulary (>= the byte-level corpora's 256)
       # Layouts of the LM on a mesh with tensor / sequence / pipeline axes.
       sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
       microbatches=0,        # pipeline micro-batches per worker (0: one per stage)
@@ -142,10 +145,46 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
 
 
 def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
-  """`method`'s settings subtree (its defaults, then `settings`), with its name."""
+  """`method`'s settings subtree (its defaults, then `settings`), with its name.
+
+  A setting the method does not have is an error naming it (a misspelt setting would
+  otherwise be ignored).
+  """
   c = methods.method_defaults(method)
+  unknown = sorted(set(settings) - set(c.keys()))
+  if unknown:
+    raise ValueError(f"method {method!r} has no setting {', '.join(map(repr, unknown))}; its "
+                     f"settings: {', '.join(sorted(c.keys()))}.")
   c.name = method
   c.update(settings)
+  return c
+
+
+def with_method(config: ml_collections.ConfigDict, entry: dict) -> ml_collections.ConfigDict:
+  """`config` with the method of an entry `{"method": name, **settings}` (the form of
+  experiments/compare.py's METHODS), its optional "optimizer" overrides and "mesh".
+
+  >>> c = with_method(base_config(), {"method": "diloco", "sync_every": 5, "mesh": "fsdp=8",
+  ...                                 "optimizer": {"lr": 1e-3}})
+  >>> c.method.name, c.method.sync_every, c.mesh, c.optimizer.lr
+  ('diloco', 5, 'fsdp=8', 0.001)
+  """
+  entry = dict(entry)
+  if "method" not in entry:
+    raise ValueError(f"a method entry needs a 'method' (a name of experiments/methods/, a "
+                     f"module path or a .py file), got {entry!r}.")
+  optimizer = entry.pop("optimizer", {})
+  mesh = entry.pop("mesh", None)
+  c = config.copy_and_resolve_references()
+  unknown = sorted(set(optimizer) - set(c.optimizer.keys()))
+  if unknown:
+    raise ValueError(f"config.optimizer has no setting {', '.join(map(repr, unknown))}; its "
+                     f"settings: {', '.join(sorted(c.optimizer.keys()))}.")
+  with c.unlocked():
+    c.method = method_config(entry.pop("method"), **entry)
+    c.optimizer.update(optimizer)
+    if mesh is not None:
+      c.mesh = mesh
   return c
 
 
@@ -350,7 +389,7 @@ def check(c: ml_collections.ConfigDict) -> None:
   for path, low in (("steps", 1), ("log_every", 1), ("checkpoint_every", 0), ("keep", 1),
                     ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1),
                     ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
-                    ("model.d_ff", 1), ("model.microbatches", 0)):
+                    ("model.d_ff", 1), ("model.vocab_size", 1), ("model.microbatches", 0)):
     _int_at_least(c, path, low)
   for path, allowed in (("model.name", MODELS), ("model.mutable", MUTABLE),
                         ("data.pipeline", PIPELINES), ("data.split", SPLITS),

@@ -2,8 +2,9 @@
 
 Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs), `sync`
 (every-step gradient synchronisation), `local` (when it travels), `parallel` (layouts),
-`models`, `data`, `train`, `elastic` (training on while processes die and rejoin), `sim`;
-`testing` holds the contract checks every codec and transform passes, for your own tests.
+`models`, `data`, `train`, `elastic` (training on while processes die and rejoin), `sim`,
+`plan` (real model sizes, compiled but never allocated); `testing` holds the contract
+checks every codec and transform passes, for your own tests.
 """
 
 from jaxcomm import codecs
@@ -13,6 +14,7 @@ from jaxcomm import elastic
 from jaxcomm import local
 from jaxcomm import models
 from jaxcomm import parallel
+from jaxcomm import plan
 from jaxcomm import sim
 from jaxcomm import sync
 from jaxcomm import testing
@@ -28,6 +30,7 @@ __all__ = (
     "local",
     "models",
     "parallel",
+    "plan",
     "sim",
     "sync",
     "testing",

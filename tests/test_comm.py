@@ -121,10 +121,26 @@ def test_inspect_marks_conditional_and_loops(mesh8):
   f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=(P("data"), P()), out_specs=P("data")))
   report = comm.inspect(f, jnp.ones(W * 4), jnp.array([True]), mesh=mesh8)
   (ar,) = report.select(op="all-reduce")
-  assert ar.in_conditional and ar.trips == 1
+  assert ar.in_conditional and ar.trips == 1 and ar.branch
   (cp,) = report.select(op="collective-permute")
-  assert not cp.in_conditional and cp.trips == 5
+  assert not cp.in_conditional and cp.trips == 5 and cp.branch == ""
   assert report.wire_bytes(conditional=False) == 80.0  # 5 trips of f32[4] = 16 bytes
+
+
+def test_inspect_tells_conditional_branches_apart(mesh8):
+  # Two branches of one switch and a second conditional: three branches, each collective
+  # in its own (jaxcomm.plan unwraps byte counters past 4 GiB by them).
+  def body(x, i):
+    x = lax.switch(i[0], [lambda v: comm.varying(lax.psum(v, "data"), "data"),
+                          lambda v: comm.varying(lax.psum(2 * v[:2], "data"), "data").sum()
+                          * v, lambda v: v], x)
+    return lax.cond(i[0] > 0, lambda v: comm.varying(lax.pmax(v, "data"), "data"),
+                    lambda v: v, x)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=(P("data"), P()), out_specs=P("data")))
+  report = comm.inspect(f, jnp.ones(W * 4), jnp.array([1]), mesh=mesh8)
+  branches = {c.branch for c in report}
+  assert len(report) == 3 and len(branches) == 3 and "" not in branches
 
 
 def test_iota_replica_groups():

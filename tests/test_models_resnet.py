@@ -33,3 +33,15 @@ def test_resnet_forward_and_gradient_small():
       params, {"x": x, "y": jnp.array([0, 1])})
   assert jnp.isfinite(value) and 0.0 <= aux["accuracy"] <= 1.0
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_imagenet_resnets_have_torchvision_parameter_counts():
+  # torchvision's resnet18 and resnet50 (BatchNorm; GroupNorm has the same scale and bias
+  # per channel): 11,689,512 and 25,557,032 parameters.
+  x = jnp.zeros((1, 224, 224, 3))
+  for model, count in ((models.ResNet(num_classes=1000, stem="imagenet"), 11_689_512),
+                       (models.ResNet(num_classes=1000, stages=(3, 4, 6, 3), block="bottleneck",
+                                      stem="imagenet"), 25_557_032)):
+    params = jax.eval_shape(model.init, jax.random.key(0), x)
+    assert sum(p.size for p in jax.tree.leaves(params)) == count
+    assert jax.eval_shape(model.apply, params, jnp.zeros((2, 224, 224, 3))).shape == (2, 1000)

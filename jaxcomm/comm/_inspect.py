@@ -2,9 +2,9 @@
 
 `inspect(fn, *args)` compiles `fn` for `args`, parses the optimised HLO text and reports every
 collective: op, dtype, operand shape, the mesh axes its replica groups span, its wire bytes
-(per device, docs/algorithms.md conventions), whether it sits inside a conditional branch, and how
-many times an enclosing loop with a known trip count runs it. This is the independent check
-of the bytes the transforms count in their state.
+(per device, docs/algorithms.md conventions), whether it sits inside a conditional branch
+(and which), and how many times an enclosing loop with a known trip count runs it. This is
+the independent check of the bytes the transforms count in their state.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class Collective:
   in_conditional: bool         # inside a branch of a conditional (runs only sometimes)
   trips: int                   # executions per call (known loop trip counts multiplied)
   name: str                    # the HLO instruction name
+  # The innermost conditional branch computation that runs it ("" outside conditionals):
+  # collectives of one branch run together, those of different branches apart.
+  branch: str = ""
 
   @property
   def total_bytes(self) -> float:
@@ -245,21 +248,22 @@ def parse_hlo(hlo: str, mesh=None, num_devices: int | None = None) -> Collective
         for callee in re.findall(r"%?([\w.\-]+)", bm.group(1)):
           edges.append((callee, True, 1))
     symbols[cname], calls[cname] = table, edges
-  # Context (in a conditional?, trip multiplier) of each computation reached from ENTRY.
+  # Context (in a conditional?, trip multiplier, innermost branch) of each computation
+  # reached from ENTRY.
   context = {}
-  stack = [(entry, False, 1)] if entry else [(c, False, 1) for c in comps]
+  stack = [(entry, False, 1, "")] if entry else [(c, False, 1, "") for c in comps]
   while stack:
-    cname, cond, trips = stack.pop()
-    if cname not in comps or context.get(cname) == (cond, trips):
+    cname, cond, trips, branch = stack.pop()
+    if cname not in comps or context.get(cname) == (cond, trips, branch):
       continue
-    context[cname] = (cond, trips)
+    context[cname] = (cond, trips, branch)
     for callee, c2, t2 in calls.get(cname, []):
-      stack.append((callee, cond or c2, trips * t2))
+      stack.append((callee, cond or c2, trips * t2, callee if c2 else branch))
   found = []
   for cname, comp in comps.items():
     if cname not in context:
       continue
-    cond, trips = context[cname]
+    cond, trips, branch = context[cname]
     for line in comp["lines"]:
       m = _INSTR_RE.match(line)
       if not m or m.group(3) not in _KINDS:
@@ -290,7 +294,7 @@ def parse_hlo(hlo: str, mesh=None, num_devices: int | None = None) -> Collective
           op=kind, dtype=",".join(sorted({dt for dt, _ in shapes})),
           shape=shapes[0][1] if len(shapes) == 1 else tuple(s for _, s in shapes),
           axes=tuple(axes), group_size=w, operand_bytes=nbytes, wire_bytes=wire,
-          in_conditional=cond, trips=trips, name=iname))
+          in_conditional=cond, trips=trips, name=iname, branch=branch))
   return CollectiveReport(tuple(found))
 
 

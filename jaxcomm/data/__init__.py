@@ -3,11 +3,14 @@ pipelines over them (`batches`: `ds[step]` is this process's share of global bat
 
 from jaxcomm.data._datasets import ArrayDataset
 from jaxcomm.data._datasets import DATASETS
+from jaxcomm.data._datasets import SYNTHETIC_IMAGES
+from jaxcomm.data._datasets import SyntheticImages
 from jaxcomm.data._datasets import TextDataset
 from jaxcomm.data._datasets import digits
 from jaxcomm.data._datasets import load
 from jaxcomm.data._datasets import pydoc_text
 from jaxcomm.data._datasets import stdlib_text
+from jaxcomm.data._datasets import synthetic_images
 from jaxcomm.data._datasets import text_file
 from jaxcomm.data._grain import ExampleSource
 from jaxcomm.data._grain import LabelSkewSampler
@@ -25,6 +28,8 @@ __all__ = (
     "ExampleSource",
     "LabelSkewDataset",
     "LabelSkewSampler",
+    "SYNTHETIC_IMAGES",
+    "SyntheticImages",
     "TextDataset",
     "TextWindows",
     "batches",
@@ -35,6 +40,7 @@ __all__ = (
     "pydoc_text",
     "source",
     "stdlib_text",
+    "synthetic_images",
     "text_file",
     "text_folder",
 )

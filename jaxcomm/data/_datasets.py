@@ -4,6 +4,9 @@
 * `pydoc`: byte-level text of Python's pydoc topics (~465 KB, ships with Python).
 * `stdlib`: byte-level text of the Python standard library's sources (several MB).
 * `text:<path>`: any user text file, byte level.
+* `synthetic:imagenet`, `synthetic:cifar10`: random images and labels of those datasets'
+  shapes (224x224x3 and 1000 classes; 32x32x3 and 10), generated per batch: for throughput
+  runs and plans at image-model sizes (nothing learnable; the datasets do not ship here).
 
 Batches are a pure function of `(seed, step)`: batch t is the same whatever the number of
 processes or whether the run was resumed, and each process takes its contiguous share of
@@ -22,7 +25,10 @@ import numpy as np
 
 from jaxcomm.data import _validate
 
-DATASETS = ("digits", "pydoc", "stdlib", "text:<path>")
+# name -> (image shape, classes) of the synthetic image datasets.
+SYNTHETIC_IMAGES = {"synthetic:imagenet": ((224, 224, 3), 1000),
+                    "synthetic:cifar10": ((32, 32, 3), 10)}
+DATASETS = ("digits", "pydoc", "stdlib", "text:<path>", *SYNTHETIC_IMAGES)
 
 
 def _rng(seed: int, step: int) -> np.random.Generator:
@@ -86,6 +92,51 @@ class TextDataset:
     starts = _rng(seed, step).integers(0, len(self.data) - seq_len - 1, size=batch_size)
     tokens = self.data[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)
     return _process_share({"tokens": tokens}, batch_size, process_index, process_count)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticImages:
+  """Random images (standard normal) and uniform labels of a fixed shape, generated per batch
+  (nothing is stored): row i of global batch `step` depends only on (seed, salt, step, i), so
+  each process generates only its share.
+
+  >>> ds = synthetic_images("synthetic:cifar10")
+  >>> b = ds.batch(0, 4)
+  >>> b["x"].shape, b["y"].shape, ds.num_classes
+  ((4, 32, 32, 3), (4,), 10)
+  """
+  name: str
+  shape: tuple      # (H, W, C) of one image
+  num_classes: int
+  salt: int = 0     # tells the test split's rows from the train split's
+
+  def split(self, test_fraction: float = 0.2, seed: int = 0):
+    """(train, test): two independent streams (the data is random either way)."""
+    del seed
+    _validate.test_fraction(test_fraction)
+    return (dataclasses.replace(self, name=f"{self.name}/train", salt=1),
+            dataclasses.replace(self, name=f"{self.name}/test", salt=2))
+
+  def batch(self, step: int, batch_size: int, *, seed: int = 0, process_index: int = 0,
+            process_count: int = 1) -> dict:
+    """Global batch `step`, this process's share: x f32[B/P, H, W, C], y i32[B/P]."""
+    _validate.batch_args(step, batch_size, seed, process_index, process_count)
+    n = batch_size // process_count
+    rows = [np.random.default_rng([seed, self.salt, step, process_index * n + i])
+            for i in range(n)]
+    x = np.stack([r.standard_normal(self.shape, np.float32) for r in rows]) if rows else \
+        np.zeros((0, *self.shape), np.float32)
+    y = np.array([r.integers(0, self.num_classes) for r in rows], np.int32)
+    return {"x": x, "y": y}
+
+
+def synthetic_images(name: str) -> SyntheticImages:
+  """The synthetic image dataset `name` (a key of `SYNTHETIC_IMAGES`)."""
+  if name not in SYNTHETIC_IMAGES:
+    raise ValueError(f"synthetic image dataset {name!r} does not exist; allowed: "
+                     f"{', '.join(SYNTHETIC_IMAGES)}.")
+  shape, classes = SYNTHETIC_IMAGES[name]
+  return SyntheticImages(name, shape, classes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,7 +208,8 @@ def text_file(path: str) -> TextDataset:
 
 
 def load(name: str) -> Any:
-  """A dataset by name: 'digits', 'pydoc', 'stdlib' or 'text:<path>'.
+  """A dataset by name: 'digits', 'pydoc', 'stdlib', 'text:<path>' or a synthetic image
+  dataset ('synthetic:imagenet', 'synthetic:cifar10').
 
   >>> load("digits").x.shape
   (1797, 64)
@@ -169,4 +221,6 @@ def load(name: str) -> Any:
     return pydoc_text()
   if name == "stdlib":
     return stdlib_text()
+  if name in SYNTHETIC_IMAGES:
+    return synthetic_images(name)
   return text_file(name[len("text:"):])

@@ -19,6 +19,8 @@ from jaxcomm.models._nnx import NnxTransformerLM
 from jaxcomm.models._nnx import nnx_classifier_loss
 from jaxcomm.models._nnx import nnx_lm_loss
 from jaxcomm.models._resnet import BasicBlock
+from jaxcomm.models._resnet import Bottleneck
+from jaxcomm.models._resnet import ResNet
 from jaxcomm.models._resnet import ResNet18
 from jaxcomm.models._transformer import Block
 from jaxcomm.models._transformer import TransformerLM
@@ -28,9 +30,11 @@ from jaxcomm.models._transformer import lm_loss
 __all__ = (
     "BasicBlock",
     "Block",
+    "Bottleneck",
     "MLP",
     "NnxMLP",
     "NnxTransformerLM",
+    "ResNet",
     "ResNet18",
     "SEQUENCE_ATTENTION",
     "TransformerLM",

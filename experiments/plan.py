@@ -1,0 +1,541 @@
+r"""Plans communication methods at real model sizes, compiled but never allocated.
+
+  python -m experiments.plan --model=llama_1b --mesh=data=64 \
+      --links=internet,wan,ethernet_100g,infiniband
+  python -m experiments.plan --model=gpt2_124m --mesh=data=8 --methods=dp,powersgd_r4,zero3
+  python -m experiments.plan --model=llama_7b --mesh=replica=8,fsdp=8 --device=tpu_v5p
+  python -m experiments.plan --config=experiments/configs/default.py:/path/my_method.py \
+      --methods=dp,config    # a method of your own, with its config's settings
+
+For each method the training step of the model preset (`MODELS`) is built on the mesh by
+experiments/build.py with `abstract=True` (parameters and batches are ShapeDtypeStructs) and
+compiled for XLA:CPU on as many emulated CPU devices as the mesh has: the program planned is
+the one that would run, nothing is derived from a smaller mesh. `jaxcomm.plan` reads it:
+
+* wire bytes per device per step and per mesh axis, from the compiled program's collectives
+  (`comm.parse_hlo`), with conditional syncs charged as often as the method's own byte
+  counters say they run (its state machine run at the real size without the model);
+* the train state's bytes per device (parameters, optimiser and method state) and the peak
+  of the step, from XLA's memory analysis;
+* compute per step: the compiled step's FLOPs (XLA's cost analysis) over the device's peak
+  times `--mfu` (or `--compute_seconds` measured by you);
+* per link: the step time `jaxcomm.sim` predicts (communication costed with `comm.cost`, the
+  method's overlap from its module's `overlap_steps`), and the crossover: the bandwidth below
+  which the method is faster than exact data parallelism on a link of that latency.
+
+The outermost mesh axis crosses the link (`--links`); the others are inside a node
+(`--inner_link`). Methods: `METHODS` labels (the form of experiments/compare.py's entries,
+`{"method": name, **settings, "optimizer": {...}, "mesh": spec}`), method names of
+experiments/methods/, dotted module paths or .py files of your own (their default settings),
+or `config`: the method of --config with its settings. Written into --workdir: `plan.json`
+(every number, the table) and `step_time_vs_bandwidth.png` (log-log, one panel per link).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from experiments import config as _config
+
+# A model preset: config.model settings, the dataset, sequence length and batch per device.
+# Our LM is pre-norm with learned positions, a 2-matrix GELU MLP and an untied output head;
+# the presets follow each model's published dimensions, and `note` says where they differ.
+MODELS: dict[str, dict] = {
+    "gpt2_124m": dict(
+        model=dict(name="lm", d_model=768, num_layers=12, num_heads=12, d_ff=3072,
+                   vocab_size=50257), data="pydoc", seq_len=1024, batch_per_device=8,
+        note="GPT-2 small's shape (Radford et al. 2019; d 768, 12 layers, 12 heads, vocab "
+             "50257, context 1024); the head is untied: 163.1M parameters, not 124.4M"),
+    "gpt2_350m": dict(
+        model=dict(name="lm", d_model=1024, num_layers=24, num_heads=16, d_ff=4096,
+                   vocab_size=50257), data="pydoc", seq_len=1024, batch_per_device=8,
+        note="GPT-2 medium's shape (d 1024, 24 layers, 16 heads, vocab 50257, context "
+             "1024); the head is untied: 406.3M parameters, not 354.8M"),
+    "llama_1b": dict(
+        model=dict(name="lm", d_model=2048, num_layers=22, num_heads=32, d_ff=8448,
+                   vocab_size=32000), data="pydoc", seq_len=2048, batch_per_device=4,
+        note="TinyLlama-1.1B's shape (arXiv 2401.02385; d 2048, 22 layers, 32 heads, vocab "
+             "32000, context 2048) with full multi-head attention instead of 4 KV heads and "
+             "a 2-matrix MLP of width 8448 = 1.5 x 5632 (SwiGLU's 3 matrices' parameters)"),
+    "llama_7b": dict(
+        model=dict(name="lm", d_model=4096, num_layers=32, num_heads=32, d_ff=16512,
+                   vocab_size=32000), data="pydoc", seq_len=4096, batch_per_device=1,
+        note="Llama 2 7B's shape (arXiv 2307.09288; d 4096, 32 layers, 32 heads, vocab "
+             "32000, context 4096) with a 2-matrix MLP of width 16512 = 1.5 x 11008 "
+             "(SwiGLU's 3 matrices' parameters) and learned positions"),
+    "resnet18": dict(
+        model=dict(name="resnet18"), data="synthetic:imagenet", seq_len=1,
+        batch_per_device=32,
+        note="ImageNet ResNet-18 (arXiv 1512.03385; 224x224x3, 1000 classes, 11.7M "
+             "parameters) with GroupNorm for BatchNorm"),
+    "resnet50": dict(
+        model=dict(name="resnet50"), data="synthetic:imagenet", seq_len=1,
+        batch_per_device=32,
+        note="ImageNet ResNet-50 (arXiv 1512.03385; v1.5 strides, 25.6M parameters) with "
+             "GroupNorm for BatchNorm; 32 images per device as in Goyal et al. "
+             "(arXiv 1706.02677)"),
+}
+
+# label -> a method entry (experiments/compare.py's form). "zero3" is added on meshes with a
+# data axis: the same exact mean, with that axis renamed fsdp (parameters, gradients and
+# optimiser state sharded over it, gathered layer by layer: ZeRO-3).
+METHODS: dict[str, dict] = {
+    "dp": {"method": "dp"},
+    "dp_bf16": {"method": "dp", "dtype": "bfloat16"},
+    "powersgd_r4": {"method": "powersgd", "rank": 4},
+    "topk1%_ef": {"method": "compressed", "codec": "top_k:fraction=0.01", "memory": "ef"},
+    "int8_ef": {"method": "compressed", "codec": "uniform:bits=8,block=256", "memory": "ef",
+                "collective": "two_phase"},
+    "demo": {"method": "demo", "optimizer": {"lr": 1e-3}},
+    "diloco_h10": {"method": "diloco", "sync_every": 10},
+    # DiLoCo every 100 steps with int8 outer gradients (the question of issue 18's reader).
+    "diloco_h100_int8": {"method": "diloco", "sync_every": 100,
+                         "codec": "uniform:bits=8,block=256"},
+    "streaming_h10": {"method": "streaming_diloco", "sync_every": 10, "fragments": 2,
+                      "overlap": 2},
+    "acco": {"method": "acco"},
+}
+CONFIG_LABEL = "config"  # --methods entry: the method of --config
+REFERENCE = "dp"
+
+_CONFIG = _config.define_config_flag(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"),
+    "Settings every method shares (optimizer, seed; model and data unless --model) and the "
+    "method planned as `config` in --methods; default.py:NAME for any method or plugin.")
+_MODEL = flags.DEFINE_string("model", None, f"Model preset: {', '.join(MODELS)} (default: "
+                             "--config's model).")
+_MESH = flags.DEFINE_string("mesh", "data=8", "The mesh, e.g. data=64 or replica=8,fsdp=8; "
+                            "emulated with as many CPU devices.")
+_METHODS = flags.DEFINE_list("methods", None, "Methods (default: every METHODS label): "
+                             "labels, method names, module paths, .py files or `config`.")
+_LINKS = flags.DEFINE_list("links", ["internet", "wan", "ethernet_100g", "infiniband"],
+                           "Link presets (jaxcomm.comm.PRESETS) the outermost axis crosses.")
+_INNER_LINK = flags.DEFINE_string("inner_link", "nvlink", "Link preset of the other axes.")
+_DEVICE = flags.DEFINE_string("device", "h100", "Accelerator preset (jaxcomm.plan.DEVICES).")
+_MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed (PaLM 540B reached "
+                          "0.462 on TPU v4, arXiv 2204.02311 Table 3).")
+_COMPUTE = flags.DEFINE_float("compute_seconds", None, "A measured compute time per step, "
+                              "used for every method instead of FLOPs / (peak x mfu).")
+_BATCH = flags.DEFINE_integer("batch_per_device", None, "Sequences (images) per device per "
+                              "step (default: the preset's).")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: the "
+                                "preset's).")
+_STEPS = flags.DEFINE_integer("steps", 1000, "Steps whose counted bytes are simulated.")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/plan", "Where plan.json and the figure go.")
+
+_BANDWIDTHS = (1e6, 1e12)  # bytes/s: the sweep of the figure and of the crossover
+JOBS = 2  # methods compiled at once
+CROSSOVER_NOTE = (
+    "\n\nbeats DP below: the outer link bandwidth below which the method's predicted step is "
+    "shorter than DP's, on a link of that latency; swept over 8 Mbit/s - 8 Tbit/s ('always': "
+    "over all of it; 'never': not even at 8 Mbit/s).")
+
+
+# ---------------------------------------------------------------- settings, checked first
+def _positive_int(value, name: str, allow_none: bool = True):
+  if value is None and allow_none:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+  return value
+
+
+def mesh_devices(mesh: str, available: int) -> dict:
+  """{axis: size} of `mesh`; its devices must divide the `available` ones."""
+  from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
+  try:
+    shape = parallel.parse_mesh(mesh)
+  except ValueError as e:
+    raise ValueError(f"mesh {mesh!r}: {e}") from None
+  n = math.prod(shape.values())
+  if n < 1 or available % n:
+    raise ValueError(f"mesh {mesh!r} has {n} devices, which does not divide the {available} "
+                     "devices there are (the command line emulates as many as the mesh has).")
+  return shape
+
+
+def model_config(base, model: str | None, mesh: str, batch_per_device=None, seq_len=None):
+  """`base` with the model preset, the mesh and a global batch of `batch_per_device` per
+  worker (the mesh's batch axes)."""
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
+  if model is not None and model not in MODELS:
+    raise ValueError(f"model {model!r} is unknown; allowed: {', '.join(MODELS)}.")
+  _positive_int(batch_per_device, "batch_per_device")
+  _positive_int(seq_len, "seq_len")
+  workers = math.prod(n for a, n in parallel.parse_mesh(mesh).items()
+                      if a not in build.MODEL_AXES)
+  c = base.copy_and_resolve_references()
+  with c.unlocked():
+    c.mesh = mesh
+    c.checkpoint_every = 0
+    if model is not None:
+      preset = MODELS[model]
+      c.model.update(preset["model"])
+      c.data.name = preset["data"]
+      c.data.seq_len = preset["seq_len"]
+      c.data.batch_size = preset["batch_per_device"] * workers
+    if seq_len is not None:
+      c.data.seq_len = seq_len
+    if batch_per_device is not None:
+      c.data.batch_size = batch_per_device * workers
+  return c
+
+
+def catalog(mesh_shape: dict, model_name: str) -> dict:
+  """The labelled methods one can plan on this mesh: METHODS, and zero3 on a data axis."""
+  out = dict(METHODS)
+  if "data" in mesh_shape and "fsdp" not in mesh_shape and model_name == "lm":
+    out["zero3"] = {"method": "dp", "mesh": ",".join(
+        f"{'fsdp' if a == 'data' else a}={n}" for a, n in mesh_shape.items())}
+  return out
+
+
+def resolve_methods(names, labelled: dict, config) -> dict:
+  """{label: entry}, DP (the reference of the crossover) first."""
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  names = list(labelled) if names is None else list(names)
+  chosen = {REFERENCE: labelled[REFERENCE]}
+  for name in names:
+    if name in labelled:
+      chosen[name] = labelled[name]
+    elif name == CONFIG_LABEL:
+      chosen[_label(config.method.name)] = {
+          "method": config.method.name,
+          **{k: v for k, v in config.method.items() if k != "name"}}
+    elif name.endswith(".py") or "." in name or name in build.available_methods():
+      build.load_method(name)  # an unknown module or missing file is named here
+      chosen[_label(name)] = {"method": name}
+    else:
+      raise ValueError(f"methods: {name!r} is unknown; allowed: {', '.join(labelled)}, "
+                       f"{CONFIG_LABEL}, a method of experiments/methods/ "
+                       f"({', '.join(build.available_methods())}), a module path or a .py "
+                       "file.")
+  return chosen
+
+
+def _label(method: str) -> str:
+  """A method module's label: its file's or its module's last name."""
+  if method.endswith(".py"):
+    return os.path.basename(method)[:-len(".py")]
+  return method.rsplit(".", 1)[-1]
+
+
+def _links(names, inner: str) -> tuple[dict, object]:
+  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  if not names:
+    raise ValueError("links must name at least one link preset.")
+  for name in list(names) + [inner]:
+    if name not in comm.PRESETS:
+      what = "inner_link" if name == inner else "links"
+      raise ValueError(f"{what}: {name!r} is not a link preset; allowed: "
+                       f"{', '.join(comm.PRESETS)}.")
+  return {n: comm.PRESETS[n] for n in names}, comm.PRESETS[inner]
+
+
+def topology(mesh_shape: dict, link, inner):
+  """The outermost axis on `link`, every other axis on `inner`."""
+  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  axes = list(mesh_shape)
+  return comm.Topology({a: inner for a in axes[1:]}, default=link)
+
+
+# ---------------------------------------------------------------- planning
+def _param_count(params) -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
+  """Every number of one planned method (plan.json)."""
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  overlap = build.overlap_steps(c.method)
+  shape = step.mesh_shape
+  record = {
+      "method": label, "entry": entry, "mesh": c.mesh, "algo": c.method.name,
+      "settings": c.method.to_dict(), "overlap_steps": overlap,
+      "parameters": _param_count(run.params),
+      "bytes_per_step": step.bytes_per_step(),
+      "bytes_per_axis": {",".join(a) or "?": b for a, b in step.bytes_per_axis().items()},
+      # Over the link: collectives whose groups span the outermost mesh axis.
+      "outer_bytes_per_step": sum(b for a, b in step.bytes_per_axis().items()
+                                  if next(iter(shape)) in a),
+      "every_step_bytes": step.report.wire_bytes(conditional=False),
+      "conditional_bytes": step.report.wire_bytes(conditional=True),
+      "sync_fraction": step.sync_fraction(),
+      "counted": None if step.counted is None else {
+          "mean": float(step.counted.mean()), "min": float(step.counted.min()),
+          "max": float(step.counted.max()), "steps": step.steps},
+      "why_not_counted": step.why_not_counted,
+      "collectives": len(step.report),
+      "state_bytes": step.state_bytes,
+      "memory": {**dataclasses.asdict(step.memory), "peak": step.memory.peak},
+      "flops": step.flops, "bytes_accessed": step.bytes_accessed,
+      "compute_seconds": compute,
+      # XLA:CPU's bytes accessed over HBM bandwidth: the memory side of a roofline, an
+      # over-estimate where GPU/TPU compilers fuse more (not part of the step time).
+      "hbm_seconds": step.bytes_accessed / dev.hbm_bandwidth,
+      "fits_hbm": (step.state_bytes["params"] + step.state_bytes["opt_state"]
+                   + step.state_bytes["model_state"]) <= dev.hbm_bytes,
+      "links": {},
+  }
+  for name, link in links.items():
+    p = plan.predict(step, topology(shape, link, inner), compute, overlap_steps=overlap)
+    record["links"][name] = {**dataclasses.asdict(p), "seconds_per_token": p.step / tokens}
+  return record
+
+
+def _seconds_at(step, shape, latency, inner, compute, overlap):
+  """Step seconds as a function of the outer link's bandwidth (bytes/s)."""
+  from jaxcomm import comm, plan  # pylint: disable=import-outside-toplevel
+  return lambda b: plan.predict(step, topology(shape, comm.Link(b, latency), inner), compute,
+                                overlap_steps=overlap).step
+
+
+def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
+        methods=None, links=("internet", "wan", "ethernet_100g", "infiniband"),
+        inner_link: str = "nvlink", device: str = "h100", mfu: float = 0.4,
+        compute_seconds: float | None = None, batch_per_device: int | None = None,
+        seq_len: int | None = None, steps: int = 1000, verbose: bool = True,
+        figure: bool = True) -> dict:
+  """Plans every method; prints the table, writes plan.json and the figure into `workdir`.
+
+  Every argument is checked, and every method's run built (abstract), before anything
+  compiles: a mistake is one ValueError naming the argument or setting.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+
+  started = time.perf_counter()
+  shape = mesh_devices(mesh, jax.device_count())
+  devices = jax.devices()[:math.prod(shape.values())]
+  dev = plan.device(device)
+  mfu = plan.check_mfu(mfu)
+  if compute_seconds is not None and (isinstance(compute_seconds, bool) or not isinstance(
+      compute_seconds, (int, float)) or not 0 <= compute_seconds < math.inf):
+    raise ValueError(f"compute_seconds must be a finite number >= 0, got {compute_seconds!r}.")
+  steps = _positive_int(steps, "steps", allow_none=False)
+  link_of, inner = _links(links, inner_link)
+  base = model_config(config, model, mesh, batch_per_device, seq_len)
+  with base.unlocked():
+    base.steps = steps  # participation masks and schedules cover the planned steps
+  entries = resolve_methods(methods, catalog(shape, base.model.name), base)
+  configs = {label: _config.with_method(base, e) for label, e in entries.items()}
+  runs = {label: build.build(c, devices, abstract=True) for label, c in configs.items()}
+  tokens = base.data.batch_size * (base.data.seq_len if base.model.name in ("lm", "nnx_lm")
+                                   else 1)
+  compiled = _compile_all(runs, steps, verbose)
+  records, steps_of, failed = [], {}, {}
+  for label, c in configs.items():
+    step, seconds = compiled[label]
+    if isinstance(step, str):
+      if label == REFERENCE:
+        raise RuntimeError(f"the reference {REFERENCE} could not be planned: {step}")
+      failed[label] = step
+      continue
+    compute = compute_seconds if compute_seconds is not None else \
+        plan.compute_seconds(step.flops, dev, mfu)
+    rec = _record(label, entries[label], c, runs[label], step, compute, link_of, inner, dev,
+                  tokens)
+    rec["plan_seconds"] = seconds
+    records.append(rec)
+    steps_of[label] = (step, compute, rec["overlap_steps"])
+  curves = _sweeps(steps_of, link_of, inner, records)
+  text = table(records, link_of) + CROSSOVER_NOTE + "".join(
+      f"\n\n{label}: not planned ({why})" for label, why in failed.items())
+  os.makedirs(workdir, exist_ok=True)
+  figure_path = plot(curves, link_of, os.path.join(workdir, "step_time_vs_bandwidth.png")) \
+      if figure else None
+  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+  head = _header(base, model, mesh, dev, mfu, compute_seconds, records, tokens, steps)
+  summary = {
+      "model": model, "model_note": MODELS[model]["note"] if model else "the config's model",
+      "config": base.to_dict(), "mesh": mesh, "devices": len(devices),
+      "emulated": "compiled on as many emulated CPU devices as the mesh has (not derived)",
+      "device": dataclasses.asdict(dev), "mfu": mfu, "compute_seconds": compute_seconds,
+      "links": {n: dataclasses.asdict(l) for n, l in link_of.items()},
+      "inner_link": dataclasses.asdict(inner), "tokens_per_step": tokens, "steps": steps,
+      "methods": records, "failed": failed, "header": head, "table": text, "figure": figure_path,
+      "sweep": {"bandwidths": np.asarray(curves["bandwidths"]).tolist(),
+                "seconds": {k: {n: list(v) for n, v in per.items()}
+                            for k, per in curves["seconds"].items()}},
+      "elapsed_seconds": time.perf_counter() - started, "peak_rss_bytes": rss}
+  with open(os.path.join(workdir, "plan.json"), "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=1, allow_nan=False, default=str)
+  if verbose:
+    print(head)
+    print(text)
+    print(f"peak process memory {_bytes(rss)}; planned in {summary['elapsed_seconds']:.0f} s; "
+          f"wrote {os.path.join(workdir, 'plan.json')}"
+          + (f" and {figure_path}" if figure_path else ""))
+  return summary
+
+
+def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
+  """{label: (StepPlan or why it failed, seconds)}, two methods compiling at a time (XLA's
+  compile of one program is single-threaded)."""
+  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+
+  def one(label):
+    t0 = time.perf_counter()
+    r = runs[label]
+    try:
+      step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
+    except Exception as e:  # pylint: disable=broad-except
+      # A library limit met at this size (the user's input is checked before): reported in
+      # the table and plan.json, and the other methods are planned.
+      step = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    if verbose:
+      print(f"planned {label} on {r.config.mesh} in {time.perf_counter() - t0:.1f} s"
+            + (f" -- failed: {step}" if isinstance(step, str) else ""), file=sys.stderr,
+            flush=True)
+    return step, time.perf_counter() - t0
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=JOBS) as pool:
+    return dict(zip(runs, pool.map(one, runs)))
+
+
+def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
+  """Step seconds over the bandwidth grid per method and link, and each method's crossover
+  against DP (written into `records`)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  grid = np.geomspace(*_BANDWIDTHS, 49)
+  seconds = {label: {} for label in steps_of}
+  for name, link in links.items():
+    fns = {label: _seconds_at(s, s.mesh_shape, link.latency, inner, compute, overlap)
+           for label, (s, compute, overlap) in steps_of.items()}
+    for rec in records:
+      label = rec["method"]
+      seconds[label][name] = [fns[label](b) for b in grid]
+      if label != REFERENCE:  # bytes/s, or "always" / "never" over the sweep
+        b = plan.crossover(fns[label], fns[REFERENCE], low=_BANDWIDTHS[0],
+                           high=_BANDWIDTHS[1])
+        rec.setdefault("crossover_bandwidth", {})[name] = \
+            "never" if b is None else "always" if math.isinf(b) else b
+  return {"bandwidths": grid, "seconds": seconds}
+
+
+# ---------------------------------------------------------------- output
+def _bytes(n: float) -> str:
+  for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if abs(n) >= size:
+      return f"{n / size:.3g} {unit}"
+  return f"{n:.0f} B"
+
+
+def _seconds(s: float) -> str:
+  if s >= 100:
+    return f"{s:,.0f} s"
+  if s >= 1:
+    return f"{s:.3g} s"
+  return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
+def _bandwidth(b) -> str:
+  """A crossover: Gbit/s, or "always" / "never" over the whole sweep."""
+  if isinstance(b, str):
+    return b
+  gbit = b * 8 / 1e9
+  return f"{gbit:,.0f} Gb/s" if gbit >= 100 else f"{gbit:.3g} Gb/s"
+
+
+def _header(c, model, mesh, dev, mfu, compute_seconds, records, tokens, steps) -> str:
+  params = records[0]["parameters"]
+  what = f"{model} ({MODELS[model]['note']})" if model else f"the config's {c.model.name}"
+  compute = (f"compute {_seconds(compute_seconds)}/step measured" if compute_seconds is not None
+             else f"{dev.name} at MFU {mfu:g}: compute = compiled FLOPs / "
+                  f"({dev.peak_flops / 1e12:g} TFLOP/s x {mfu:g})")
+  return (f"{what}: {params:,} parameters; mesh {mesh} (emulated, compiled for XLA:CPU); "
+          f"{tokens:,} "
+          f"{'tokens' if c.model.name in ('lm', 'nnx_lm') else 'samples'} per step; {compute}; "
+          f"conditional syncs charged as counted over {steps} steps")
+
+
+def table(records: list, links: dict) -> str:
+  """Markdown: bytes, memory and compute per method; step time and crossover per link."""
+  dp = next(r for r in records if r["method"] == REFERENCE)
+  head = ["method", "mesh", "bytes/step/device", "by axis", "DP / method (outer axis)",
+          "state/device", "peak/device (XLA:CPU)", "compute/step"]
+  head += [f"step on {n}" for n in links] + [f"beats DP below ({n})" for n in links]
+  rows = []
+  for r in records:
+    state = sum(r["state_bytes"][k] for k in ("params", "opt_state", "model_state"))
+    outer = r["outer_bytes_per_step"]
+    ratio = f"{dp['outer_bytes_per_step'] / outer:.3g}x" if outer else "nothing sent"
+    rows.append([r["method"], r["mesh"], _bytes(r["bytes_per_step"]),
+                 ", ".join(f"{a} {_bytes(b)}" for a, b in r["bytes_per_axis"].items()) or "-",
+                 ratio, _bytes(state), _bytes(r["memory"]["peak"]), _seconds(r["compute_seconds"])]
+                + [_seconds(r["links"][n]["step"]) for n in links]
+                + ["-" if r["method"] == REFERENCE else
+                   _bandwidth(r["crossover_bandwidth"][n]) for n in links])
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  lines += ["| " + " | ".join(row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def plot(curves: dict, links: dict, path: str) -> str:
+  """Predicted step time against the outer link's bandwidth, one panel per link latency."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  gbit = np.asarray(curves["bandwidths"]) * 8 / 1e9
+  fig, axes = plt.subplots(1, len(links), figsize=(4.6 * len(links) + 2.0, 4.2),
+                           squeeze=False, sharey=True)
+  colors = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
+  for ax, (name, link) in zip(axes[0], links.items()):
+    for i, (label, per) in enumerate(curves["seconds"].items()):
+      ax.plot(gbit, per[name], color=colors[i % len(colors)], label=label,
+              linewidth=2.0 if label == REFERENCE else 1.3,
+              linestyle="-" if i < 10 else "--")
+    ax.axvline(link.bandwidth * 8 / 1e9, color="black", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("outer link bandwidth (Gbit/s per device, log)")
+    ax.set_title(f"{name}'s latency ({_seconds(link.latency)}); dotted: its bandwidth",
+                 fontsize=9)
+    ax.grid(True, alpha=0.3)
+  axes[0][0].set_ylabel("predicted seconds per step (log)")
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+  fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
+    n = math.prod(parallel.parse_mesh(_MESH.value).values())
+  except ValueError as e:
+    sys.exit(f"error: --mesh {_MESH.value!r}: {e}")
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", n)
+  try:
+    run(_CONFIG.value, _WORKDIR.value, model=_MODEL.value, mesh=_MESH.value,
+        methods=_METHODS.value, links=_LINKS.value, inner_link=_INNER_LINK.value,
+        device=_DEVICE.value, mfu=_MFU.value, compute_seconds=_COMPUTE.value,
+        batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value)
+  except ValueError as e:  # a user's mistake: one line, no traceback
+    sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)
