@@ -81,24 +81,27 @@ METHODS: dict[str, dict] = {
 # How each method ended on a link (besides reaching the target).
 REACHED, BUDGET, CAP = "reached", "budget spent", "step cap"
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "Where the report, results and "
-                               "plots go.")
-_METHODS = flags.DEFINE_list(
-    "methods", None, "Methods to compare (default: all of METHODS): METHODS labels, method "
-    "names of experiments/methods/, dotted module paths or .py files of your own.")
-_LINKS = flags.DEFINE_list("links", None, "Link presets (jaxcomm.comm.PRESETS) to time on; "
-                           "default: config.compare.links.")
-_LINK = flags.DEFINE_multi_string("link", [], "A link of your own, added to the others: "
-                                  "name:gbit=G,latency_ms=L (repeatable).")
-_BUDGET = flags.DEFINE_float("budget", None, "Each link's time budget as a multiple of the "
-                             "reference's run there (default: config.compare.budget).")
-_MAX_STEPS = flags.DEFINE_integer("max_steps", None, "The most inner steps any method trains "
-                                  "(default: config.compare.max_steps).")
-_CONFIG = _config.define_config_flag(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "compare.py"),
-    "What every method shares (model, data, optimizer, the reference's steps) and how "
-    "results are read (config.compare); `configs/compare.py:long` for the longer run.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
+# The flags exist only when this module runs as a program: importing it (tests do)
+# registers nothing that could clash with another program's flags.
+if __name__ == "__main__":
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "Where the report, results and "
+                                 "plots go.")
+  _METHODS = flags.DEFINE_list(
+      "methods", None, "Methods to compare (default: all of METHODS): METHODS labels, method "
+      "names of experiments/methods/, dotted module paths or .py files of your own.")
+  _LINKS = flags.DEFINE_list("links", None, "Link presets (jaxcomm.comm.PRESETS) to time on; "
+                             "default: config.compare.links.")
+  _LINK = flags.DEFINE_multi_string("link", [], "A link of your own, added to the others: "
+                                    "name:gbit=G,latency_ms=L (repeatable).")
+  _BUDGET = flags.DEFINE_float("budget", None, "Each link's time budget as a multiple of the "
+                               "reference's run there (default: config.compare.budget).")
+  _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "The most inner steps any method trains "
+                                    "(default: config.compare.max_steps).")
+  _CONFIG = _config.define_config_flag(
+      os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "compare.py"),
+      "What every method shares (model, data, optimizer, the reference's steps) and how "
+      "results are read (config.compare); `configs/compare.py:long` for the longer run.")
+  _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
 
 
 # ---------------------------------------------------------------- settings

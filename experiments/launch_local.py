@@ -50,24 +50,27 @@ import time
 from absl import app
 from absl import flags
 
-_PROCESSES = flags.DEFINE_integer("processes", 2, "Number of processes.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices in total (split evenly).")
-_PROGRAM = flags.DEFINE_string("program", "experiments.train",
-                               "Module (run with -m) or .py script to start.")
-_HEARTBEAT = flags.DEFINE_integer(
-    "heartbeat_timeout", 30, "Seconds after which a silent process is declared dead.")
-_GRACE = flags.DEFINE_float(
-    "grace", 15.0, "Extra seconds the others get to exit by themselves after a failure.")
-_ELASTIC = flags.DEFINE_bool(
-    "elastic", None, "Processes do not share fate (jaxcomm.elastic); on by default with "
-    "--kill or --restart (--noelastic: a kill brings every process down, as without it).")
-_KILL = flags.DEFINE_list("kill", [], "P@T,...: process P SIGKILLs itself before step T.")
-_RESTART = flags.DEFINE_list(
-    "restart", [], "P@T,...: start process P again once it is dead and process 0 has "
-    "committed step T.")
-_COLLECTIVE_TIMEOUT = flags.DEFINE_integer(
-    "collective_timeout", 30, "Elastic runs: seconds a cross-process collective waits for a "
-    "peer before it fails (XLA:CPU).")
+# The flags exist only when this module runs as a program: importing it (tests do)
+# registers nothing that could clash with another program's flags.
+if __name__ == "__main__":
+  _PROCESSES = flags.DEFINE_integer("processes", 2, "Number of processes.")
+  _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices in total (split evenly).")
+  _PROGRAM = flags.DEFINE_string("program", "experiments.train",
+                                 "Module (run with -m) or .py script to start.")
+  _HEARTBEAT = flags.DEFINE_integer(
+      "heartbeat_timeout", 30, "Seconds after which a silent process is declared dead.")
+  _GRACE = flags.DEFINE_float(
+      "grace", 15.0, "Extra seconds the others get to exit by themselves after a failure.")
+  _ELASTIC = flags.DEFINE_bool(
+      "elastic", None, "Processes do not share fate (jaxcomm.elastic); on by default with "
+      "--kill or --restart (--noelastic: a kill brings every process down, as without it).")
+  _KILL = flags.DEFINE_list("kill", [], "P@T,...: process P SIGKILLs itself before step T.")
+  _RESTART = flags.DEFINE_list(
+      "restart", [], "P@T,...: start process P again once it is dead and process 0 has "
+      "committed step T.")
+  _COLLECTIVE_TIMEOUT = flags.DEFINE_integer(
+      "collective_timeout", 30, "Elastic runs: seconds a cross-process collective waits for a "
+      "peer before it fails (XLA:CPU).")
 
 
 def free_port() -> int:

@@ -108,30 +108,33 @@ METHODS: dict[str, dict] = {
 CONFIG_LABEL = "config"  # --methods entry: the method of --config
 REFERENCE = "dp"
 
-_CONFIG = _config.define_config_flag(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"),
-    "Settings every method shares (optimizer, seed; model and data unless --model) and the "
-    "method planned as `config` in --methods; default.py:NAME for any method or plugin.")
-_MODEL = flags.DEFINE_string("model", None, f"Model preset: {', '.join(MODELS)} (default: "
-                             "--config's model).")
-_MESH = flags.DEFINE_string("mesh", "data=8", "The mesh, e.g. data=64 or replica=8,fsdp=8; "
-                            "emulated with as many CPU devices.")
-_METHODS = flags.DEFINE_list("methods", None, "Methods (default: every METHODS label): "
-                             "labels, method names, module paths, .py files or `config`.")
-_LINKS = flags.DEFINE_list("links", ["internet", "wan", "ethernet_100g", "infiniband"],
-                           "Link presets (jaxcomm.comm.PRESETS) the outermost axis crosses.")
-_INNER_LINK = flags.DEFINE_string("inner_link", "nvlink", "Link preset of the other axes.")
-_DEVICE = flags.DEFINE_string("device", "h100", "Accelerator preset (jaxcomm.plan.DEVICES).")
-_MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed (PaLM 540B reached "
-                          "0.462 on TPU v4, arXiv 2204.02311 Table 3).")
-_COMPUTE = flags.DEFINE_float("compute_seconds", None, "A measured compute time per step, "
-                              "used for every method instead of FLOPs / (peak x mfu).")
-_BATCH = flags.DEFINE_integer("batch_per_device", None, "Sequences (images) per device per "
-                              "step (default: the preset's).")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: the "
-                                "preset's).")
-_STEPS = flags.DEFINE_integer("steps", 1000, "Steps whose counted bytes are simulated.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/plan", "Where plan.json and the figure go.")
+# The flags exist only when this module runs as a program: importing it (tests do)
+# registers nothing that could clash with another program's flags.
+if __name__ == "__main__":
+  _CONFIG = _config.define_config_flag(
+      os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"),
+      "Settings every method shares (optimizer, seed; model and data unless --model) and the "
+      "method planned as `config` in --methods; default.py:NAME for any method or plugin.")
+  _MODEL = flags.DEFINE_string("model", None, f"Model preset: {', '.join(MODELS)} (default: "
+                               "--config's model).")
+  _MESH = flags.DEFINE_string("mesh", "data=8", "The mesh, e.g. data=64 or replica=8,fsdp=8; "
+                              "emulated with as many CPU devices.")
+  _METHODS = flags.DEFINE_list("methods", None, "Methods (default: every METHODS label): "
+                               "labels, method names, module paths, .py files or `config`.")
+  _LINKS = flags.DEFINE_list("links", ["internet", "wan", "ethernet_100g", "infiniband"],
+                             "Link presets (jaxcomm.comm.PRESETS) the outermost axis crosses.")
+  _INNER_LINK = flags.DEFINE_string("inner_link", "nvlink", "Link preset of the other axes.")
+  _DEVICE = flags.DEFINE_string("device", "h100", "Accelerator preset (jaxcomm.plan.DEVICES).")
+  _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed (PaLM 540B reached "
+                            "0.462 on TPU v4, arXiv 2204.02311 Table 3).")
+  _COMPUTE = flags.DEFINE_float("compute_seconds", None, "A measured compute time per step, "
+                                "used for every method instead of FLOPs / (peak x mfu).")
+  _BATCH = flags.DEFINE_integer("batch_per_device", None, "Sequences (images) per device per "
+                                "step (default: the preset's).")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default: the "
+                                  "preset's).")
+  _STEPS = flags.DEFINE_integer("steps", 1000, "Steps whose counted bytes are simulated.")
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/plan", "Where plan.json and the figure go.")
 
 _BANDWIDTHS = (1e6, 1e12)  # bytes/s: the sweep of the figure and of the crossover
 JOBS = 2  # methods compiled at once

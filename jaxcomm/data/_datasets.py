@@ -131,7 +131,12 @@ class SyntheticImages:
 
 
 def synthetic_images(name: str) -> SyntheticImages:
-  """The synthetic image dataset `name` (a key of `SYNTHETIC_IMAGES`)."""
+  """The synthetic image dataset `name` (a key of `SYNTHETIC_IMAGES`).
+
+  >>> ds = synthetic_images("synthetic:imagenet")
+  >>> ds.shape, ds.num_classes
+  ((224, 224, 3), 1000)
+  """
   if name not in SYNTHETIC_IMAGES:
     raise ValueError(f"synthetic image dataset {name!r} does not exist; allowed: "
                      f"{', '.join(SYNTHETIC_IMAGES)}.")

@@ -141,7 +141,19 @@ def abstract_state(trainer: train.Trainer, params: Any) -> train.TrainState:
 
 
 def abstract_batch(trainer: train.Trainer, batch: Any) -> Any:
-  """The global batch as ShapeDtypeStructs sharded as the trainer splits it."""
+  """The global batch as ShapeDtypeStructs sharded as the trainer splits it.
+
+  `batch` may hold arrays or ShapeDtypeStructs; nothing is allocated.
+
+  >>> import jax, jax.numpy as jnp, optax
+  >>> from jaxcomm import parallel, sync, train
+  >>> trainer = train.Trainer(lambda p, b: jnp.sum(p["w"] * b["x"]),
+  ...                         optax.chain(sync.mean("data"), optax.sgd(0.1)),
+  ...                         parallel.make_mesh({"data": 8}))
+  >>> x = abstract_batch(trainer, {"x": jax.ShapeDtypeStruct((64, 1000), jnp.float32)})["x"]
+  >>> x.shape, x.sharding.spec
+  ((64, 1000), P('data',))
+  """
   batch = jax.tree.map(lambda x: _struct(x, "batch"), batch)
   specs = trainer.batch_spec(batch)
   return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(

@@ -93,7 +93,15 @@ def device(name: str) -> Device:
 
 
 def check_mfu(mfu: Any) -> float:
-  """The model FLOPs utilisation: a number in (0, 1]."""
+  """The model FLOPs utilisation: a number in (0, 1], else a ValueError naming `mfu`.
+
+  >>> check_mfu(0.4)
+  0.4
+  >>> check_mfu(-0.1)
+  Traceback (most recent call last):
+  ...
+  ValueError: mfu must be a number in (0, 1] (the fraction of the device's peak FLOP/s a step achieves), got -0.1.
+  """
   if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
     raise ValueError(f"mfu must be a number in (0, 1] (the fraction of the device's peak "
                      f"FLOP/s a step achieves), got {mfu!r}.")
