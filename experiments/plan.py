@@ -45,6 +45,7 @@ import time
 from absl import app
 from absl import flags
 
+from experiments import compare
 from experiments import config as _config
 
 # A model preset: config.model settings, the dataset, sequence length and batch per device.
@@ -86,24 +87,14 @@ MODELS: dict[str, dict] = {
              "(arXiv 1706.02677)"),
 }
 
-# label -> a method entry (experiments/compare.py's form). "zero3" is added on meshes with a
-# data axis: the same exact mean, with that axis renamed fsdp (parameters, gradients and
-# optimiser state sharded over it, gathered layer by layer: ZeRO-3).
+# label -> a method entry: the methods of `make run` (experiments/compare.py), and DiLoCo
+# every 100 steps with int8 outer gradients, a setting meant for real sizes. "zero3" is
+# added on meshes with a data axis: the same exact mean, with that axis renamed fsdp
+# (parameters, gradients and optimiser state sharded over it, gathered layer by layer).
 METHODS: dict[str, dict] = {
-    "dp": {"method": "dp"},
-    "dp_bf16": {"method": "dp", "dtype": "bfloat16"},
-    "powersgd_r4": {"method": "powersgd", "rank": 4},
-    "topk1%_ef": {"method": "compressed", "codec": "top_k:fraction=0.01", "memory": "ef"},
-    "int8_ef": {"method": "compressed", "codec": "uniform:bits=8,block=256", "memory": "ef",
-                "collective": "two_phase"},
-    "demo": {"method": "demo", "optimizer": {"lr": 1e-3}},
-    "diloco_h10": {"method": "diloco", "sync_every": 10},
-    # DiLoCo every 100 steps with int8 outer gradients (the question of issue 18's reader).
+    **compare.METHODS,
     "diloco_h100_int8": {"method": "diloco", "sync_every": 100,
                          "codec": "uniform:bits=8,block=256"},
-    "streaming_h10": {"method": "streaming_diloco", "sync_every": 10, "fragments": 2,
-                      "overlap": 2},
-    "acco": {"method": "acco"},
 }
 CONFIG_LABEL = "config"  # --methods entry: the method of --config
 REFERENCE = "dp"
