@@ -87,14 +87,17 @@ MODELS: dict[str, dict] = {
              "(arXiv 1706.02677)"),
 }
 
-# label -> a method entry: the methods of `make run` (experiments/compare.py), and DiLoCo
-# every 100 steps with int8 outer gradients, a setting meant for real sizes. "zero3" is
-# added on meshes with a data axis: the same exact mean, with that axis renamed fsdp
-# (parameters, gradients and optimiser state sharded over it, gathered layer by layer).
+# label -> a method entry: the methods of `make run` (experiments/compare.py), and two
+# settings meant for many workers, where a codec's payloads should not be all-gathered:
+# Streaming DiLoCo's fp4 and DiLoCo every 100 steps with int8 outer gradients, both by the
+# two-phase sum. "zero3" is added on meshes with a data axis: the same exact mean, with that
+# axis renamed fsdp (parameters, gradients and optimiser state sharded over it, gathered
+# layer by layer).
 METHODS: dict[str, dict] = {
     **compare.METHODS,
-    "diloco_h100_int8": {"method": "diloco", "sync_every": 100,
-                         "codec": "uniform:bits=8,block=256"},
+    "streaming_h10_2phase": {**compare.METHODS["streaming_h10"], "collective": "two_phase"},
+    "diloco_h100_int8_2phase": {"method": "diloco", "sync_every": 100,
+                                "codec": "uniform:bits=8,block=256", "collective": "two_phase"},
 }
 CONFIG_LABEL = "config"  # --methods entry: the method of --config
 REFERENCE = "dp"

@@ -51,6 +51,13 @@ BYTES = {
     # bf16 outer gradient, two-phase: 1210 padded to 1216 = 8 chunks of 152 x 2 bytes,
     # 7 sent in each phase: 2 * 7 * 304.
     "diloco_bf16": 4256,
+    # int8 (block 256) outer gradient, two-phase: 1210 padded to 1216 = 8 chunks of 152;
+    # a chunk's payload is 152 one-byte codes + one f32 scale = 156 bytes, 7 sent in each
+    # phase: 2 * 7 * 156 (by gather it would be 7 * (1210 + 4 * 5) = 8610).
+    "diloco_int8_two_phase": 2184,
+    # Streaming's fp4 on a 605-element fragment, two-phase: 8 chunks of 76, each 38 bytes
+    # of 4-bit codes + 3 block scales (32 per block) = 50 bytes: 2 * 7 * 50.
+    "streaming_fp4_two_phase": 700,
     # Hierarchical, 2 slow x 4 fast: the gradient all-reduce over 4, 2 * 3/4 * 4840; the
     # parameters' over 2, 2 * 1/2 * 4840.
     "fast": 7260, "slow": 4840,
@@ -489,6 +496,58 @@ def test_cast_codec_outer_gradient_travels_narrow(task):
   total = jnp.sum(sent_w, axis=0).astype(jnp.bfloat16).astype(jnp.float32)
   close(state.opt_state.outer_params, unflatten(flat - total / W), atol=1e-4)
   close(state.opt_state.memory, delta - sent_w, atol=1e-7)
+
+
+def test_int8_outer_gradient_two_phase_equals_a_chunked_reference(task):
+  """collective="two_phase": every worker encodes its 8 chunks of δ_w, chunk j's owner sums
+  the 8 decodes and re-encodes the sum for the all-gather; the error memory keeps δ_w minus
+  what its own chunks decode to. The codec is used as a black box (encode then decode)."""
+  params, loss, batches, grads = task
+  codec = codecs.uniform(8, block=256)
+  tx = local.diloco(SGD, optax.sgd(1.0), 2, codec=codec, memory="ef", collective="two_phase")
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 2)
+  formula = BYTES["diloco_int8_two_phase"]
+  report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
+  assert sent == [0, formula] and report.wire_bytes(conditional=True) == formula
+  ps = stack(params)
+  for t in range(2):
+    ps = jax.tree.map(lambda p, g: p - LR * g, ps, grads(ps, blocks(batches[t])))
+  flat, unflatten = codecs.flatten(params)
+  n = flat.shape[0]
+  delta = np.asarray(flat[None] - jax.vmap(lambda p: codecs.flatten(p)[0])(ps))
+  c = -(-n // W)
+  chunks = np.pad(delta, ((0, 0), (0, W * c - n))).reshape(W, W, c)  # [worker, chunk, c]
+  roundtrip = jax.jit(lambda x: codec.decode(codec.encode(x, None), x.shape[0]))
+  sent_w = np.stack([[np.asarray(roundtrip(chunks[w, j])) for j in range(W)]
+                     for w in range(W)])
+  total = np.concatenate([np.asarray(roundtrip(jnp.asarray(sent_w[:, j].sum(0))))
+                          for j in range(W)])[:n]
+  close(state.opt_state.outer_params, unflatten(flat - total / W), atol=1e-6)
+  own = sent_w.reshape(W, W * c)[:, :n]
+  close(state.opt_state.memory, delta - own, atol=1e-7)
+
+
+def test_streaming_fp4_two_phase_bytes(task):
+  params, loss, batches, _ = task
+  tx = local.streaming_diloco(optax.sgd(LR), NESTEROV, 4, 2, 1, 0.5, collective="two_phase")
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 4)
+  report = comm.inspect(trainer.step_fn(state, batches[0]), state, batches[0])
+  formula = BYTES["streaming_fp4_two_phase"]
+  assert [s for s in sent if s] == [formula] * 2
+  assert report.wire_bytes(conditional=True) == formula
+
+
+@pytest.mark.parametrize("factory,kwargs,words", [
+    (local.diloco, dict(collective="two_phase"), "collective='two_phase' needs a codec"),
+    (local.diloco, dict(codec=codecs.uniform(8), collective="psum"),
+     "collective must be one of None, 'gather', 'two_phase'"),
+    (local.diloco, dict(codec=lambda shapes: codecs.tiled_dct_top_k(shapes, 4, 2),
+                        collective="two_phase"), "needs the whole vector"),
+    (local.streaming_diloco, dict(codec=None, collective="gather"), "needs a codec"),
+])
+def test_collective_is_checked_when_built(factory, kwargs, words):
+  with pytest.raises(ValueError, match=words):
+    factory(SGD, optax.sgd(1.0), 2, **kwargs)
 
 
 def test_shared_key_codec_outer_gradient_is_decoded_with_the_key(task):

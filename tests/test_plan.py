@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import resource
 import subprocess
 import sys
 
@@ -23,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax import lax
 
 from experiments import build
 from experiments import config
@@ -313,12 +311,19 @@ def test_a_1b_plan_on_64_emulated_devices_allocates_nothing_of_its_size(tmp_path
   W = 64, and the planning process's peak memory is a fraction of one device's state."""
   env = {**os.environ, "PYTHONPATH": ROOT}
   env.pop("XLA_FLAGS", None)
+  # The planner runs under a parent of its own, whose only child it is: that parent's
+  # RUSAGE_CHILDREN is the planner's peak (this test process's would include every
+  # subprocess an earlier test started in this worker).
+  measure = ("import resource, subprocess, sys; "
+             "code = subprocess.run(sys.argv[1:]).returncode; "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.plan", "--model=llama_1b", "--mesh=data=64",
-       "--methods=dp", "--links=wan", "--steps=4", f"--workdir={tmp_path}"],
+      [sys.executable, "-c", measure, sys.executable, "-m", "experiments.plan",
+       "--model=llama_1b", "--mesh=data=64", "--methods=dp", "--links=wan", "--steps=4",
+       f"--workdir={tmp_path}"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  peak_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+  peak_rss = int(proc.stdout.split()[-1]) * 1024  # Linux: KiB
   with open(tmp_path / "plan.json", encoding="utf-8") as f:
     summary = json.load(f)
   (dp,) = summary["methods"]

@@ -10,7 +10,7 @@ from jaxcomm import local
 def defaults():
   return config.from_factory(
       local.diloco, skip=("inner", "outer", "axis_name", "key"),
-      types={"codec": str, "memory": str, "participation": str},
+      types={"codec": str, "memory": str, "collective": str, "participation": str},
       sync_every=10, outer_lr=0.7, outer_momentum=0.9)
 
 

@@ -9,7 +9,7 @@ from jaxcomm import local
 def defaults():
   return config.from_factory(
       local.streaming_diloco, skip=("inner", "outer", "axis_name", "key"),
-      types={"codec": str, "participation": str, "compensation": str},
+      types={"codec": str, "collective": str, "participation": str, "compensation": str},
       sync_every=10, outer_lr=0.7, outer_momentum=0.9)
 
 

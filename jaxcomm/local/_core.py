@@ -82,7 +82,7 @@ def resolve_participation(participation: Participation) -> Callable | None:
     mask = np.asarray(participation)
   except ValueError as e:  # ragged rows
     raise ValueError("participation must be a bool[num_syncs, num_workers] array (rows of "
-                     f"equal length) or a callable; got rows of different lengths.") from e
+                     "equal length) or a callable; got rows of different lengths.") from e
   if mask.ndim != 2 or mask.shape[0] < 1 or mask.shape[1] < 1:
     raise ValueError("participation must be a bool[num_syncs, num_workers] array or a "
                      f"callable of the sync index; got an array of shape {mask.shape}.")

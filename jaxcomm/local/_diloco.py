@@ -29,14 +29,15 @@ class DilocoState(NamedTuple):
 
 def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Array,
                    n_live: jax.Array, memory: jax.Array, key: jax.Array,
-                   codec: codecs.CodecLike | None, axis_name, decay: float = 1.0
-                   ) -> tuple[Any, jax.Array, float]:
+                   codec: codecs.CodecLike | None, axis_name, decay: float = 1.0,
+                   collective: str | None = None) -> tuple[Any, jax.Array, float]:
   """Δ = θ_out − mean over live workers of θ_w, optionally encoded with error feedback.
 
   Each worker sends its own δ_w = θ_out − θ_w (small numbers, which is what a codec should
   see). Returns (Δ like params, new memory, wire bytes). A sync without a live worker gives
   Δ = 0. With a memory (f32[n], not None) the worker sends C(δ_w + β e_w) and keeps
   e_w ← δ_w + β e_w − D(C(δ_w + β e_w)), β = `decay`; a dropped worker keeps its memory.
+  `collective`: how the codec's payloads travel (`_transport.COLLECTIVES`).
   """
   delta = jax.tree.map(jnp.subtract, outer_params, local)
   denom = jnp.maximum(n_live, 1.0)
@@ -48,7 +49,7 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
   vec, unflatten = codecs.flatten(delta)
   if memory is not None:
     vec = vec + decay * memory
-  total, own, nbytes = _transport.codec_sum(codec, vec, key, mine, row, axis_name)
+  total, own, nbytes = _transport.codec_sum(codec, vec, key, mine, row, axis_name, collective)
   if memory is not None:
     memory = jnp.where(mine > 0, vec - own, memory)
   return unflatten(total / denom), memory, nbytes
@@ -57,8 +58,8 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
 def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
            sync_every: int, axis_name: comm.AxisName = "data", *,
            codec: codecs.CodecLike | None = None, memory: str | None = None,
-           participation: _core.Participation = None, key: jax.Array | None = None
-           ) -> optax.GradientTransformationExtraArgs:
+           collective: str | None = None, participation: _core.Participation = None,
+           key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
   """DiLoCo: H inner steps per worker, then one outer step on the averaged progress.
 
   The state keeps the outer parameters θ_out and the outer optimiser's state. On every H-th
@@ -85,6 +86,11 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
       Codec` of the parameters' leaf shapes (`jaxcomm.codecs.for_tree`). Linear codecs
       (identity, cast) are summed in their wire type; others travel by gather.
     memory: None or "ef" (error feedback on the encoded outer gradient; needs a codec).
+    collective: how the codec's payloads travel: None (as above), "gather" (every worker
+      receives the W-1 other payloads: (W-1) P bytes, each payload decoded exactly) or
+      "two_phase" (all-to-all of encoded chunks, each chunk's owner sums and re-encodes it,
+      all-gather: 2(W-1)/W P bytes, the sum encoded a second time). Two-phase keeps a
+      codec's saving as W grows; it needs a codec that may be cut into chunks.
     participation: optional live-worker mask per sync: bool[num_syncs, W] (rows past the end
       all live) or a traceable `fn(sync_index) -> bool[W]`. The outer gradient averages the
       live workers only; every worker, live or not, continues from the new θ_out.
@@ -111,13 +117,15 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   memory = v.one_of("memory", memory, MEMORIES)
   if memory is not None and codec is None:
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
+  collective = _transport.check_collective(collective, codec)
   key = v.key("key", key)
   return build(inner, outer, sync_every, axis_name, codec=codec, memory=memory is not None,
-               decay=1.0, live_fn=live_fn, key=key, name="diloco")
+               decay=1.0, live_fn=live_fn, key=key, name="diloco", collective=collective)
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          live_fn, key: jax.Array, name: str) -> optax.GradientTransformationExtraArgs:
+          live_fn, key: jax.Array, name: str, collective: str | None = None
+          ) -> optax.GradientTransformationExtraArgs:
   """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data."""
   phases = _core.Phases(sync_every, [0])
 
@@ -143,7 +151,7 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
       mine, row, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
       key, sub = jax.random.split(key)
       grad, mem, nbytes = outer_gradient(outer_params, local, mine, row, n_live, mem, sub,
-                                         codec, axis_name, decay)
+                                         codec, axis_name, decay, collective)
       step, outer_state = outer.update(grad, outer_state, outer_params)
       outer_params = optax.apply_updates(outer_params, step)
       return outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes)

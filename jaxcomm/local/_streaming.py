@@ -49,6 +49,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
                      sync_every: int, fragments: int = 1, overlap: int = 0, alpha: float = 0.5,
                      axis_name: comm.AxisName = "data", *,
                      codec: codecs.CodecLike | None | str = "auto",
+                     collective: str | None = None,
                      participation: _core.Participation = None,
                      key: jax.Array | None = None,
                      compensation: str | None = None, dc_lambda: float = 1.0
@@ -100,6 +101,9 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     codec: the outer gradient's codec: "auto" (fp4 E2M1, `codecs.fp4()`), a
       `jaxcomm.codecs.Codec` or a factory `shapes -> Codec` (a fragment travels as one flat
       vector, so the factory sees `[(m,)]`), or None for exact float32.
+    collective: how the codec's payloads travel, as in `diloco`: None (linear codecs in
+      their wire type, others by gather), "gather" or "two_phase" (2(W-1)/W of a payload
+      per worker instead of W-1 payloads; the sum is encoded a second time).
     participation: optional live-worker mask per sync (each fragment sync counts as one):
       bool[num_syncs, W] (rows past the end all live) or `fn(sync_index) -> bool[W]`.
     key: PRNG key of stochastic codecs (shared by all workers); None is the fixed default
@@ -143,6 +147,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
                        f"None, got {codec!r}.")
     codec = default_codec()
   codec = _transport.check_codec(codec)
+  collective = _transport.check_collective(collective, codec)
   key = v.key("key", key)
   compensation = v.one_of("compensation", compensation, _stale.COMPENSATIONS)
   dc_lambda = v.number("dc_lambda", dc_lambda, low=0)
@@ -171,7 +176,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     frag_local = _fragments(codecs.flatten(local)[0], fragments)[p]
     key, sub = jax.random.split(key)
     grad, _, nbytes = _diloco.outer_gradient(outer_params[p], frag_local, mine, row, n_live,
-                                             None, sub, codec, axis_name)
+                                             None, sub, codec, axis_name,
+                                             collective=collective)
     return p, grad, frag_local, key, comm.add_bytes(wire, nbytes)
 
   def outer_step(p, grad, outer_params, outer_state):
