@@ -6,7 +6,7 @@ Factories call them while resolving their static choices, before building any cl
 mistake surfaces where the transform or layout is built and never inside a trace.
 
 This module imports nothing of jaxcomm, so every subpackage (codecs included) may use it
-without breaking the one-way layering of DESIGN.md. The checks a subpackage's public API
+without breaking the one-way layering (CONTRIBUTING.md). The checks a subpackage's public API
 makes are collected in that subpackage's `_validate.py`, built from these.
 """
 

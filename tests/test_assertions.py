@@ -39,7 +39,7 @@ class _Module:
           self.imported_names[alias.asname or alias.name] = (node.module.split(".")[-1],
                                                               alias.name)
 
-  def tests(self):
+  def collected(self):
     """The test functions pytest collects: module-level test_* and test_* of Test* classes."""
     out = []
     for node in self.tree.body:
@@ -115,7 +115,7 @@ def unasserted_tests(sources: dict) -> list:
   for m in modules.values():
     if not m.name.startswith("test_"):
       continue
-    for test in m.tests():
+    for test in m.collected():
       if not _asserts_directly(test) and not any(c in asserting for c in _callees(m, test)):
         bad.append(f"{m.name}.py::{test.name}")
   return bad

@@ -1,5 +1,5 @@
 """The import graph of jaxcomm/ and experiments/, read from the source files (ast, nothing is
-imported): no import circle, and the library's layers of DESIGN.md hold.
+imported): no import circle, and the library's layers (CONTRIBUTING.md) hold.
 
 Every import counts, also one inside a function (a lazy import hides a circle, it does not
 remove it). `from pkg import name` is an edge to the module `pkg.name` when that is a module of
@@ -16,8 +16,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("jaxcomm", "experiments")
 
-# DESIGN.md: codecs < comm < sync/local/parallel < models/train < sim/plan; data and the shared
-# validators import nothing of jaxcomm above them; the package root and experiments are on top.
+# CONTRIBUTING.md: codecs < comm < sync/local/parallel < models/train < sim/plan; data and
+# the shared validators import nothing of jaxcomm above them; the package root and
+# experiments are on top.
 # A module may import its own layer or a lower one, never a higher one.
 LAYERS = {
     "jaxcomm._validate": 0,
@@ -29,9 +30,9 @@ LAYERS = {
     "jaxcomm.parallel": 3,
     "jaxcomm.models": 4,
     "jaxcomm.train": 4,
-    "jaxcomm.elastic": 4,  # DESIGN.md: may live in train/
+    "jaxcomm.elastic": 4,  # beside train/, which it drives
     "jaxcomm.sim": 5,
-    "jaxcomm.plan": 5,     # DESIGN.md: may live in sim/
+    "jaxcomm.plan": 5,     # beside sim/, whose clock it predicts with
     "jaxcomm": 6,          # the package root re-exports every subpackage
     "experiments": 7,
 }
@@ -112,7 +113,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def layer(module: str) -> int:
   key = _target(module, LAYERS)
   if key is None:
-    raise KeyError(f"{module} is in no layer: add its subpackage to LAYERS (DESIGN.md).")
+    raise KeyError(f"{module} is in no layer: add its subpackage to LAYERS (and to "
+                   "CONTRIBUTING.md).")
   return LAYERS[key]
 
 

@@ -1,13 +1,13 @@
 """The bytes a transform's counters count at each step, at the real size, without the model.
 
 A stage adds the bytes it sends to a `wire_bytes` counter inside the branch that sends
-(DESIGN.md), so the step's counted bytes say which steps sync (DiLoCo every H steps,
-Streaming DiLoCo one fragment at a time, 1-bit Adam after its warm-up). Which branch runs
-depends on the state's counters and keys, not on the parameters' values. So the step is
-run here as a *counter machine*: the per-device scalars and every non-float leaf of the
-train state are carried from step to step, and everything else (parameters, moments, error
-memories, the batch) is zeros that JAX removes as dead code, because nothing the counters
-need reads it. Two checks make this safe rather than hopeful:
+(docs/algorithms.md, "Counted"), so the step's counted bytes say which steps sync (DiLoCo
+every H steps, Streaming DiLoCo one fragment at a time, 1-bit Adam after its warm-up).
+Which branch runs depends on the state's counters and keys, not on the parameters' values.
+So the step is run here as a *counter machine*: the per-device scalars and every non-float
+leaf of the train state are carried from step to step, and everything else (parameters,
+moments, error memories, the batch) is zeros that JAX removes as dead code, because
+nothing the counters need reads it. Two checks make this safe rather than hopeful:
 
 * the step is first compiled with those leaves and the batch as arguments; if any of them
   survives dead-code elimination, the schedule depends on values and is not computed;

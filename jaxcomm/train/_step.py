@@ -1,6 +1,6 @@
 """The train state and the step builder: a user loss and an optax transform on a mesh.
 
-Replicated or per-worker, by construction (DESIGN.md). A leaf of the train state is
+Replicated or per-worker, by construction. A leaf of the train state is
 *per-worker* when the transform makes it differ between devices that its PartitionSpec says
 hold the same value (error memories, local momenta, DiLoCo worker parameters). The builder
 finds out which leaves those are, and over which mesh axes they differ, by tracing the
