@@ -110,14 +110,11 @@ def check(config) -> None:
   _config.check(config)
   c = config.compare
   for name in ("smooth", "compute_repeats", "max_steps"):
-    if isinstance(c[name], bool) or not isinstance(c[name], int) or c[name] < 1:
-      raise ValueError(f"config.compare.{name} must be an integer >= 1, got {c[name]!r}.")
+    _config.int_at_least(config, f"compare.{name}", 1)
   if c.max_steps < config.steps:
     raise ValueError(f"config.compare.max_steps ({c.max_steps}) must be >= config.steps "
                      f"({config.steps}): the reference trains config.steps to set the budget.")
-  if isinstance(c.budget, bool) or not isinstance(c.budget, (int, float)) or \
-     not 0 < c.budget < math.inf:
-    raise ValueError(f"config.compare.budget must be a finite number > 0, got {c.budget!r}.")
+  _config.number_in(config, "compare.budget", 0, math.inf, True, "a finite number > 0")
   if not 0 < c.target_fraction <= 1:
     raise ValueError(f"config.compare.target_fraction must be in (0, 1], got "
                      f"{c.target_fraction}.")

@@ -354,7 +354,8 @@ def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed:
 
 
 # ---------------------------------------------------------------- checks
-def _int_at_least(c, path: str, low: int) -> None:
+def int_at_least(c, path: str, low: int) -> None:
+  """config.<path> is an integer >= low, else a ValueError naming it."""
   value = _get(c, path)
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
     raise ValueError(f"config.{path} must be an integer >= {low}, got {value!r}.")
@@ -372,7 +373,7 @@ def _one_of(c, path: str, allowed: tuple) -> None:
     raise ValueError(f"config.{path} {value!r} is unknown; allowed: {', '.join(allowed)}.")
 
 
-def _number_in(c, path: str, low: float, high: float, low_open: bool, what: str) -> None:
+def number_in(c, path: str, low: float, high: float, low_open: bool, what: str) -> None:
   """A real number in [low, high) ((low, high) when low_open), else a ValueError."""
   value = _get(c, path)
   if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
@@ -390,7 +391,7 @@ def check(c: ml_collections.ConfigDict) -> None:
                     ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1),
                     ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
                     ("model.d_ff", 1), ("model.vocab_size", 1), ("model.microbatches", 0)):
-    _int_at_least(c, path, low)
+    int_at_least(c, path, low)
   for path, allowed in (("model.name", MODELS), ("model.mutable", MUTABLE),
                         ("data.pipeline", PIPELINES), ("data.split", SPLITS),
                         ("optimizer.name", OPTIMIZERS)):
@@ -400,7 +401,7 @@ def check(c: ml_collections.ConfigDict) -> None:
       ("optimizer.lr", 0, math.inf, True, "a finite number > 0"),
       ("optimizer.weight_decay", 0, math.inf, False, "a finite number >= 0"),
       ("data.label_skew", 0, math.inf, False, "0 (iid) or a Dirichlet alpha > 0")):
-    _number_in(c, path, low, high, low_open, what)
+    number_in(c, path, low, high, low_open, what)
   if not all(isinstance(h, int) and h >= 1 for h in c.model.hidden):
     raise ValueError(f"config.model.hidden must be widths >= 1, got {c.model.hidden!r}.")
   if c.model.d_model % c.model.num_heads:

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm import train
 from jaxcomm.plan import _schedule
@@ -183,12 +184,6 @@ def _argument_bytes(compiled, state, batch) -> dict:
   return out
 
 
-def _check_steps(steps: Any) -> int:
-  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-    raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
-  return steps
-
-
 def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
                  steps: int = 1000) -> StepPlan:
   """Compiles `trainer`'s step for abstract parameters and batch and reads it (never runs it).
@@ -216,7 +211,7 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
   """
   if not isinstance(trainer, train.Trainer):
     raise ValueError(f"trainer must be a jaxcomm.train.Trainer, got {type(trainer).__name__}.")
-  steps = _check_steps(steps)
+  steps = v.integer("steps", steps, low=1)
   params = jax.tree.map(lambda x: _struct(x, "params"), params)
   state = abstract_state(trainer, params)
   batch = abstract_batch(trainer, batch)

@@ -9,20 +9,13 @@ datasheets, which is what MFU is quoted against (PaLM, arXiv 2204.02311, Appendi
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
+from jaxcomm import _validate as v
 from jaxcomm import sim
 
 _GB = 1e9
 _GIB = 2 ** 30
-
-
-def _positive(value: Any, name: str) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-     not math.isfinite(value) or value <= 0:
-    raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
-  return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +40,8 @@ class Device:
 
   def __post_init__(self):
     for field in ("peak_flops", "hbm_bandwidth", "hbm_bytes"):
-      object.__setattr__(self, field, _positive(getattr(self, field), field))
+      object.__setattr__(self, field, v.number(field, getattr(self, field), low=0,
+                                                low_open=True))
 
 
 DEVICES: dict[str, Device] = {

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm import sim
 from jaxcomm.plan._compile import StepPlan
@@ -28,13 +29,6 @@ class Prediction:
   comm: float      # communication per step, all of it
   exposed: float   # communication per step that compute does not hide
   step: float      # the simulated run's length over its steps
-
-
-def _seconds(value: Any, name: str) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-     not math.isfinite(value) or value < 0:
-    raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}.")
-  return float(value)
 
 
 def predict(step: StepPlan, topology: Any, compute_seconds: float, *, overlap_steps: int = 0,
@@ -63,7 +57,7 @@ def predict(step: StepPlan, topology: Any, compute_seconds: float, *, overlap_st
   """
   if not isinstance(step, StepPlan):
     raise ValueError(f"step must be a plan.StepPlan (from plan.compile_step), got {step!r}.")
-  compute_seconds = _seconds(compute_seconds, "compute_seconds")
+  compute_seconds = v.number("compute_seconds", compute_seconds, low=0)
   costs = comm.cost(step.report, topology, algorithm)
   comm_s = sim.comm_seconds_per_step(step.schedule, costs)
   timeline = sim.simulate(compute_seconds, comm_s, overlap_steps=overlap_steps)
@@ -89,10 +83,8 @@ def crossover(method: Callable[[float], float], reference: Callable[[float], flo
   >>> round(b / 1e9, 2)
   23.33
   """
-  for value, name in ((low, "low"), (high, "high")):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-       not math.isfinite(value) or value <= 0:
-      raise ValueError(f"{name} must be a bandwidth > 0 in bytes/s, got {value!r}.")
+  low = v.number("low", low, low=0, low_open=True)  # bandwidths, bytes/s
+  high = v.number("high", high, low=0, low_open=True)
   if not low < high:
     raise ValueError(f"low ({low}) must be below high ({high}).")
   faster = lambda b: method(b) < reference(b)

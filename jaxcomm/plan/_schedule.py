@@ -23,7 +23,6 @@ total agrees with the counter modulo 2**32.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
