@@ -9,6 +9,7 @@ from jaxcomm.train._nnx import step_key
 from jaxcomm.train._step import StateLayout
 from jaxcomm.train._step import TrainState
 from jaxcomm.train._step import Trainer
+from jaxcomm.train._trials import fold_in_trials
 from jaxcomm.parallel import make_mesh  # the one mesh builder, re-exported
 
 __all__ = (
@@ -17,6 +18,7 @@ __all__ = (
     "TrainState",
     "Trainer",
     "fit",
+    "fold_in_trials",
     "make_mesh",
     "multi_process_environment",
     "start_distributed",

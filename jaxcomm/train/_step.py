@@ -104,6 +104,18 @@ class Trainer:
   gives the trained model back.
     donate: donate the train state to the step (its buffers are reused for the new state;
       the state passed to `step` is then consumed). True by default.
+    trials: a population of this many independent trials in one program (None: one run).
+      Every leaf of params, opt_state, model_state and the batch then carries a leading
+      trial axis of that size (unsharded: every device holds all trials); the per-device
+      step `jax.vmap`s the local step over it and `init` vmaps `optimizer.init`. The
+      `step` counter stays one shared scalar; measurements gain a leading trial axis and
+      `wire_bytes` has shape (trials,). `init` takes parameters already stacked over the
+      trials (e.g. `jax.vmap(model.init)(keys)`); `key`, when given, is one typed key per
+      trial (shape (trials,)); `param_specs` and `batch_specs` describe one trial. Give each
+      trial its own codec keys with `fold_in_trials`. Under vmap a `lax.cond` on a per-trial
+      value (a schedule's "sync this step?" once trials disagree, or a skip of a non-finite
+      step) becomes a select, so both branches' collectives run every step: values and
+      counted bytes stay exact per trial, only the emulation does more work.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -122,11 +134,17 @@ class Trainer:
                mesh: jax.sharding.Mesh, *, axis_name: str | tuple = "data",
                param_specs: Any = None, has_aux: bool = False, batch_specs: Any = None,
                key: jax.Array | None = None, mutable: str = "per_worker",
-               donate: bool = True):
+               donate: bool = True, trials: int | None = None):
     axes = _validate.trainer_axes(axis_name, mesh)
     _validate.trainer_args(loss_fn, optimizer)
+    self.trials = _validate.trials(trials)
     # Typed, for fold_in; None means the loss takes no key (not a default key).
-    self.key = None if key is None else jax.random.wrap_key_data(v.key("key", key))
+    if key is None:
+      self.key = None
+    elif self.trials is None:
+      self.key = jax.random.wrap_key_data(v.key("key", key))
+    else:
+      self.key = _validate.trial_keys(key, self.trials)
     self.mutable = v.one_of("mutable", mutable, MUTABLE)
     self._nnx = None  # _nnx.Parts of an NNX model (set by init)
     self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
@@ -165,6 +183,19 @@ class Trainer:
     def one(pw, spec):
       return P(self._lead_axes(pw), *spec) if pw else spec
     return jax.tree.map(one, per_worker, base_specs)
+
+  def _trial_specs(self, specs):
+    """Specs of stored leaves: with trials, an unsharded leading trial axis in front."""
+    if self.trials is None:
+      return specs
+    return jax.tree.map(lambda s: P(None, *s), specs, is_leaf=lambda x: isinstance(x, P))
+
+  def _one_trial(self, tree):
+    """Abstract shapes of one trial's leaves (the tree itself without trials)."""
+    def one(x):
+      shape = jnp.shape(x)[1:] if self.trials is not None else jnp.shape(x)
+      return jax.ShapeDtypeStruct(shape, jnp.result_type(x))
+    return jax.tree.map(one, tree)
 
   def _base_opt_specs(self, opt_state):
     """Specs of the optimiser state over non-data axes (derived from the params' in init)."""
@@ -308,9 +339,10 @@ class Trainer:
                                 jax.tree.map(lambda _: P(), state_like.model_state))
     return TrainState(
         step=P(),
-        params=self._specs(self.layout.params, pspecs),
-        opt_state=self._specs(self.layout.opt_state, self._base_opt_specs(state_like.opt_state)),
-        model_state=model_specs)
+        params=self._trial_specs(self._specs(self.layout.params, pspecs)),
+        opt_state=self._trial_specs(
+            self._specs(self.layout.opt_state, self._base_opt_specs(state_like.opt_state))),
+        model_state=self._trial_specs(model_specs))
 
   def state_shardings(self, state_like) -> TrainState:
     return jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.state_specs(state_like),
@@ -322,23 +354,26 @@ class Trainer:
 
     Args:
       params: a parameter tree, or an `nnx.Module` (split into its parameters, which the
-        optimiser sees, and its other variables, `TrainState.model_state`).
+        optimiser sees, and its other variables, `TrainState.model_state`). With `trials`,
+        every leaf carries a leading trial axis (e.g. `jax.vmap(model.init)(keys)`).
     """
     model_state = None
     if _nnx.is_module(params):
       self._nnx, params, model_state = _nnx.split(params)
       _validate.mutable_state(self.mutable, model_state, self._nnx.is_variable())
-    self._layout = self._derive_layout(params)
+    _validate.trial_axis("params", params, self.trials)
+    _validate.trial_axis("model_state", model_state, self.trials)
+    self._layout = self._derive_layout(self._one_trial(params))
     if model_state is not None:  # per worker: the variables the forward pass updates
       per_worker = jax.tree.map(
           lambda var: frozenset(self.axes) if var and self.mutable == "per_worker"
           else frozenset(), self._nnx.is_variable())
       self._layout = dataclasses.replace(self._layout, model_state=per_worker)
     pspecs = self._param_spec(self.param_specs, params)
-    opt_out = self._specs(self.layout.opt_state, self._opt_specs)
-    param_out = self._specs(self.layout.params, pspecs)
+    opt_out = self._trial_specs(self._specs(self.layout.opt_state, self._opt_specs))
+    param_out = self._trial_specs(self._specs(self.layout.params, pspecs))
     model_specs = jax.tree.map(lambda _: P(), model_state)
-    model_out = self._specs(self.layout.model_state, model_specs)
+    model_out = self._trial_specs(self._specs(self.layout.model_state, model_specs))
 
     def init_local(p, ms):
       opt = self.optimizer.init(p)
@@ -351,7 +386,10 @@ class Trainer:
       return (self._stack(p, self.layout.params), self._stack(opt, self.layout.opt_state),
               self._stack(ms, self.layout.model_state))
 
-    init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh, in_specs=(pspecs, model_specs),
+    if self.trials is not None:
+      init_local = jax.vmap(init_local)
+    init_fn = jax.jit(jax.shard_map(init_local, mesh=self.mesh,
+                                    in_specs=self._trial_specs((pspecs, model_specs)),
                                     out_specs=(param_out, opt_out, model_out)))
     p, opt, ms = init_fn(params, model_state)
     # Computed, not device_put: on a mesh over every process, device_put of a host value first
@@ -365,6 +403,7 @@ class Trainer:
     """The trained NNX model: worker `worker`'s parameters and variables merged again.
 
     Call `.eval()` on it before evaluating (BatchNorm's running averages, no dropout).
+    With `trials`, the model's arrays carry the leading trial axis.
     """
     if self._nnx is None:
       raise ValueError("model() needs a Trainer initialised with an NNX model "
@@ -375,19 +414,25 @@ class Trainer:
     return _nnx.merge(self._nnx, params, model_state)
 
   def batch_spec(self, batch) -> Any:
+    """PartitionSpecs of a global batch (with trials, the leading trial axis unsharded)."""
     if isinstance(self.batch_specs, P):
-      return jax.tree.map(lambda _: self.batch_specs, batch)
-    if self.batch_specs is not None:
-      return self.batch_specs
-    return jax.tree.map(lambda _: P(self.axes), batch)
+      specs = jax.tree.map(lambda _: self.batch_specs, batch)
+    elif self.batch_specs is not None:
+      specs = self.batch_specs
+    else:
+      specs = jax.tree.map(lambda _: P(self.axes), batch)
+    return self._trial_specs(specs)
 
   def _check_batch(self, batch):
+    _validate.trial_axis("batch", batch, self.trials)
+    if self.trials is not None:  # the per-trial batch, against the per-trial specs
+      batch = self._one_trial(batch)
     if self.batch_specs is None:
       _validate.batch(batch, self.num_workers, self.axis_name)
       return
     specs = jax.tree.leaves(self.batch_spec(batch), is_leaf=lambda x: isinstance(x, P))
     for x, spec in zip(jax.tree.leaves(batch), specs):
-      for dim, axes in enumerate(spec):
+      for dim, axes in enumerate(spec[0 if self.trials is None else 1:]):
         size = math.prod(self.mesh.shape[a] for a in comm.axis_names(axes))
         n = jnp.shape(x)[dim] if jnp.ndim(x) > dim else None
         if n is None or n % size:
@@ -406,13 +451,13 @@ class Trainer:
     # the non-data axes (tensor, ...) inside the step, so no collective is spent on them.
     out_axes = self.axes + self._extra_axes()
 
-    def step_local(state: TrainState, batch_block):
-      params = self._unstack(state.params, layout.params)
-      opt_state = self._unstack(state.opt_state, layout.opt_state)
-      model_state = self._unstack(state.model_state, layout.model_state)
+    def trial_local(step, params, opt_state, model_state, batch_block, key):
+      params = self._unstack(params, layout.params)
+      opt_state = self._unstack(opt_state, layout.opt_state)
+      model_state = self._unstack(model_state, layout.model_state)
       # Differentiate w.r.t. a varying copy: each worker gets its own local gradient.
       (loss, (aux, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          comm.varying(params, self.axes), batch_block, model_state, state.step)
+          comm.varying(params, self.axes), batch_block, model_state, step, key)
       updates, new_opt = self.optimizer.update(grads, opt_state, params)
       new_params = optax.apply_updates(params, updates)
       sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
@@ -436,32 +481,40 @@ class Trainer:
       if skipped is not None:  # steps skipped so far (sync.skip_nonfinite)
         measurements["skipped_steps"] = skipped
       measurements = jax.tree.map(lambda x: comm.varying(x, out_axes)[None], measurements)
-      new_state = TrainState(step=state.step + 1,
-                             params=self._stack(new_params, layout.params),
-                             opt_state=self._stack(new_opt, layout.opt_state),
-                             model_state=self._stack(new_model_state, layout.model_state))
+      return (self._stack(new_params, layout.params), self._stack(new_opt, layout.opt_state),
+              self._stack(new_model_state, layout.model_state), measurements, sent)
+
+    if self.trials is not None:  # one local step per trial; the step counter is shared
+      trial_local = jax.vmap(trial_local, in_axes=(None, 0, 0, 0, 0, 0))
+
+    def step_local(state: TrainState, batch_block):
+      params, opt_state, model_state, measurements, sent = trial_local(
+          state.step, state.params, state.opt_state, state.model_state, batch_block, self.key)
+      new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                             model_state=model_state)
       return new_state, measurements, sent
 
+    m_spec = self._trial_specs(P(out_axes))
     out_m = jax.eval_shape(
         jax.shard_map(lambda s, b: step_local(s, b)[1], mesh=self.mesh,
                       in_specs=(specs, self.batch_spec(batch)),
-                      out_specs=P(out_axes)), state, batch)
-    m_specs = jax.tree.map(lambda _: P(out_axes), out_m)
+                      out_specs=m_spec), state, batch)
+    m_specs = jax.tree.map(lambda _: m_spec, out_m)
     return jax.jit(jax.shard_map(step_local, mesh=self.mesh,
                                  in_specs=(specs, self.batch_spec(batch)),
                                  out_specs=(specs, m_specs, P())),
                    donate_argnums=(0,) if self.donate else ())
 
   def _local_loss(self) -> Callable:
-    """`(params, batch, model_state, step) -> (loss, (aux, model_state))` on one worker.
+    """`(params, batch, model_state, step, key) -> (loss, (aux, model_state))` on one worker.
 
     Calls the user's loss in the form it was given: `loss_fn(params, batch)`, an NNX
     model merged from the parameters and variables (`loss_fn(model, batch)`), plus this
-    step's and worker's key when the Trainer has one.
+    step's and worker's key when the Trainer has one (`key`: the Trainer's, or the trial's).
     """
-    def loss(params, batch, model_state, step):
+    def loss(params, batch, model_state, step, key):
       worker = lax.axis_index(self.axes)  # the index of this worker's row of the batch
-      extra = () if self.key is None else (_nnx.step_key(self.key, step, worker),)
+      extra = () if key is None else (_nnx.step_key(key, step, worker),)
       if self._nnx is None:
         out = self.loss_fn(params, batch, *extra)
       else:
@@ -498,16 +551,18 @@ class Trainer:
     """`step`'s measurements from the per-device ones that `step_fn` returns.
 
     Values are per worker (the data axes) under `per_worker`, means over workers at the top
-    level. Over non-data axes values are equal and taken once, except the squared gradient
+    level; with `trials`, every value has a leading trial axis. Over non-data axes values are equal and taken once, except the squared gradient
     norms of leaves sharded over such axes (tensor parallelism), which are summed there.
     """
     extra = self._extra_axes()
-    shape = (self.num_workers, *(self.mesh.shape[a] for a in extra))
+    lead = () if self.trials is None else (self.trials,)  # values: [trials,] workers, extra
+    shape = (*lead, self.num_workers, *(self.mesh.shape[a] for a in extra))
+    first = len(lead) + 1  # the first extra axis
 
     def reduce(x, sum_axes=()):
       x = x.reshape(shape)
       for i in reversed(range(len(extra))):
-        x = x.sum(axis=1 + i) if extra[i] in sum_axes else jnp.take(x, 0, axis=1 + i)
+        x = x.sum(axis=first + i) if extra[i] in sum_axes else jnp.take(x, 0, axis=first + i)
       return x
 
     per_device = dict(per_device)
@@ -516,7 +571,7 @@ class Trainer:
     if grad_sq is not None:
       per_worker["grad_norm"] = jnp.sqrt(sum(reduce(x, key)
                                              for x, key in zip(grad_sq, self._sq_groups)))
-    means = jax.tree.map(lambda x: jnp.mean(x, axis=0), per_worker)
+    means = jax.tree.map(lambda x: jnp.mean(x, axis=len(lead)), per_worker)
     out = {**means, "per_worker": per_worker}
     if sent is not None:
       out["wire_bytes"] = sent
@@ -562,18 +617,21 @@ class Trainer:
     """One worker's view of a state tree: per-worker leaves indexed, replicated ones as is.
 
     `worker` counts the workers of the data axes (`num_workers`); a leaf stored once per
-    replica gives that worker's replica's copy. Leading axes over non-data axes stay.
+    replica gives that worker's replica's copy. Leading axes over non-data axes stay, and
+    so does the trial axis (`trials`).
     """
     sizes = [self.mesh.shape[a] for a in self.axes]
     coords = dict(zip(self.axes, jnp.unravel_index(worker, sizes))) if sizes else {}
+    t = 0 if self.trials is None else 1  # the trial axis stays in front
 
     def one(pw, x):
       lead = self._lead_axes(pw)
       if not lead:
         return x
-      x = x.reshape(*(self.mesh.shape[a] for a in lead), *x.shape[1:])
+      x = x.reshape(*x.shape[:t], *(self.mesh.shape[a] for a in lead), *x.shape[t + 1:])
       keep = [a for a in lead if a not in coords]
-      x = x[tuple(int(coords[a]) if a in coords else slice(None) for a in lead)]
-      return x.reshape(-1, *x.shape[len(keep):]) if keep else x
+      x = x[(slice(None),) * t +
+            tuple(int(coords[a]) if a in coords else slice(None) for a in lead)]
+      return x.reshape(*x.shape[:t], -1, *x.shape[t + len(keep):]) if keep else x
 
     return jax.tree.map(one, per_worker_tree, tree_stacked)

@@ -98,3 +98,35 @@ def checkpoint_processes(processes: Any) -> frozenset | None:
     raise ValueError(f"processes must be None (all processes) or a set of one process index, "
                      f"got {sorted(out)}.")
   return out
+
+
+def trials(value: Any) -> int | None:
+  """None (no population) or the number of trials, an integer >= 1."""
+  return None if value is None else v.integer("trials", value, low=1)
+
+
+def trial_keys(key: Any, num_trials: int) -> jax.Array:
+  """One typed PRNG key per trial (shape (trials,)), from typed keys or raw key data."""
+  default = jax.random.key(0)
+  if isinstance(key, (jax.Array, np.ndarray)):
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+      if key.shape == (num_trials,) and jax.random.key_impl(key) == \
+         jax.random.key_impl(default):
+        return key
+    elif key.dtype == np.uint32 and key.shape == (num_trials,
+                                                   *jax.random.key_data(default).shape):
+      return jax.random.wrap_key_data(key)
+  raise ValueError(f"key must be one PRNG key per trial (shape ({num_trials},), e.g. "
+                   f"jax.random.split(jax.random.key(0), {num_trials})) with trials="
+                   f"{num_trials}, got {key!r}.")
+
+
+def trial_axis(name: str, tree: Any, num_trials: int | None) -> None:
+  """With trials, every leaf carries a leading trial axis of that size."""
+  if num_trials is None:
+    return
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    if np.ndim(x) < 1 or np.shape(x)[0] != num_trials:
+      raise ValueError(f"with trials={num_trials} every leaf of {name} carries a leading "
+                       f"trial axis of size {num_trials} (e.g. jax.vmap(model.init)(keys)), "
+                       f"but {name}{jax.tree_util.keystr(path)} has shape {np.shape(x)}.")
