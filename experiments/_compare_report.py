@@ -53,6 +53,7 @@ def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
       "settings_full": list(entries), "method_settings": first.config.method.to_dict(),
       "optimizer": first.config.optimizer.to_dict(), "workers": first.trainer.num_workers,
       "overlap_steps": first.overlap, "overlap_backward": first.overlap_backward,
+      "population": [seeds[0].population.together for seeds in trials],
       "compute_key": clock.keys[(label, 0)],
       "compute_seconds_per_step": clock.seconds(first),
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
@@ -250,10 +251,12 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
   sections.append("## Figures\n\n" + "\n\n".join(
       f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})" for p in plots))
   settings = [[r["method"], r["algo"], _settings_text(r["entry"]), "; ".join(r["settings"]),
-               str(r["overlap_steps"]), "yes" if r["overlap_backward"] else "no"]
+               str(r["overlap_steps"]), "yes" if r["overlap_backward"] else "no",
+               "one program" if all(r["population"]) else "one after the other"]
               for r in records]
   sections.append("## Settings\n\n" + rep.markdown_table(
-      ["method", "module", "entry", "settings run", "overlap steps", "overlap backward"],
+      ["method", "module", "entry", "settings run", "overlap steps", "overlap backward",
+       "seeds"],
       settings) + "\n\nShared: " + _settings_text(
           {"steps": config.steps, "seed": config.seed, "mesh": config.mesh or "data=all",
            "model": config.model.to_dict(), "data": config.data.to_dict(),

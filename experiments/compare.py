@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -301,50 +302,123 @@ def _steps_to_try(known: np.ndarray, budget: float, cap: int) -> int:
   return min(cap, trained + max(more, 1))
 
 
-class Trial:
-  """One method at one setting and one seed: built and compiled once, trained in chunks
-  (its held-out loss evaluated every `eval_every` steps, untimed), its clock re-read after
-  each chunk."""
+class Population:
+  """The trials of one method at one setting, one per seed (`configs[s]`), built and
+  compiled once and trained together in chunks, their held-out loss evaluated every
+  `eval_every` steps (untimed). With `together`, one program: `Trainer(trials=S)` (a leading
+  trial axis on parameters, state and batch, the local step vmapped; each trial's codec keys
+  folded with its seed); otherwise the seeds one after the other, each its own run (the
+  fallback for a method whose step cannot be vmapped, and for one seed)."""
 
-  def __init__(self, label: str, setting: int, seed: int, config, links_: dict, heldout):
+  def __init__(self, label: str, setting: int, configs: list, links_: dict, heldout,
+               together: bool):
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
     from experiments import build  # pylint: disable=import-outside-toplevel
-    from jaxcomm import comm  # pylint: disable=import-outside-toplevel
-    self.label, self.setting, self.seed, self.config = label, setting, seed, config
-    self.run = build.build(config)
-    self.trainer = self.run.trainer()
-    self.state = self.trainer.init(self.run.params)
-    batch0 = self.trainer.shard_batch(self.run.batches(0))
-    self.report = comm.inspect(self.trainer.step_fn(self.state, batch0), self.state, batch0)
-    self.costs = {name: comm.cost(self.report, link) for name, link in links_.items()}
-    self.overlap = build.overlap_steps(config.method)
-    fn = getattr(self.run.method, "overlap_backward", None)
-    self.overlap_backward = bool(fn(config.method)) if fn else False
-    self.heldout = heldout
-    self.history, self.evals, self.seconds = [], [], 0.0
+    from jaxcomm import comm, train  # pylint: disable=import-outside-toplevel
+    self.label, self.setting, self.configs, self.heldout = label, setting, configs, heldout
+    self.runs = [build.build(c) for c in configs]
+    r = self.runs[0]
+    size = len(configs) if together else None
+    self.trainers = [train.Trainer(
+        r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name, param_specs=r.specs,
+        has_aux=r.has_aux, batch_specs=r.batch_specs, mutable=r.config.model.mutable,
+        trials=size) for r in (self.runs[:1] if together else self.runs)]
+    if together:
+      params = jax.tree.map(lambda *x: jnp.stack(x), *[run.params for run in self.runs])
+      state = self.trainers[0].init(params)
+      seeds = jnp.array([c.seed for c in configs])
+      self.states = [state._replace(opt_state=train.fold_in_trials(state.opt_state, seeds))]
+    else:
+      self.states = [t.init(run.params) for t, run in zip(self.trainers, self.runs)]
+    batch = self._batch(0, 0)
+    report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
+                          batch)
+    if together:  # one trial's share of each collective (each carries every trial's payload)
+      report = comm.CollectiveReport(tuple(dataclasses.replace(
+          c, operand_bytes=c.operand_bytes / size, wire_bytes=c.wire_bytes / size)
+          for c in report.collectives))
+    self.together = together
+    self.report = report
+    self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
+    self.overlap = build.overlap_steps(r.config.method)
+    fn = getattr(r.method, "overlap_backward", None)
+    self.overlap_backward = bool(fn(r.config.method)) if fn else False
+    self.trials = [Trial(self, s) for s in range(len(configs))]
+    self.seconds = 0.0
+
+  @property
+  def trained(self) -> int:
+    return len(self.trials[0].history)
+
+  def _batch(self, k: int, step: int):
+    """Global batch `step` of trainer k (all trials stacked when together)."""
+    import numpy as np_  # pylint: disable=import-outside-toplevel
+    if len(self.trainers) == 1 and len(self.runs) > 1:
+      local = {key: np_.stack([run.batches(step)[key] for run in self.runs])
+               for key in self.runs[0].batches(step)}
+    else:
+      local = self.runs[k].batches(step)
+    return self.trainers[k].shard_batch(local)
+
+  def _evaluate(self, k: int) -> list:
+    """Held-out losses of trainer k's trials: the parameters averaged over workers."""
+    import jax  # pylint: disable=import-outside-toplevel
+    trainer, state = self.trainers[k], self.states[k]
+    lead = 1 if trainer.trials else 0
+    params = jax.tree.map(lambda x: np.asarray(x), state.params)
+    views = [jax.tree.map(lambda x, t=t: x[t], params) for t in range(trainer.trials)] \
+        if lead else [params]
+    return [float(self.heldout(jax.tree.map(lambda pw, x: x.mean(0) if pw else x,
+                                            trainer.layout.params, v))) for v in views]
+
+  def train_to(self, steps: int) -> None:
+    start = time.perf_counter()
+    for step in range(self.trained, steps):
+      for k, trainer in enumerate(self.trainers):
+        self.states[k], m = trainer.step(self.states[k], self._batch(k, step))
+        loss, sent = np.atleast_1d(m["loss"]), np.atleast_1d(m["wire_bytes"])
+        owned = self.trials if trainer.trials else [self.trials[k]]
+        for t, trial in enumerate(owned):
+          trial.history.append({"step": step + 1, "loss": float(loss[t]),
+                                "wire_bytes": float(sent[t])})
+        if (step + 1) % self.configs[0].compare.eval_every == 0:
+          for trial, value in zip(owned, self._evaluate(k)):
+            trial.evals.append((step + 1, value))
+    self.seconds += time.perf_counter() - start
+
+  def train_within(self, clock, budgets: dict, target: float, cap: int, chunk: int) -> None:
+    """Trains until every trial has reached the target or spent its budget on every link,
+    or to `cap` steps."""
+    while self.trained < cap:
+      goals = [g for g in (t.goal(clock, budgets, target, cap) for t in self.trials) if g]
+      if not goals:
+        return
+      self.train_to(min(max(goals), self.trained + chunk, cap))
+
+
+class Trial:
+  """One method at one setting and one seed: its curve, held-out evaluations and clocks
+  (its population trains it)."""
+
+  def __init__(self, population: Population, seed: int):
+    self.population, self.seed = population, seed
+    self.history, self.evals = [], []
+
+  def __getattr__(self, name):  # label, setting, report, costs, overlap, overlap_backward
+    return getattr(self.__dict__["population"], name)
+
+  @property
+  def config(self):
+    return self.population.configs[self.seed]
+
+  @property
+  def trainer(self):
+    return self.population.trainers[0]
 
   @property
   def step_bytes(self) -> np.ndarray:
     return np.array([row["wire_bytes"] for row in self.history], dtype=np.float64)
-
-  def _evaluate(self, state) -> dict:
-    """The held-out loss of the parameters averaged over workers, every eval_every steps."""
-    step = int(np.asarray(state.step))
-    if step % self.config.compare.eval_every:
-      return {}
-    import jax  # pylint: disable=import-outside-toplevel
-    params = jax.tree.map(lambda pw, x: np.asarray(x).mean(0) if pw else np.asarray(x),
-                          self.trainer.layout.params, state.params)
-    loss = float(self.heldout(params))
-    self.evals.append((step, loss))
-    return {"heldout_loss": loss}
-
-  def train_to(self, steps: int) -> None:
-    from jaxcomm import train  # pylint: disable=import-outside-toplevel
-    start = time.perf_counter()
-    self.state, history = train.fit(self.trainer, self.state, self.run.batches, steps,
-                                    log_every=1, progress=False, eval_fn=self._evaluate)
-    self.seconds += time.perf_counter() - start
-    self.history += history
 
   def clocks(self, clock) -> dict:
     """{link: Timeline} of the steps trained; `clock(trial, link)` gives (compute, exposed)."""
@@ -359,31 +433,37 @@ class Trial:
     return {n: account(steps, losses, t.known, target, budgets[n], cap)
             for n, t in self.clocks(clock).items()}
 
-  def train_within(self, clock, budgets: dict, target: float, cap: int, chunk: int) -> None:
-    """Trains until every link has reached the target or spent its budget, or to `cap`."""
-    while len(self.history) < cap:
-      timelines = self.clocks(clock)
-      done = self.accounts(clock, budgets, target, cap)
-      open_links = [n for n, t in timelines.items() if done[n]["stopped"] != REACHED
-                    and t.known[-1] <= budgets[n]]
-      if not open_links:
-        return
-      goal = max(_steps_to_try(timelines[n].known, budgets[n], cap) for n in open_links)
-      self.train_to(min(goal, len(self.history) + chunk, cap))
+  def goal(self, clock, budgets: dict, target: float, cap: int) -> int | None:
+    """The steps to train to for the links still open (not reached, budget left), or None."""
+    timelines = self.clocks(clock)
+    done = self.accounts(clock, budgets, target, cap)
+    open_links = [n for n, t in timelines.items() if done[n]["stopped"] != REACHED
+                  and t.known[-1] <= budgets[n]]
+    if not open_links:
+      return None
+    return max(_steps_to_try(timelines[n].known, budgets[n], cap) for n in open_links)
 
 
 # ---------------------------------------------------------------- trials of a population
 def train_population(label: str, setting: int, configs: list, links_: dict, heldout,
-                     steps: int) -> list:
-  """The trials of one method at one setting, one per seed (`configs[s]`), each trained to
-  `steps`. One after the other for now: a population in one program (a leading trial axis,
-  the step vmapped) replaces this function alone."""
-  trials = []
-  for seed, cfg in enumerate(configs):
-    t = Trial(label, setting, seed, cfg, links_, heldout)
-    t.train_to(steps)
-    trials.append(t)
-  return trials
+                     steps: int, together: bool = True) -> Population:
+  """The trials of one method at one setting, one per seed, trained to `steps`: as one
+  program when `together` and there are several seeds, else one after the other; a method
+  whose step cannot be vmapped (a ValueError, TypeError or NotImplementedError while it is
+  built or traced) falls back to one after the other, and says so on stderr."""
+  together = together and len(configs) > 1
+  try:
+    pop = Population(label, setting, configs, links_, heldout, together)
+    pop.train_to(steps)
+  except (ValueError, TypeError, NotImplementedError) as e:
+    if not together:
+      raise
+    print(f"  {label}: no population in one program ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:200]}); its seeds run one after the other.",
+          file=sys.stderr, flush=True)
+    pop = Population(label, setting, configs, links_, heldout, False)
+    pop.train_to(steps)
+  return pop
 
 
 def _heldout_fn(config):
@@ -573,17 +653,19 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   def population(label, k, steps):
     t0 = time.perf_counter()
     seeds = [_seeded(configs[(label, k)], s) for s in range(c.seeds)]
-    ts = train_population(label, k, seeds, links_, heldout, steps)
+    pop = train_population(label, k, seeds, links_, heldout, steps, c.population)
     _log(verbose, f"  {label}" + (f" setting {k}" if len(settings[label]) > 1 else "") +
-         f": {c.seeds} seeds to step {steps} in {time.perf_counter() - t0:.1f} s")
-    return ts
+         f": {c.seeds} seeds to step {steps} in {time.perf_counter() - t0:.1f} s"
+         f"{' (one program)' if pop.together else ''}")
+    return pop
 
   # The reference's trials set the target and the budgets; then every trial (the
   # reference's too) trains until it reaches the target or spends the budget on every link.
   _log(verbose, f"training on {jax.device_count()} devices ({c.ruleset} ruleset, "
                 f"{c.seeds} seeds)...")
-  trials = {c.reference: [population(c.reference, k, config.steps)
-                          for k in range(len(settings[c.reference]))]}
+  pops = {c.reference: [population(c.reference, k, config.steps)
+                        for k in range(len(settings[c.reference]))]}
+  trials = {c.reference: [p.trials for p in pops[c.reference]]}
   _log(verbose, "measuring compute per local step...")
   compute = _clock.measure({key: f for key, (_, _, f) in local.items()}, c.compute_repeats)
   compiler.shutdown()
@@ -600,10 +682,11 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   chunk = max(c.eval_every, config.steps // 5)
   for label in entries:
     if label != c.reference:
-      trials[label] = [population(label, k, min(chunk, c.max_steps))
-                       for k in range(len(settings[label]))]
-    for t in (t for seeds in trials[label] for t in seeds):
-      t.train_within(clock, budgets, target, c.max_steps, chunk)
+      pops[label] = [population(label, k, min(chunk, c.max_steps))
+                     for k in range(len(settings[label]))]
+    for pop in pops[label]:
+      pop.train_within(clock, budgets, target, c.max_steps, chunk)
+    trials[label] = [p.trials for p in pops[label]]
   _, summary, accounts = summarise(trials, clock, target, config, budgets)
   sensitivity = {scale: summarise(trials, Clock(compute, keys, shares, clock.buckets, links_,
                                                 scale), target, config)[1]

@@ -297,6 +297,7 @@ def test_every_seed_trains_once_and_serves_every_link(summary, plugin):
   assert len(result["links"]) == 3 and result["seeds"] == 2
   for m in result["methods"]:
     assert len(m["trials"]) == TINY.compare.seeds
+    assert m["population"] == [True], m["method"]  # the seeds in one program
     for t in m["trials"]:
       n = t["trained_steps"]
       assert t["curve"]["step"] == list(range(1, n + 1))
@@ -343,6 +344,25 @@ def test_per_link_summaries_are_read_from_the_trials(summary):
       assert a["median"] == stats.median_time(per_seed)
       ref = _by_method(result)["dp_bf16"]["links"][name]["study_times"]
       assert (a["speedup"], a["low"], a["high"]) == stats.speedup_interval(ref, per_seed)[:3]
+
+
+def test_a_population_in_one_program_equals_its_seeds_one_after_the_other(summary):
+  """The run trained each method's seeds as one program (`Trainer(trials=S)`); the same
+  seeds of DP trained one after the other give the same losses, bytes and held-out losses."""
+  _, result, _ = summary
+  dp = _by_method(result)["dp"]
+  steps = 4
+  configs = [compare._seeded(compare.method_config(TINY, TINY_METHODS["dp"]), s)
+             for s in range(TINY.compare.seeds)]
+  pop = compare.train_population("dp", 0, configs, compare.links(TINY),
+                                 compare._heldout_fn(TINY), steps, together=False)
+  assert not pop.together
+  for trial, t in zip(pop.trials, dp["trials"]):
+    np.testing.assert_allclose([r["loss"] for r in trial.history], t["curve"]["loss"][:steps],
+                               rtol=1e-5)
+    assert trial.step_bytes.tolist() == t["curve"]["wire_bytes"][:steps]
+    np.testing.assert_allclose([v for _, v in trial.evals],
+                               t["evals"]["heldout_loss"][:steps // 2], rtol=1e-5)
 
 
 def test_methods_with_the_same_local_step_share_one_compute_figure(summary):

@@ -23,6 +23,7 @@ def get_config(arg: str | None = None):
       reference="dp_bf16",           # the label whose trials set the target and the budgets
       ruleset="default",             # default: each method's settings; tuned: tuning() lists
       seeds=3,                       # seeds (studies) per method and setting
+      population=True,               # a method's seeds in one program (Trainer(trials=S))
       budget=2.0,                    # each link's budget: the reference's median time x this
       max_steps=600,                 # no trial trains more inner steps than this
       links=("wan", "internet", "infiniband"),  # presets (comm.PRESETS) or name:gbit=,latency_ms=
