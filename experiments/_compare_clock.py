@@ -12,6 +12,7 @@ round), and the median is kept with the spread."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -24,13 +25,12 @@ def local_step_key(label: str, config) -> str:
   from experiments import build  # pylint: disable=import-outside-toplevel
   fn = getattr(build.load_method(config.method.name), "local_step", None)
   key = fn(config.method) if fn else None
-  return INNER if key == INNER else f"{label}: {_settings_key(config)}"
-
-
-def _settings_key(config) -> str:
-  items = {**config.method.to_dict(), **{f"optimizer.{k}": v
-                                         for k, v in config.optimizer.to_dict().items()}}
-  return ",".join(f"{k}={v}" for k, v in sorted(items.items()) if v is not None)
+  if key == INNER:
+    return INNER
+  # The method's own settings decide its local step (a learning rate does not): settings of
+  # a tuned list that differ only in the optimizer's share one figure.
+  text = ",".join(f"{k}={v}" for k, v in sorted(config.method.to_dict().items()))
+  return f"{label}#{hashlib.sha1(text.encode()).hexdigest()[:6]}"
 
 
 def local_step(config, loss_fn, params, batch, inner_only: bool):
