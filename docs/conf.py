@@ -76,7 +76,6 @@ html_static_path = []
 
 def _resolve_short_names(app, env, node, contnode):
   """`comm.inspect` in a docstring links to `jaxcomm.comm.inspect` when that exists."""
-  del app
   target = node.get("reftarget", "")
   if node.get("refdomain") != "py" or not target or target.startswith("jaxcomm."):
     return None
@@ -85,7 +84,7 @@ def _resolve_short_names(app, env, node, contnode):
   if full not in domain.objects:
     return None
   node["reftarget"] = full
-  return domain.resolve_xref(env, node["refdoc"], env.app.builder, node.get("reftype", "obj"),
+  return domain.resolve_xref(env, node["refdoc"], app.builder, node.get("reftype", "obj"),
                              full, node, contnode)
 
 
