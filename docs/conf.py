@@ -31,7 +31,7 @@ extensions = [
     "sphinx.ext.napoleon",  # Google-style docstrings
     "sphinx.ext.viewcode",
 ]
-exclude_patterns = ["_build", "_opening.md", "README.md", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_opening.md", "**/.ipynb_checkpoints"]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb", ".rst": "restructuredtext"}
 
 # Notebooks are shown as written, not run: the build stays fast and needs no devices
