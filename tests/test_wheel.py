@@ -24,7 +24,7 @@ import pytest
 from test_notebooks import _manager_for  # the kernel on a given interpreter
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SKIP = (".git", ".venv", "runs", "build", "_build", "dist", "__pycache__", "*.egg-info",
+SKIP = (".git", ".venv", ".cache", "runs", "build", "_build", "dist", "__pycache__", "*.egg-info",
         ".pytest_cache", ".hypothesis", "docs")
 
 pytestmark = pytest.mark.slow
