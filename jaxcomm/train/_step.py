@@ -95,13 +95,6 @@ class Trainer:
       "per_worker" (default: each worker's from its own batches, stored with a leading
       worker axis; nothing is sent) or "mean" (averaged over the data axes after every
       step, replicated; the all-reduce is counted in `wire_bytes`).
-
-  NNX models: `init(model)` takes an `nnx.Module` and the loss is then
-  `loss_fn(model, batch)` (plus `key` when given). The parameters (`nnx.Param`) become a
-  plain dict, what the optimiser and the collectives see (laid out like a linen model's);
-  the other variables become `TrainState.model_state`; RNG streams are reseeded every step
-  with `step_key(stream key, step, worker)` (see `jaxcomm.train._nnx`). `model(state)`
-  gives the trained model back.
     donate: donate the train state to the step (its buffers are reused for the new state;
       the state passed to `step` is then consumed). True by default.
     trials: a population of this many independent trials in one program (None: one run).
@@ -116,6 +109,13 @@ class Trainer:
       value (a schedule's "sync this step?" once trials disagree, or a skip of a non-finite
       step) becomes a select, so both branches' collectives run every step: values and
       counted bytes stay exact per trial, only the emulation does more work.
+
+  NNX models: `init(model)` takes an `nnx.Module` and the loss is then
+  `loss_fn(model, batch)` (plus `key` when given). The parameters (`nnx.Param`) become a
+  plain dict, what the optimiser and the collectives see (laid out like a linen model's);
+  the other variables become `TrainState.model_state`; RNG streams are reseeded every step
+  with `step_key(stream key, step, worker)` (see `jaxcomm.train._nnx`). `model(state)`
+  gives the trained model back.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
