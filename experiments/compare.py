@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import math
 import os
 import sys
@@ -331,13 +330,19 @@ class Population:
       self.states = [state._replace(opt_state=train.fold_in_trials(state.opt_state, seeds))]
     else:
       self.states = [t.init(run.params) for t, run in zip(self.trainers, self.runs)]
-    batch = self._batch(0, 0)
-    report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
-                          batch)
-    if together:  # one trial's share of each collective (each carries every trial's payload)
-      report = comm.CollectiveReport(tuple(dataclasses.replace(
-          c, operand_bytes=c.operand_bytes / size, wire_bytes=c.wire_bytes / size)
-          for c in report.collectives))
+    if together:
+      # One trial's program, for its collectives: under vmap a schedule's "sync this step?"
+      # on a per-trial counter becomes a select, so the population's program runs every
+      # branch's collectives on every step (its counted bytes stay exact per trial).
+      one = train.Trainer(r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name,
+                          param_specs=r.specs, has_aux=r.has_aux, batch_specs=r.batch_specs,
+                          mutable=r.config.model.mutable)
+      state, batch = one.init(r.params), one.shard_batch(r.batches(0))
+      report = comm.inspect(one.step_fn(state, batch), state, batch)
+    else:
+      batch = self._batch(0, 0)
+      report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
+                            batch)
     self.together = together
     self.report = report
     self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
