@@ -99,19 +99,12 @@ def from_factory(factory: Callable, *, skip: tuple = (), types: dict | None = No
   return cfg
 
 
-def factory_defaults(factory: Callable) -> dict:
-  """{parameter: default} of a factory's keyword defaults (for tests and docs)."""
-  return {n: p.default for n, p in inspect.signature(factory).parameters.items()
-          if p.default is not inspect.Parameter.empty}
-
-
 # ---------------------------------------------------------------- the whole tree
 def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.ConfigDict:
   """Every setting of a run, with `method`'s settings (its defaults, then `method_settings`).
 
   `method` is a name in experiments/methods/, a dotted module path or a `.py` file path (a
-  method of your own: experiments/methods/README in the module docstring of
-  `experiments.build.load_method`).
+  method of your own: the contract is in experiments/build.py's module docstring).
   """
   c = ml_collections.ConfigDict()
   c.seed = 0

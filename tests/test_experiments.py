@@ -2,6 +2,7 @@
 library factory's signature), and every bad setting fails before anything compiles with a
 ValueError that names it."""
 
+import ast
 import glob
 import importlib.util
 import inspect
@@ -143,6 +144,37 @@ def test_config_files_change_a_factory_default_only_by_choice():
       if name in c.method and isinstance(p.default, (bool, int, float, str)) and \
          c.method[name] != p.default:
         assert (c.method.name, name) in CHOSEN, (path, name, c.method[name], p.default)
+
+
+def _method_settings_set_in(path: str) -> dict:
+  """{setting: value} a config file gives its method, read from its source: the keywords of
+  `base_config(...)` and `c.method.<setting> = value` (the run's tree cannot tell a setting
+  left at its default from one set to the default)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  found = {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "base_config":
+      found.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+    if isinstance(node, ast.Assign):
+      for target in node.targets:
+        pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                 else [(target, node.value)])
+        for t, v in pairs:
+          if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute) and \
+             t.value.attr == "method":
+            found[t.attr] = ast.literal_eval(v)
+  return found
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-3])
+def test_config_files_set_only_what_differs_from_the_methods_defaults(path):
+  """A config file carries only what differs from its method module's `defaults()`: a setting
+  equal to the default is a second home for it."""
+  defaults = build.method_defaults(load_config(path).method.name)
+  repeated = {k: v for k, v in _method_settings_set_in(path).items()
+              if k in defaults and defaults[k] == v}
+  assert not repeated, f"{os.path.basename(path)} repeats its method's defaults {repeated}"
 
 
 # ---------------------------------------------------------------- bad settings
