@@ -341,6 +341,47 @@ def test_the_command_line_error_is_one_line(tmp_path):
                                                   "of \"stepz\"?")
 
 
+MY_MODEL = '''"""A linear classifier: a model of one's own is one file."""
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+import optax
+from experiments.models import Task
+
+def defaults():
+  return ml_collections.ConfigDict(dict(scale=0.0))  # logits x 0: the loss is ln 10 exactly
+
+def build(settings, ctx):
+  model = nn.Dense(10)
+  params = ctx.init(model.init)(ctx.key, jnp.zeros((1, 64)))
+  def loss_fn(params, batch):
+    logits = settings.scale * model.apply(params, batch["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+  return Task(model=model, loss_fn=loss_fn, has_aux=False, params=params, batches=ctx.batches)
+'''
+
+
+def test_a_model_of_your_own_is_one_file(tmp_path):
+  """train.py trains a model file named on the command line (`--config.model.name=x.py`) with
+  its own settings' defaults: a loss that is ln 10 exactly at every step."""
+  path = tmp_path / "mymodel.py"
+  path.write_text(MY_MODEL)
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.train", f"--config={ROOT}/experiments/configs/dp.py",
+       f"--config.model.name={path}", "--config.data.name=digits", "--config.steps=2",
+       "--config.log_every=1", "--config.checkpoint_every=0", "--config.data.batch_size=16",
+       f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=ROOT, env=env,
+      timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
+    losses = [json.loads(line)["loss"] for line in f if line.strip()]
+  np.testing.assert_allclose(losses, [np.log(10)] * 2, rtol=1e-6)
+  with open(tmp_path / "run" / "summary.json", encoding="utf-8") as f:
+    summary = json.load(f)
+  assert summary["model"] == str(path) and summary["steps"] == 2
+
+
 def test_nnx_models_and_a_folder_of_text_train_from_the_config(tmp_path):
   """config.model.name nnx_mlp (dropout, BatchNorm) and nnx_lm on a folder of text files
   through the grain pipeline: built by build(), trained two steps, data read from the
