@@ -39,17 +39,24 @@ def _link_text(link) -> str:
 
 
 # ---------------------------------------------------------------- the records
+def setting_text(entry: dict, base: dict) -> str:
+  """What a tuned setting changes from the method's own entry ("as listed" if nothing)."""
+  changed = {k: v for k, v in entry.items() if k != "optimizer" and base.get(k) != v}
+  changed.update({f"optimizer.{k}": v for k, v in entry.get("optimizer", {}).items()
+                  if base.get("optimizer", {}).get(k) != v})
+  return ", ".join(f"{k}={v}" for k, v in changed.items()) or "as listed"
+
+
 def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
            summary: dict, clock, dp_bytes: float) -> dict:
   """A method's results: its settings, bytes, compute figure, per link the summary over
   studies (`compare.summarise`), and every trial's curve, evaluations and clocks."""
-  from experiments import compare  # pylint: disable=import-outside-toplevel
   first = trials[0][0]
   step_bytes = np.concatenate([t.step_bytes for seeds in trials for t in seeds])
   per_step = float(step_bytes.mean()) if step_bytes.size else 0.0
   out = {
       "method": label, "algo": first.config.method.name, "entry": entry,
-      "settings": [compare.setting_text(e, entry) for e in entries],
+      "settings": [setting_text(e, entry) for e in entries],
       "settings_full": list(entries), "method_settings": first.config.method.to_dict(),
       "optimizer": first.config.optimizer.to_dict(), "workers": first.trainer.num_workers,
       "overlap_steps": first.overlap, "overlap_backward": first.overlap_backward,

@@ -252,14 +252,6 @@ def settings_list(label: str, entry: dict, ruleset: str) -> list:
   return out
 
 
-def setting_text(entry: dict, base: dict) -> str:
-  """What a tuned setting changes from the method's own entry ("as listed" if nothing)."""
-  changed = {k: v for k, v in entry.items() if k != "optimizer" and base.get(k) != v}
-  changed.update({f"optimizer.{k}": v for k, v in entry.get("optimizer", {}).items()
-                  if base.get("optimizer", {}).get(k) != v})
-  return ", ".join(f"{k}={v}" for k, v in changed.items()) or "as listed"
-
-
 # ---------------------------------------------------------------- the accounting of one trial
 def account(eval_steps, eval_losses, known, target: float, budget: float,
             max_steps: int) -> dict:
