@@ -5,8 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from jaxcomm import codecs
+from jaxcomm import data
+from jaxcomm import models
 from jaxcomm import local
 from jaxcomm import sync
 from jaxcomm import train
@@ -113,3 +116,37 @@ def test_population_bad_input(mesh8, population):
     train.Trainer(loss_fn, tx, mesh8, trials=4).init(params)
   with pytest.raises(ValueError, match="seeds must be one integer per trial"):
     train.fold_in_trials(params, jnp.arange(2))
+
+
+def test_population_of_nnx_models_and_loss_keys(mesh8):
+  """NNX models (dropout streams, per-worker BatchNorm statistics) and one loss key per
+  trial: each trial equals its own run."""
+  def mlp(seed):
+    return models.NnxMLP(64, hidden=(16,), num_classes=10, dropout=0.3, batch_norm=True,
+                         rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+
+  def loss(model, batch, key):  # the key doubles the loss of some workers at some steps
+    value, aux = models.nnx_classifier_loss(model, batch)
+    return value * (1 + jax.random.bernoulli(key)), aux
+
+  graphdef, first = nnx.split(mlp(0))
+  stacked = nnx.merge(graphdef, jax.tree.map(lambda a, b: jnp.stack([a, b]), first,
+                                             nnx.split(mlp(5))[1]))
+  keys = jax.random.split(jax.random.key(7), 2)
+  ds = data.digits()
+  batches = [ds.batch(t, 64) for t in range(2)]
+  tx = optax.chain(sync.mean("data"), optax.adam(1e-2, eps=1e-4))
+  pop = train.Trainer(loss, tx, mesh8, has_aux=True, trials=2, key=keys)
+  state = pop.init(stacked)
+  for batch in batches:
+    state, m = pop.step(state, jax.tree.map(lambda x: jnp.stack([x, x[::-1]]), batch))
+  for t, seed in enumerate((0, 5)):
+    single = train.Trainer(loss, tx, mesh8, has_aux=True, key=keys[t])
+    one = single.init(mlp(seed))
+    for batch in batches:
+      one, m1 = single.step(one, jax.tree.map(lambda x, t=t: x[::-1] if t else x, batch))
+    np.testing.assert_allclose(m["loss"][t], m1["loss"], rtol=1e-5)
+    for got, want in ((state.params, one.params),
+                      (state.model_state["BatchNorm_0"], one.model_state["BatchNorm_0"])):
+      jax.tree.map(lambda a, b, t=t: np.testing.assert_allclose(a[t], b, rtol=1e-5, atol=1e-6),
+                   got, want)
