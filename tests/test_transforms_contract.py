@@ -43,6 +43,7 @@ FACTORIES = {
                       _stage),
     "sync.lq_sgd": (lambda inner: sync.lq_sgd(1, min_compression_rate=0, axis_name=None),
                     _stage),
+    "sync.muon": (lambda inner: sync.muon(0.05, axis_name=None), lambda tx: tx),
     "sync.onebit_adam": (lambda inner: sync.onebit_adam(0.05, freeze_step=20, axis_name=None),
                          lambda tx: tx),
     "sync.demo": (lambda inner: sync.demo(0.02, chunk=4, k=4, axis_name=None), lambda tx: tx),

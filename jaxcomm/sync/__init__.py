@@ -21,6 +21,8 @@ from jaxcomm.sync._lq_sgd import lq_sgd
 from jaxcomm.sync._lq_sgd import lq_sgd_bytes
 from jaxcomm.sync._mean import MeanState
 from jaxcomm.sync._mean import mean
+from jaxcomm.sync._muon import MuonState
+from jaxcomm.sync._muon import muon
 from jaxcomm.sync._onebit_adam import OnebitAdamState
 from jaxcomm.sync._onebit_adam import onebit_adam
 from jaxcomm.sync._onebit_adam import onebit_adam_bytes
@@ -44,6 +46,7 @@ __all__ = (
     "GossipGraph",
     "GradientCodingState",
     "MeanState",
+    "MuonState",
     "OnebitAdamState",
     "PowerSGDState",
     "SkipNonfiniteState",
@@ -61,6 +64,7 @@ __all__ = (
     "lq_sgd",
     "lq_sgd_bytes",
     "mean",
+    "muon",
     "onebit_adam",
     "onebit_adam_bytes",
     "powersgd",
