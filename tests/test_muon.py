@@ -202,3 +202,77 @@ def test_bytes_per_axis_counted_compiled_and_by_hand(setup, runs, strategy, muon
   expect["replica"] = STEPS * REPLICA
   assert counted == pytest.approx(expect)
   assert OWNER[("fsdp",)] + OWNER[("fsdp", "tensor")] < GRAM[("fsdp",)]
+
+
+# ------------------------------------------------------------------------------- MuLoCo
+def test_muloco_one_worker_h1_outer_sgd1_is_muon():
+  """K = 1, H = 1, outer SGD(1.0): MuLoCo is one-worker Muon (up to the rounding of
+  θ_out − (θ_out − θ), an ulp per step)."""
+  params = _params()
+  got = _run_one_device(local.muloco(LR, sync_every=1, axis_name=None, outer=optax.sgd(1.0)),
+                        params)
+  want = _run_one_device(sync.muon(LR), params)
+  chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="memory"):
+    local.muloco(LR, memory="ef")
+  with pytest.raises(ValueError, match="bits"):
+    local.muloco(LR, bits=1)
+
+
+H = 2
+BLOCK = 8  # every local last dimension is a multiple of 8: blocks equal sharded or not
+
+
+@pytest.fixture(scope="module")
+def muloco_runs(setup):
+  """K = 2 replicas of the sharded LM, H = 2, 2-bit outer gradients with error feedback,
+  owner-based Muon inside each replica; and 2 unsharded workers running the same."""
+  layout, params, specs, grads = setup
+  grads = gradients(params, 2 * H)  # 2 syncs
+  method = lambda s: local.muloco(LR, H, "replica", param_specs=s, bits=2, block=BLOCK,
+                                  memory="ef")
+  trainer = _trainer(setup, method(specs))
+  mesh2 = parallel.make_mesh({"replica": R}, devices=jax.devices()[:R])
+  ones = jax.tree.map(lambda _: 1.0, params)
+  ref = train.Trainer(linear_loss(ones), parallel.by_sharding(method(None), specs), mesh2,
+                      axis_name="replica")
+  state, ref_state = trainer.init(params), ref.init(params)
+  compiled, report = compile_step(trainer, state, grads[0])
+  sent = []
+  for g in grads:
+    state, _, nbytes = compiled(state, g)
+    sent.append(int(nbytes))
+    ref_state, _ = ref.step(ref_state, g)
+  return trainer, state, ref, ref_state, report, sent
+
+
+def test_muloco_sharded_replicas_equal_unsharded_workers(setup, muloco_runs):
+  """Each replica's parameters after 2 syncs (2-bit + EF outer gradients) equal those of 2
+  unsharded workers; the replicas differ from each other between syncs."""
+  trainer, state, ref, ref_state = muloco_runs[:4]
+  fsdp = trainer.mesh.shape["fsdp"]
+  for replica in range(R):
+    got = host(trainer.worker_view(state.params, trainer.layout.params, replica * fsdp))
+    want = host(ref.worker_view(ref_state.params, ref.layout.params, replica))
+    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
+  _, params, _, _ = setup
+  moved = jax.tree.map(lambda a, b: np.max(np.abs(a - b)), want, host(params))
+  assert min(jax.tree.leaves(moved)) > 1e-2
+
+
+def test_muloco_bytes(setup, muloco_runs):
+  """Replica axis, per sync: every group's 2-bit payload gathered from the other worker: n/4
+  code bytes + 4 bytes per block of 8 = 0.75 n bytes for the 10928 floats of the shards
+  (every group's size is a multiple of 8); inner axes every step: the owner-based Muon's
+  all-to-alls (OWNER) and the layout's. Counted == compiled == this."""
+  *_, report, sent = muloco_runs
+  sync_bytes = 0.75 * 10928
+  want = dict(LAYOUT)
+  for axes, nbytes in OWNER.items():
+    want[axes] = want.get(axes, 0.0) + nbytes
+  want[("replica",)] = sync_bytes
+  assert report.by_axis() == pytest.approx(want)
+  assert all(c.in_conditional for c in report.select(axes=("replica",)))
+  inner = sum(OWNER.values()) + LAYOUT[("fsdp",)]
+  layer = 3 * 41600  # ZeRO-3's counted gathers of the fsdp-sharded leaves (10400 floats)
+  assert sent == pytest.approx([inner + layer, inner + layer + sync_bytes] * 2)
