@@ -145,6 +145,25 @@ def test_sharded_strategies_equal_auto_partitioned_optax(setup, runs, auto_parti
   assert min(jax.tree.leaves(moved)) > 1e-2  # every leaf moved (Muon and AdamW ones)
 
 
+def test_momentum_is_sharded_like_the_parameters(setup, runs):
+  """Muon's momentum of each matrix is stored per device as the parameter's block (1/4 of
+  fc_in's 32x64 on fsdp x tensor, 1/2 of the embedding on fsdp), not gathered whole."""
+  layout, params, specs, _ = setup
+  block = {}
+  for x, spec in zip(jax.tree.leaves(params), jax.tree.leaves(
+      specs, is_leaf=lambda s: isinstance(s, P))):
+    block[x.shape] = NamedSharding(layout.mesh, spec).shard_shape(x.shape)
+  _, state, _ = runs["owner"]
+  found = []
+  for muon_state in jax.tree.leaves(state.opt_state,
+                                    is_leaf=lambda s: isinstance(s, sync.MuonState)):
+    if isinstance(muon_state, sync.MuonState):
+      for mu in jax.tree.leaves(muon_state.mu):
+        found.append(mu.shape)
+        assert mu.addressable_shards[0].data.shape == block[mu.shape], mu.shape
+  assert sorted(found) == sorted([(32, 64), (64, 32), (256, 32), (32, 256), (8, 32)])
+
+
 def _counted_per_axis(opt_state) -> dict:
   """Bytes per axes label summed over every MuonState counter (and the mean's, on replica)."""
   out = {}
@@ -187,10 +206,9 @@ GRAM = {
 
 
 @pytest.mark.parametrize("strategy,muon_bytes", [("owner", OWNER), ("gram", GRAM)])
-def test_bytes_per_axis_counted_compiled_and_by_hand(setup, runs, strategy, muon_bytes):
+def test_bytes_per_axis_counted_compiled_and_by_hand(runs, strategy, muon_bytes):
   """Counted in the state == the compiled step's collectives == the hand derivation, axis by
   axis; the owner-based strategy moves fewer bytes than the Gram all-reduces on fsdp."""
-  _, _, _, _ = setup
   _, state, report = runs[strategy]
   want = dict(LAYOUT)
   for axes, nbytes in muon_bytes.items():
