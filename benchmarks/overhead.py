@@ -124,13 +124,15 @@ def main(argv):
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
   devices = min(_DEVICES.value, jax.device_count())
   mesh = train.make_mesh({"data": devices})
-  print(f"{jax.devices()[0].platform} x {devices} devices{' on ' + _MESH.value if _MESH.value else ''}; median of {_REPEATS.value} repeats "
-        f"of {_STEPS.value} steps; ratio = step time / exact DP step time")
+  where = f" on {_MESH.value}" if _MESH.value else ""
+  print(f"{jax.devices()[0].platform} x {devices} devices{where}; median of {_REPEATS.value} "
+        f"repeats of {_STEPS.value} steps; ratio = step time / exact DP step time")
   results = {}
   for model in (["lm"] if _MESH.value else _MODEL.value):
     runs = sharded_runs(_MESH.value) if _MESH.value else []
-    for name, build in ([] if _MESH.value else selected()):
+    if not _MESH.value:
       loss_fn, params, batch, has_aux = task(model)
+    for name, build in ([] if _MESH.value else selected()):
       trainer = train.Trainer(loss_fn, build(optax.adam(1e-3)), mesh, has_aux=has_aux)
       state = trainer.init(params)
       batch_d = trainer.shard_batch(batch) if jax.process_count() > 1 else batch
