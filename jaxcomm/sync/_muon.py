@@ -72,15 +72,15 @@ def _axis_index(axes: tuple) -> jax.Array:
   return index
 
 
-def _leaves_of(tree, param_specs, dim_nums) -> list:
+def _leaves_of(tree, param_specs, dim_nums: list) -> list:
   """The static description of every leaf of `tree` (call inside shard_map when sharded)."""
   leaves = jax.tree.leaves(tree)
   specs = _shards.spec_leaves(param_specs, tree)
   out = []
-  for x, spec in zip(leaves, specs):
+  for x, spec, dn in zip(leaves, specs, dim_nums):
     dims = _shards.dim_axes(spec, len(jnp.shape(x)))
     dims = tuple(tuple(a for a in d if lax.axis_size(a) > 1) for d in dims)
-    out.append(_Leaf(_shards.global_shape(jnp.shape(x), dims), dims, dim_nums))
+    out.append(_Leaf(_shards.global_shape(jnp.shape(x), dims), dims, dn))
   return out
 
 
@@ -319,19 +319,17 @@ def _dim_nums_of(tree, dim_nums) -> Any:
   return [table[tuple(p)] for p in paths]
 
 
-def _matrix_stage(strategy: str, param_specs: Any, dim_nums: Any, ns_coeffs,
-                          ns_steps: int, beta: float, eps: float, nesterov: bool,
-                          consistent_rms) -> optax.GradientTransformation:
+def _matrix_stage(strategy: str, param_specs: Any, dim_nums: Any, ns_coeffs, ns_steps: int,
+                  beta: float, eps: float, nesterov: bool,
+                  consistent_rms) -> optax.GradientTransformation:
   """optax's `scale_by_muon` + `scale_by_shape` on blocks of sharded matrices (validated)."""
 
   def describe(tree):
-    leaves = jax.tree.leaves(tree)
-    specs = param_specs
     dns = _dim_nums_of(tree, dim_nums)
-    if specs is None:
+    if param_specs is None:
       return [_Leaf(tuple(jnp.shape(x)), ((),) * len(jnp.shape(x)), d)
-              for x, d in zip(leaves, dns)]
-    return [leaf._replace(dim_nums=d) for leaf, d in zip(_leaves_of(tree, specs, None), dns)]
+              for x, d in zip(jax.tree.leaves(tree), dns)]
+    return _leaves_of(tree, param_specs, dns)
 
   def init_fn(params):
     keys = _byte_keys(describe(params), strategy)
