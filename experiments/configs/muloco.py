@@ -5,4 +5,4 @@ from experiments import config
 
 
 def get_config():
-  return config.base_config("muloco", sync_every=30, bits=2, memory="ef")
+  return config.base_config("muloco", bits=2, memory="ef")
