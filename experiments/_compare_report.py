@@ -184,10 +184,10 @@ def _heading(config, records: list, target: float, source: str) -> str:
   return (f"{len(records)} methods on {records[0]['workers']} workers; LM d_model={m.d_model} "
           f"layers={m.num_layers} on {config.data.name} ({config.data.split} split; batch "
           f"{config.data.batch_size} x {config.data.seq_len}). {c.ruleset} ruleset, "
-          f"{c.seeds} seeds, {schedule_text(c)}. Target: held-out loss {target:.4f} ({source}; evaluated every "
-          f"{c.eval_every} steps on {c.eval_batch} test sequences, untimed). Budget on each "
-          f"link: {c.reference}'s median time to the target there x {c.budget:g}; at most "
-          f"{c.max_steps} steps per trial.")
+          f"{c.seeds} seeds, {schedule_text(c)}. Target: held-out loss {target:.4f} "
+          f"({source}; evaluated every {c.eval_every} steps on {c.eval_batch} test sequences, "
+          f"untimed). Budget on each link: {c.reference}'s median time to the target there "
+          f"x {c.budget:g}; at most {c.max_steps} steps per trial.")
 
 
 def schedule_text(c) -> str:

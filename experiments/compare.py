@@ -33,6 +33,12 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   counts as infinity); its speed-up over the reference comes with a 95 % interval over the
   seeds (`experiments/_compare_stats.py`: exact over all paired resamples for S <= 6, else a
   paired bootstrap), and it is called faster only when the interval excludes 1.
+* Schedule (`config.compare.schedule`): `constant` (config.optimizer's learning rate), or
+  `schedule_free`: every method's inner optimiser made schedule-free (Defazio et al., arXiv
+  2405.15682; `warmup_steps` of linear warmup, no decay to place before a link's budget
+  ends, so each trial still trains once for every link), its held-out loss read at the
+  schedule-free evaluation parameters (`eval_params`). A method without an inner optimiser
+  (DeMo) runs as its module builds it, and says so on stderr.
 * `--ruleset=default`: each method's settings as `METHODS` has them, S seeds.
   `--ruleset=tuned`: each method module's `tuning()` list (at most 5 settings, the same on
   every link), S studies; per study and link the fastest setting's time, then the median
