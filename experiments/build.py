@@ -257,18 +257,15 @@ def _check_batch(config, shape: dict) -> None:
                      f"by the {workers} workers of the mesh axes {axes}.")
 
 
-SCHEDULES = ("constant", "schedule_free")  # config.optimizer.schedule (compare.schedule)
-
-
 def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """config.optimizer's inner optimiser; with `schedule="schedule_free"` (set by
   experiments/compare.py's config.compare.schedule) its schedule-free form (Defazio et al.,
   arXiv 2405.15682: momentum replaced by interpolation and averaging, a linear warmup of
   `warmup_steps`, no decay; evaluate at `optax.contrib.schedule_free_eval_params`)."""
   schedule = c.get("schedule", "constant")
-  if schedule not in SCHEDULES:
-    raise ValueError(f"config.optimizer.schedule must be one of {', '.join(SCHEDULES)}, got "
-                     f"{schedule!r}.")
+  if schedule not in _config.SCHEDULES:
+    raise ValueError("config.optimizer.schedule must be one of "
+                     f"{', '.join(_config.SCHEDULES)}, got {schedule!r}.")
   if schedule == "schedule_free":
     warmup = int(c.get("warmup_steps", 0)) or None
     if c.name in ("adamw", "adam"):

@@ -37,8 +37,8 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   `schedule_free`: every method's inner optimiser made schedule-free (Defazio et al., arXiv
   2405.15682; `warmup_steps` of linear warmup, no decay to place before a link's budget
   ends, so each trial still trains once for every link), its held-out loss read at the
-  schedule-free evaluation parameters (`eval_params`). A method without an inner optimiser
-  (DeMo) runs as its module builds it, and says so on stderr.
+  schedule-free evaluation parameters (`experiments/_compare_schedule.py`). A method
+  without an inner optimiser (DeMo) runs as its module builds it, and says so on stderr.
 * `--ruleset=default`: each method's settings as `METHODS` has them, S seeds.
   `--ruleset=tuned`: each method module's `tuning()` list (at most 5 settings, the same on
   every link), S studies; per study and link the fastest setting's time, then the median
@@ -69,6 +69,7 @@ from absl import app
 from absl import flags
 
 from experiments import _compare_clock as _clock
+from experiments import _compare_schedule as _schedule
 from experiments import _compare_stats as stats
 from experiments import config as _config
 
@@ -106,11 +107,6 @@ METHODS: dict[str, dict] = {
 # How each method ended on a link (besides reaching the target).
 REACHED, BUDGET, CAP = "reached", "budget spent", "step cap"
 RULESETS = ("default", "tuned")
-# config.compare.schedule: the learning rate every method's inner optimiser follows.
-# constant: as config.optimizer has it. schedule_free: its schedule-free form (build.py's
-# inner optimiser; warmup, no decay, held-out loss at its evaluation parameters), so one
-# training run per trial still serves every link's budget (no decay to place per link).
-SCHEDULES = ("constant", "schedule_free")
 MAX_SETTINGS = 5  # the most settings a method's tuning() list may hold
 
 # The flags exist only when this module runs as a program: importing it (tests do)
@@ -158,9 +154,9 @@ def check(config) -> None:
     raise ValueError(f"config.compare.max_steps ({c.max_steps}) must be >= config.steps "
                      f"({config.steps}): the reference trains config.steps to set the budget.")
   _config.int_at_least(config, "compare.warmup_steps", 0)
-  if c.schedule not in SCHEDULES:
-    raise ValueError(f"config.compare.schedule must be one of {', '.join(SCHEDULES)}, got "
-                     f"{c.schedule!r}.")
+  if c.schedule not in _config.SCHEDULES:
+    raise ValueError("config.compare.schedule must be one of "
+                     f"{', '.join(_config.SCHEDULES)}, got {c.schedule!r}.")
   _config.number_in(config, "compare.budget", 1, math.inf, False, "a finite number >= 1")
   if c.target_loss is not None and not math.isfinite(c.target_loss):
     raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
@@ -311,37 +307,6 @@ def _steps_to_try(known: np.ndarray, budget: float, cap: int) -> int:
   return min(cap, trained + max(more, 1))
 
 
-def eval_params(params, opt_state):
-  """The parameters to evaluate: `params` (y), or with a schedule-free inner optimiser in
-  `opt_state` its x = (y - (1 - b1) z) / b1 (`optax.contrib.schedule_free_eval_params`),
-  over any leading trial or worker axes its z shares with `params`; a z kept as one flat
-  padded vector sharded over workers (a ZeRO-1 inner optimiser, ACCO's) is read as the
-  parameters flattened in leaf order (`codecs.flatten`)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from optax import contrib  # pylint: disable=import-outside-toplevel
-  free = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
-      x, contrib.ScheduleFreeState)) if isinstance(s, contrib.ScheduleFreeState)]
-  if not free:
-    return params
-  b1 = float(np.ravel(np.asarray(free[0].b1))[0])  # the same constant in every trial
-  z, ys = free[0].z, jax.tree.leaves(params)
-  if len(free) == 1 and jax.tree.structure(z) == jax.tree.structure(params) and all(
-      a.shape == b.shape for a, b in zip(jax.tree.leaves(z), ys)):
-    return jax.tree.map(lambda y, zi: (y - (1.0 - b1) * np.asarray(zi)) / b1, params, z)
-  zs = jax.tree.leaves(z)
-  lead = zs[0].ndim - 2 if len(free) == 1 and len(zs) == 1 and zs[0].ndim >= 2 else -1
-  if lead < 0 or any(y.shape[:lead] != zs[0].shape[:lead] for y in ys):
-    raise ValueError("config.compare.schedule='schedule_free': this method keeps its inner "
-                     "optimiser's state in a form whose evaluation parameters cannot be read; "
-                     "use schedule='constant'.")
-  front = zs[0].shape[:lead]
-  y = np.concatenate([np.asarray(v, np.float32).reshape(front + (-1,)) for v in ys], -1)
-  x = (y - (1.0 - b1) * np.asarray(zs[0]).reshape(front + (-1,))[..., :y.shape[-1]]) / b1
-  ends = np.cumsum([int(np.prod(v.shape[lead:])) for v in ys])[:-1]
-  parts = [p.reshape(v.shape).astype(v.dtype) for p, v in zip(np.split(x, ends, -1), ys)]
-  return jax.tree.unflatten(jax.tree.structure(params), parts)
-
-
 class Population:
   """The trials of one method at one setting, one per seed (`configs[s]`), built and
   compiled once and trained together in chunks, their held-out loss evaluated every
@@ -385,7 +350,7 @@ class Population:
       report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
                             batch)
     if (r.config.compare.get("schedule", "constant") != "constant"
-        and eval_params(self.states[0].params, self.states[0].opt_state) is
+        and _schedule.eval_params(self.states[0].params, self.states[0].opt_state) is
         self.states[0].params):
       print(f"  {label}: no inner optimiser (config.optimizer) to make schedule-free; it "
             "runs as its method module builds it.", file=sys.stderr, flush=True)
@@ -418,7 +383,8 @@ class Population:
     import jax  # pylint: disable=import-outside-toplevel
     trainer, state = self.trainers[k], self.states[k]
     lead = 1 if trainer.trials else 0
-    params = jax.tree.map(lambda x: np.asarray(x), eval_params(state.params, state.opt_state))
+    params = jax.tree.map(lambda x: np.asarray(x),
+                          _schedule.eval_params(state.params, state.opt_state))
     views = [jax.tree.map(lambda x, t=t: x[t], params) for t in range(trainer.trials)] \
         if lead else [params]
     return [float(self.heldout(jax.tree.map(lambda pw, x: x.mean(0) if pw else x,

@@ -10,6 +10,7 @@ import pytest
 from optax import contrib
 
 from experiments import _compare_report as report
+from experiments import _compare_schedule as schedule
 from experiments import build
 from experiments import compare
 from experiments.configs import compare as compare_config
@@ -51,7 +52,7 @@ def test_schedule_free_sgd_follows_the_hand_recurrence_on_a_quadratic():
     updates, state = tx.update({"w": jnp.asarray(a, jnp.float32) * params["w"]}, state, params)
     params = jax.tree.map(lambda p, u: p + u, params, updates)
     np.testing.assert_allclose(params["w"], y, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(compare.eval_params(params, (state,))["w"], x, rtol=1e-5,
+    np.testing.assert_allclose(schedule.eval_params(params, (state,))["w"], x, rtol=1e-5,
                                atol=1e-6)
   assert not np.allclose(x, y)  # the evaluation point is not the gradient's
 
@@ -79,11 +80,11 @@ def test_evaluation_parameters_from_flat_worker_shards_with_a_trial_axis():
   flat = np.concatenate([za.reshape(2, 6), zb, np.zeros((2, 2))], axis=1).reshape(2, 4, 3)
   state = contrib.ScheduleFreeState(b1=jnp.full((2,), 0.9), weight_sum=0, step_count=1,
                                     max_lr=0, base_optimizer_state=(), z=flat)
-  x = compare.eval_params(y, {"inner": state})
+  x = schedule.eval_params(y, {"inner": state})
   np.testing.assert_allclose(x["a"], (y["a"] - 0.1 * za) / 0.9, rtol=1e-5)
   np.testing.assert_allclose(x["b"], (y["b"] - 0.1 * zb) / 0.9, rtol=1e-5)
   with pytest.raises(ValueError, match="cannot be read"):
-    compare.eval_params(y, {"inner": state._replace(z=np.zeros((3, 4, 3)))})
+    schedule.eval_params(y, {"inner": state._replace(z=np.zeros((3, 4, 3)))})
 
 
 def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
@@ -96,7 +97,7 @@ def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
     assert any(isinstance(s, contrib.ScheduleFreeState) for s in leaves), label
     # At the start x = y: a wrong flattening order or axis would not give the parameters.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                 compare.eval_params(state.params, state.opt_state), state.params)
+                 schedule.eval_params(state.params, state.opt_state), state.params)
 
 
 def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
