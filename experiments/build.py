@@ -24,6 +24,7 @@ file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 from types import ModuleType
@@ -41,6 +42,9 @@ from jaxcomm import comm, data, models, parallel, sync, train
 
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
 MODEL_AXES = ("tensor", "sequence", "pipeline")
+# The axis names a config's mesh may use: a misspelt name would be one more batch axis
+# that nothing reduces (the Trainer refuses that too, after tracing the step).
+MESH_AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
 SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
 # config.model.name -> models.ResNet's blocks (He et al., arXiv 1512.03385, Table 1).
 RESNETS = {"resnet18": dict(stages=(2, 2, 2, 2), block="basic"),
@@ -153,6 +157,12 @@ def mesh_shape(spec: str, num_devices: int) -> dict:
     shape = parallel.parse_mesh(spec)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
+  for axis in shape:  # free names are the library's (parallel.make_mesh), not a config's
+    if axis not in MESH_AXES:
+      near = difflib.get_close_matches(axis, MESH_AXES, n=1)
+      raise ValueError(f"config.mesh {spec!r}: unknown axis {axis!r}"
+                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: "
+                       f"{', '.join(MESH_AXES)}.")
   if math.prod(shape.values()) != num_devices:
     raise ValueError(f"config.mesh {spec!r} multiplies to {math.prod(shape.values())}, but "
                      f"there are {num_devices} devices.")

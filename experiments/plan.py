@@ -250,7 +250,8 @@ def topology(mesh_shape: dict, link, inner):
 # ---------------------------------------------------------------- planning
 def _param_count(params) -> int:
   import jax  # pylint: disable=import-outside-toplevel
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params) if comm.is_numeric(x)))
 
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:

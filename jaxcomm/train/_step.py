@@ -442,10 +442,12 @@ class Trainer:
                              model_state=self._stack(new_model_state, layout.model_state))
       return new_state, measurements, sent
 
-    out_m = jax.eval_shape(
-        jax.shard_map(lambda s, b: step_local(s, b)[1], mesh=self.mesh,
+    jaxpr, out_m = jax.make_jaxpr(
+        jax.shard_map(lambda s, b: step_local(s, b)[:2], mesh=self.mesh,
                       in_specs=(specs, self.batch_spec(batch)),
-                      out_specs=P(out_axes)), state, batch)
+                      out_specs=(specs, P(out_axes))), return_shape=True)(state, batch)
+    out_m = out_m[1]
+    _validate.batch_axes_reduced(jaxpr, self.axes, self.mesh)
     m_specs = jax.tree.map(lambda _: P(out_axes), out_m)
     return jax.jit(jax.shard_map(step_local, mesh=self.mesh,
                                  in_specs=(specs, self.batch_spec(batch)),
