@@ -33,9 +33,9 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import config as _config
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "dp.py")
@@ -99,8 +99,8 @@ def execute(config, workdir: str) -> int:
   try:
     run = build.build(config)
     record_config(workdir, config)
-  except ValueError as e:  # a user's mistake: one line, no traceback
-    sys.exit(f"error: {e}")
+  except ValueError as e:  # a user's mistake: one line, no traceback, nothing written
+    _cli.fail(e)
   if elastic_run.requested():
     run_elastic(run, workdir)
     return 0
@@ -232,4 +232,4 @@ def record_config(workdir: str, config) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -96,3 +96,113 @@ def test_the_readme_own_data_command_with_dropout_runs_and_resumes(tmp_path):
     assert summary["steps"] == (steps // 2 if extra else steps)
     assert summary["compression_ratio"] == pytest.approx(10.0, rel=1e-3)  # sync_every=10
   assert "resum" in result.stderr + result.stdout
+
+
+# ---------------------------------------------------------------- one line per mistake
+def _leaves(tree, prefix=""):
+  for key in tree.keys():
+    value = tree[key]
+    if hasattr(value, "keys"):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def _parse(argv):
+  """train.py's command line, parsed in-process with the programs' own parser: the config
+  (with its overrides) or the SystemExit the program would end with."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from experiments import _cli  # pylint: disable=import-outside-toplevel
+  fv = flags.FlagValues()
+  saved, sys.argv = sys.argv, ["train.py", *argv]
+  try:
+    holder = _cli.config_flag(f"{ROOT}/experiments/configs/dp.py", "the config", fv)
+    _cli.parse_flags(sys.argv, fv)
+    return holder.value
+  finally:
+    sys.argv = saved
+
+
+def _cases():
+  """(method, flag, why) for every leaf of base_config and of every method's settings:
+  its name misspelt, a value of the wrong type, a value out of range."""
+  cases = []
+  for method in build.available_methods():
+    c = config.base_config(method)
+    for path, value in _leaves(c):
+      if path == "method.name" or (method != "dp" and not path.startswith("method.")):
+        continue  # the shared leaves once (with dp), each method's own for every method
+      leaf = path.rsplit(".", 1)[-1]
+      cases.append((method, f"--config.{path[:-len(leaf)]}{leaf[:-1]}x{leaf[-1]}=1", "name"))
+      if isinstance(value, (bool, int, float)) or value is None:
+        cases.append((method, f"--config.{path}=[oops]", "type"))
+      if isinstance(value, bool):
+        continue
+      bad = -1 if isinstance(value, (int, float)) else "zz!"
+      cases.append((method, f"--config.{path}={bad}", "range"))
+  return cases
+
+
+def test_every_setting_misspelt_mistyped_or_out_of_range_is_one_line(tmp_path):
+  """Every leaf of base_config and of every method's settings, through the parser train.py
+  uses and the checks it runs before writing anything: a misspelt name or a wrong type ends
+  with one line naming the setting; a value out of range either builds (nothing compiled)
+  or ends with one line naming it; nothing else escapes (no traceback); nothing is written."""
+  from experiments import _cli  # pylint: disable=import-outside-toplevel
+  wrong, counts = [], {"name": 0, "type": 0, "range": 0, "built": 0}
+  for method, flag, why in _cases():
+    argv = [f"--config={ROOT}/experiments/configs/{method}.py", flag]
+    setting = flag.split("=", 1)[0][len("--config."):].rsplit(".", 1)[-1]
+    try:
+      c = _parse(argv)
+      _tiny_lm(c)
+      try:
+        run = build.build(c, abstract=True)
+        del run
+      except ValueError as e:  # what execute() turns into one line before writing
+        message = _cli.one_line(e)
+      else:
+        counts["built"] += 1
+        continue
+    except SystemExit as e:
+      message = str(e.code)
+      assert message.startswith("error: "), (flag, message)
+    except Exception as e:  # pylint: disable=broad-except
+      wrong.append((method, flag, f"escaped: {type(e).__name__}: {e}"))
+      continue
+    counts[why] += 1
+    if "\n" in message or "Traceback" in message or (why != "name" and setting not in message):
+      wrong.append((method, flag, message))
+    elif why == "name" and "no such setting" not in message:
+      wrong.append((method, flag, message))
+  assert not wrong, "\n".join(map(str, wrong[:20]))
+  assert counts["name"] > 100 and counts["type"] > 50 and counts["range"] > 20, counts
+  assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_default_py_name_is_one_line():
+  with pytest.raises(SystemExit) as e:
+    _parse([f"--config={ROOT}/experiments/configs/default.py:dilocoo"])
+  assert str(e.value.code).startswith("error: flag --config=") and \
+      "config.method.name 'dilocoo' is unknown; allowed: acco" in str(e.value.code)
+  assert "\n" not in str(e.value.code)
+
+
+@pytest.mark.slow
+def test_the_programs_exit_1_with_one_line_and_help_lists_config(tmp_path):
+  """The real exit status and stderr of plan.py for a bad default.py:NAME (nothing written),
+  and train.py's --help: --config, how overrides are written, --verbose."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.plan",
+       f"--config={ROOT}/experiments/configs/default.py:dilocoo",
+       f"--workdir={tmp_path / 'plan'}"], capture_output=True, text=True, cwd=ROOT,
+      env=env, timeout=300, check=False)
+  assert result.returncode == 1
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert "'dilocoo' is unknown" in result.stderr and not (tmp_path / "plan").exists()
+  usage = subprocess.run([sys.executable, "-m", "experiments.train", "--help"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                         check=False).stdout
+  for words in ("--config:", "--config.<path>=<value>", "--verbose", "--workdir"):
+    assert words in usage, (words, usage[-3000:])

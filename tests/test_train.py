@@ -246,3 +246,24 @@ def test_a_batch_axis_no_collective_crosses_is_refused_and_a_users_own_axis_work
                                              axis_name=axes), mesh, axis_name=axes)
   state, _ = every_3.step(every_3.init({"w": jnp.zeros(())}), batch)
   assert int(state.step) == 1
+
+
+def test_consensus_distance_is_logged_before_the_sync_and_after(mesh8, digits_task):
+  """With a sync every 3 steps logged every 3 steps, the distance after the logged step is
+  ~0 (its sync averaged the workers) and `consensus_distance_before` is that of the
+  parameters the logged step started from: those of a run of 2 steps (then 5)."""
+  from jaxcomm import local  # pylint: disable=import-outside-toplevel
+  _, params, loss, _ = digits_task
+  trainer = train.Trainer(loss, local.local_sgd(optax.sgd(0.5), 3, axis_name="data"), mesh8)
+  ds = data.digits()
+  state, history = train.fit(trainer, trainer.init(params), lambda t: ds.batch(t, 16), 6,
+                             log_every=3, progress=False)
+  assert [h["step"] for h in history] == [3, 6]
+  for h, steps in zip(history, (2, 5)):
+    assert h["consensus_distance"] < 1e-6
+    partial, _ = train.fit(trainer, trainer.init(params), lambda t: ds.batch(t, 16), steps,
+                           log_every=steps, progress=False)
+    expected = sync.stacked_consensus_distance(partial.params)
+    assert expected > 1e-3 and h["consensus_distance_before"] == pytest.approx(expected,
+                                                                                rel=1e-4)
+  del state

@@ -169,8 +169,9 @@ def abstract_batch(trainer: train.Trainer, batch: Any) -> Any:
 
 def _shard_bytes(struct: jax.ShapeDtypeStruct, sharding) -> int:
   shape = sharding.shard_shape(struct.shape)
-  return math.prod(shape) * np.dtype(struct.dtype).itemsize if shape else \
-      np.dtype(struct.dtype).itemsize
+  # A PRNG key's dtype (an extended dtype, not numpy's) knows its bytes too: key<fry> is 8.
+  itemsize = struct.dtype.itemsize
+  return math.prod(shape) * itemsize if shape else itemsize
 
 
 def _argument_bytes(compiled, state, batch) -> dict:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 
 MEMORIES = (None, "ef", "ef21", "loco")
@@ -216,9 +217,7 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
     raise ValueError(f"beta must be in [0, 1), got {beta!r}.")
   if memory_dtype is None:
     memory_dtype = jnp.bfloat16 if memory == "loco" else jnp.float32
-  memory_dtype = jnp.dtype(memory_dtype)
-  if not jnp.issubdtype(memory_dtype, jnp.floating):
-    raise ValueError(f"memory_dtype must be a floating dtype, got {memory_dtype}.")
+  memory_dtype = v.dtype("memory_dtype", memory_dtype)
   key_data, key_impl = _key_data(key) if key is not None else (None, None)
 
   def resolve(tree):
