@@ -204,5 +204,5 @@ def test_the_programs_exit_1_with_one_line_and_help_lists_config(tmp_path):
   usage = subprocess.run([sys.executable, "-m", "experiments.train", "--help"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
                          check=False).stdout
-  for words in ("--config:", "--config.<path>=<value>", "--verbose", "--workdir"):
+  for words in ("--config:", "--config.<path>=<value>", "--[no]verbose:", "--workdir:"):
     assert words in usage, (words, usage[-3000:])
