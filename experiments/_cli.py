@@ -71,10 +71,11 @@ def config_flag(default: str, help_text: str, flag_values=flags.FLAGS):
 
 def _no_such_setting(e: Exception) -> NoReturn:
   """ml_collections' error for an override naming no setting (with its "Did you mean")."""
-  wrong = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
+  overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
   why = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\'", "'")
   name, _, hint = why.strip("'\"").partition("'")
-  fail(f"{wrong}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")
+  wrong = [a for a in overrides if re.search(rf"\.{re.escape(name)}(=|$)", a)] or overrides
+  fail(f"{' '.join(wrong)}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")
 
 
 def parse_flags(argv: list, flag_values=flags.FLAGS) -> list:
