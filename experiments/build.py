@@ -149,27 +149,14 @@ class Run:
                          batch_specs=self.batch_specs, mutable=self.config.model.mutable)
 
 
-def mesh_shape(spec: str, num_devices: int, method_axes: dict | None = None) -> dict:
-  """{axis: size} of config.mesh; "" is one `data` axis over every device.
-
-  Its axes are MESH_AXES and any axis the method's settings name (`hierarchical`'s
-  `slow_axis` / `fast_axis`): a name nobody uses is a typo, refused with the nearest name.
-  """
+def mesh_shape(spec: str, num_devices: int) -> dict:
+  """{axis: size} of config.mesh; "" is one `data` axis over every device."""
   if not spec:
     return {"data": num_devices}
   try:
     shape = parallel.parse_mesh(spec)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
-  method_axes = method_axes or {}  # {setting: axis name}
-  known = (*MESH_AXES, *method_axes.values())
-  for axis in shape:  # free names are the library's (parallel.make_mesh), not a config's
-    if axis not in known:
-      near = difflib.get_close_matches(axis, known, n=1)
-      named = "".join(f", {a!r} (config.{k})" for k, a in method_axes.items())
-      raise ValueError(f"config.mesh {spec!r}: unknown axis {axis!r}"
-                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: "
-                       f"{', '.join(MESH_AXES)}{named}.")
   if math.prod(shape.values()) != num_devices:
     raise ValueError(f"config.mesh {spec!r} multiplies to {math.prod(shape.values())}, but "
                      f"there are {num_devices} devices.")
@@ -179,6 +166,22 @@ def mesh_shape(spec: str, num_devices: int, method_axes: dict | None = None) -> 
   if all(a in MODEL_AXES for a in shape):  # the batch needs an axis, if only of size 1
     shape = {"data": 1, **shape}
   return shape
+
+
+def check_mesh_axes(config: ml_collections.ConfigDict) -> None:
+  """config.mesh names MESH_AXES and the axes the method's settings name (`hierarchical`'s
+  `slow_axis` / `fast_axis`) only: any other name is a typo, refused with the nearest name.
+  (`parallel.make_mesh` keeps free names for a library user who reduces them.)"""
+  named = {f"method.{k}": a for k, a in config.method.items()
+           if k.endswith("_axis") and isinstance(a, str)}
+  known = (*MESH_AXES, *named.values())
+  for axis in (parallel.parse_mesh(config.mesh) if config.mesh else {}):
+    if axis not in known:
+      near = difflib.get_close_matches(axis, known, n=1)
+      raise ValueError(f"config.mesh {config.mesh!r}: unknown axis {axis!r}"
+                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: "
+                       f"{', '.join(MESH_AXES)}"
+                       f"{''.join(f', {a!r} (config.{k})' for k, a in named.items())}.")
 
 
 def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = False) -> Run:
@@ -196,9 +199,8 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   """
   _config.check(config)
   devices = jax.devices() if devices is None else list(devices)
-  shape = mesh_shape(config.mesh, len(devices), {
-      f"method.{k}": v for k, v in config.method.items()
-      if k.endswith("_axis") and isinstance(v, str)})
+  shape = mesh_shape(config.mesh, len(devices))
+  check_mesh_axes(config)
   method = load_method(config.method.name)
   # The sequence axis splits the batch too: each shard's gradient is a partial sum.
   batch_axes = tuple(a for a in shape if a not in MODEL_AXES or a == "sequence")

@@ -40,7 +40,7 @@ FACTORIES = {
 
 
 # Factory arguments the run supplies (experiments.build.Context), not settings.
-CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather"}
+CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather", "views"}
 
 
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
