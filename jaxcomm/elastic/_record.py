@@ -71,8 +71,10 @@ class _Saver:
 
   def save(self, snapshot, info) -> None:
     if self.checkpointer is None:
+      # Synchronous: a leader that dies leaves no save half done in a background thread
+      # (seen once: the next save of the same step met its temporary directory).
       self.checkpointer = train.Checkpointer(self.directory, every=self.every, keep=self.keep,
-                                             processes={jax.process_index()})
+                                             async_save=False, processes={jax.process_index()})
     self.checkpointer.save(snapshot, force=True, info=info)
 
   def close(self) -> None:
