@@ -22,6 +22,8 @@ from jax._src.lib import _jax
 
 logger = logging.getLogger(__name__)
 
+GLOBAL_TOPOLOGY = "cpu:global_topology/cpu"
+
 
 def serve(address: str, num_processes: int, *, heartbeat_timeout_s: int,
           shutdown_timeout_s: int = 30):
@@ -55,4 +57,10 @@ def connect(coordinator: str, num_processes: int, process_id: int, *,
       coordinator, process_id, init_timeout=init_timeout_s, use_compression=True,
       heartbeat_timeout=heartbeat_timeout_s)
   state.client.connect()
+  if process_id == 0:
+    # XLA's CPU client has node 0 write the global device topology to the key-value store,
+    # create-only, when its backend starts; a process 0 that restarts into a running job
+    # would fail on it ("ALREADY_EXISTS: key cpu:global_topology/cpu already exists"). It
+    # writes the same topology again (the others read it once, at their start).
+    state.client.key_value_delete(GLOBAL_TOPOLOGY)
   state.initialize_preemption_sync_manager()
