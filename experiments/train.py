@@ -80,7 +80,7 @@ def main(argv):
   workdir = _WORKDIR.value
   config = run_config(workdir)
   # First, before any computation: joins the other processes of a multi-process run.
-  if config.elastic.enabled:  # processes may die and rejoin (experiments/elastic_run.py)
+  if elastic_mode(config):  # processes may die and rejoin (experiments/elastic_run.py)
     from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
     elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               heartbeat_timeout_s=config.elastic.heartbeat_timeout_s,
@@ -103,7 +103,7 @@ def execute(config, workdir: str) -> int:
     record_config(workdir, config)
   except ValueError as e:  # a user's mistake: one line, no traceback
     sys.exit(f"error: {e}")
-  if config.elastic.enabled:
+  if elastic_mode(config):
     run_elastic(run, workdir)
     return 0
   trainer, state = train_run(run, workdir)
@@ -115,6 +115,11 @@ def execute(config, workdir: str) -> int:
   if jax.process_index() == 0:
     summarize(run, trainer, state, workdir)
   return 0
+
+
+def elastic_mode(config) -> bool:
+  """Whether config.elastic.enabled (a config saved before elastic settings existed: no)."""
+  return bool(config.get("elastic") and config.elastic.enabled)
 
 
 def run_elastic(run, workdir: str) -> None:

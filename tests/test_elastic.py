@@ -391,7 +391,7 @@ def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_refe
                        program_args("diloco", steps, checkpoint_every=steps, log_every=5)
                        + ["--config.elastic.min_workers=1,3@25,2@30",
                           "--config.elastic.quorum_timeout_s=150",
-                          "--config.elastic.deadline_s=5"])
+                          "--config.elastic.deadline_s=5"], timeout=480)
   assert report["returncodes"][0] == report["returncodes"][2] == 0, log[-6000:]
   assert report["incarnations"][0] == [-9, 0] and report["restarted"] == [[0, 20]]
   assert report["continued"] == [[1, 40]]

@@ -50,6 +50,7 @@ import time
 from typing import Callable, Iterator, NamedTuple
 
 import jax
+from jax._src import distributed
 from jax.experimental import multihost_utils
 
 from jaxcomm.elastic._agreement import Planner, candidate_orders, decide
@@ -97,7 +98,6 @@ class Generation(NamedTuple):
 
 def client():
   """The coordination-service client of `jax.distributed` (None on a single process)."""
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
   return distributed.global_state.client
 
 
@@ -181,7 +181,8 @@ class Membership:
         live = tuple(self.view(step, live))
       self._streak = self._streak + 1 if live == self._seen else 0
       gen = self._form(live, step)
-      members = gen.processes + gen.held if gen is not None else tuple(p for p, _ in live)
+      # Held processes (shrink_only) do not vote: they follow the members' decision.
+      members = gen.processes if gen is not None else tuple(p for p, _ in live)
       # Unique per round and the same on every member (joiners too): rounds over one live
       # set are counted from the first of them.
       base = f"{PREFIX}/round/{gen.index if gen else '-'}/{_sig(live)}/{self._streak}"
@@ -271,7 +272,11 @@ class Membership:
     return max(5.0, 3 * statistics.median(self.round_seconds[-20:]))
 
   def _decide(self, base: str, members: tuple, ok: bool) -> bool:
-    outcome = decide(self.client, base, self.pid, members, ok, int(self.deadline() * 1000))
+    if self.pid in members:
+      outcome = decide(self.client, base, self.pid, members, ok,
+                       int(self.deadline() * 1000))
+    else:
+      outcome = json.loads(self._wait_for(f"{base}/decision"))
     self.decided, self.evicted = outcome["commit"], outcome["evicted"]
     for p in self.evicted:  # the evicted process's watchdog reads it and ends it
       inc = dict(self._seen or ()).get(p)
@@ -331,7 +336,7 @@ class Membership:
       sys.stderr.flush()
       with contextlib.suppress(Exception):
         self.client.shutdown()  # leaves the live set now, not after the heartbeat timeout
-      os._exit(EVICTED)  # pylint: disable=protected-access
+      os._exit(EVICTED)
 
     self._watchdog = threading.Thread(target=watch, daemon=True, name="elastic-watchdog")
     self._watchdog.start()

@@ -6,6 +6,7 @@ that whichever process leads (process 0 may be dead) the files continue.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -15,6 +16,8 @@ from typing import Any
 
 import jax
 import numpy as np
+from orbax.checkpoint import multihost as orbax_public_multihost
+from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
 from jaxcomm import train
 from jaxcomm.elastic import _membership
@@ -63,24 +66,41 @@ def local_scalar(x: jax.Array) -> np.ndarray:
 
 class _Saver:
   """The leader's checkpoints of the gathered state (a Checkpointer made when first used:
-  a process that never leads never touches the directory)."""
+  a process that never leads never touches the directory).
+
+  Orbax writes host (numpy) arrays and metadata only on the process whose index is 0 (its
+  numpy handler tests `process_index() == 0`), whatever its `primary_host`; the leader may be
+  any process, so it saves synchronously as orbax's process 0, alone (`processes={0}`).
+  """
 
   def __init__(self, directory, every, keep):
     self.directory, self.every, self.keep = directory, every, keep
     self.checkpointer = None
 
   def save(self, snapshot, info) -> None:
-    if self.checkpointer is None:
-      # Synchronous: a leader that dies leaves no save half done in a background thread
-      # (seen once: the next save of the same step met its temporary directory).
-      self.checkpointer = train.Checkpointer(self.directory, every=self.every, keep=self.keep,
-                                             async_save=False, processes={jax.process_index()})
-    self.checkpointer.save(snapshot, force=True, info=info)
+    with _as_orbax_process_0():
+      if self.checkpointer is None:
+        self.checkpointer = train.Checkpointer(self.directory, every=self.every,
+                                               keep=self.keep, async_save=False,
+                                               processes={0})
+      self.checkpointer.save(snapshot, force=True, info=info)
+      self.checkpointer.wait()
 
   def close(self) -> None:
     if self.checkpointer is not None:
-      self.checkpointer.wait()
-      self.checkpointer.close()
+      with _as_orbax_process_0():
+        self.checkpointer.close()
+
+
+@contextlib.contextmanager
+def _as_orbax_process_0():
+  """Orbax's view of this process's index is 0 inside (see `_Saver`)."""
+  saved = orbax_multihost.process_index, orbax_public_multihost.process_index
+  orbax_multihost.process_index = orbax_public_multihost.process_index = lambda: 0
+  try:
+    yield
+  finally:
+    orbax_multihost.process_index, orbax_public_multihost.process_index = saved
 
 
 class _Record:

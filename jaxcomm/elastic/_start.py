@@ -23,6 +23,7 @@ import logging
 import os
 
 import jax
+from jax._src import xla_bridge
 
 from jaxcomm import _validate as v
 from jaxcomm.elastic import _service
@@ -67,7 +68,6 @@ def start_distributed(coordinator: str | None = None, num_processes: int | None 
     return False
   num_processes = v.integer("num_processes", num_processes, low=1)
   process_id = v.integer("process_id", process_id, low=0, high=num_processes - 1)
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   if xla_bridge.backends_are_initialized():
     raise RuntimeError("jaxcomm.elastic.start_distributed must run before any JAX "
                        "computation (the collective timeout is read when the backend starts).")
