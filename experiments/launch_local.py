@@ -28,7 +28,8 @@ process of an ordinary run, which then fails as a whole).
       --config.steps=400 --workdir=runs/elastic
 
 --kill=P@T arms process P to SIGKILL itself when it is about to take step T (exactly then,
-so runs are reproducible); --stop=P@T to SIGSTOP itself then, and --cont=P@T sends it
+so runs are reproducible); --hang=P@T to hang there (its main thread sleeps, its
+heartbeats go on); --stop=P@T to SIGSTOP itself then, and --cont=P@T sends it
 SIGCONT once a live process has committed step T; --restart=P@T starts P again, with the
 same command line, once P is dead and a live process has committed step T; --partition=
 0+1|2+3@T splits the processes' view of each other from step T. Each takes a
@@ -75,6 +76,8 @@ if __name__ == "__main__":
       "--kill or --restart (--noelastic: a kill brings every process down, as without it).")
   _KILL = flags.DEFINE_list("kill", [], "P@T,...: process P SIGKILLs itself before step T.")
   _STOP = flags.DEFINE_list("stop", [], "P@T,...: process P SIGSTOPs itself before step T.")
+  _HANG = flags.DEFINE_list("hang", [], "P@T,...: process P's main thread hangs before step T "
+                            "(its heartbeats go on).")
   _CONT = flags.DEFINE_list("cont", [], "P@T,...: SIGCONT process P once a live process has "
                             "committed step T.")
   _RESTART = flags.DEFINE_list(
@@ -247,7 +250,8 @@ def start_coordinator(port: int, processes: int, heartbeat_timeout: int) -> subp
 def main_elastic(cmds: list[list[str]], env: dict, port: int) -> None:
   n = len(cmds)
   try:
-    faults = {"kill": schedule("kill", _KILL.value, n), "stop": schedule("stop", _STOP.value, n)}
+    faults = {"kill": schedule("kill", _KILL.value, n), "stop": schedule("stop", _STOP.value, n),
+              "hang": schedule("hang", _HANG.value, n)}
     restarts = schedule("restart", _RESTART.value, n)
     conts = schedule("cont", _CONT.value, n)
   except ValueError as e:
@@ -292,7 +296,7 @@ def main(argv):
   port = free_port()
   cmds = commands(_PROGRAM.value, program_flags, n, _DEVICES.value, _HEARTBEAT.value, port)
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  faulty = _KILL.value or _RESTART.value or _STOP.value or _PARTITION.value
+  faulty = _KILL.value or _RESTART.value or _STOP.value or _HANG.value or _PARTITION.value
   elastic = _ELASTIC.value if _ELASTIC.value is not None else bool(faulty)
   if elastic:
     main_elastic(cmds, env, port)
@@ -301,9 +305,9 @@ def main(argv):
     kills = schedule("kill", _KILL.value, n)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  if _RESTART.value or _STOP.value or _PARTITION.value:
-    raise app.UsageError("--restart, --stop and --partition need an elastic run (drop "
-                         "--noelastic).")
+  if _RESTART.value or _STOP.value or _HANG.value or _PARTITION.value:
+    raise app.UsageError("--restart, --stop, --hang and --partition need an elastic run "
+                         "(drop --noelastic).")
   procs = [subprocess.Popen(c + fault_flags(i, {"kill": kills}), env=env)
            for i, c in enumerate(cmds)]
   try:
