@@ -19,3 +19,15 @@ def build(settings, ctx):
                      outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
                      axis_name=ctx.axis_name, key=ctx.key, codec=ctx.codec(settings.codec),
                      participation=ctx.participation(settings.participation))
+
+
+def local_step(settings) -> str:
+  """A worker's step is the gradient and the inner optimiser; the outer step is once per
+  `sync_every` steps (its compute left out of the per-step figure)."""
+  del settings
+  return "inner"
+
+
+def tuning() -> list:
+  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]

@@ -25,6 +25,7 @@ from jaxcomm.local._hierarchical import HierarchicalState
 from jaxcomm.local._hierarchical import hierarchical
 from jaxcomm.local._local_sgd import LocalSgdState
 from jaxcomm.local._local_sgd import local_sgd
+from jaxcomm.local._muloco import muloco
 from jaxcomm.local._scaffold import ScaffoldState
 from jaxcomm.local._scaffold import scaffold
 from jaxcomm.local._sparseloco import sparseloco
@@ -53,6 +54,7 @@ __all__ = (
     "hierarchical",
     "layer_groups",
     "local_sgd",
+    "muloco",
     "micro_batch_loss",
     "scaffold",
     "sparseloco",
