@@ -35,7 +35,8 @@ FACTORIES = {
     "streaming_diloco": local.streaming_diloco, "sparseloco": local.sparseloco,
     "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
-    "choco": sync.choco, "zero": parallel.zero,
+    "choco": sync.choco, "zero": parallel.zero, "des_loc": local.des_loc,
+    "noloco": local.noloco,
 }
 
 
