@@ -3,6 +3,16 @@
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# JAX's persistent compilation cache, for this run and every subprocess a test starts (they
+# inherit the environment): most of the suite's time is XLA compiling, and many programs
+# (a fixture built on both xdist workers, a hypothesis example, a subprocess run of the same
+# config) are compiled more than once. A gitignored folder; JAXCOMM_TEST_CACHE="" turns it off.
+_CACHE = os.environ.get("JAXCOMM_TEST_CACHE",
+                        os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache", "jax"))
+if _CACHE:
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
+  # Only programs that took a while to compile: the many tiny eager ops are not worth a file.
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import jax  # pylint: disable=wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
