@@ -72,11 +72,12 @@ def des_loc(inner: optax.GradientTransformation, sync_every: int,
     Iacob et al., DES-LOC: Desynced Low Communication Adaptive Optimizers, arXiv 2505.22549.
 
   >>> import jax.numpy as jnp, optax
-  >>> tx = des_loc(optax.adam(0.1), sync_every=2, axis_name=None)
+  >>> tx = des_loc(optax.sgd(0.5, momentum=0.9), sync_every=2, state_every={"trace": 4},
+  ...              axis_name=None)
   >>> params = {"w": jnp.ones(2)}
   >>> updates, state = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
   >>> updates["w"], int(state.count)
-  (Array([-0.1, -0.1], dtype=float32), 1)
+  (Array([-0.5, -0.5], dtype=float32), 1)
   """
   inner, sync_every, axis_name, _ = _core.schedule_args(inner, sync_every, axis_name, None)
   periods = _check_periods(state_every, sync_every)
