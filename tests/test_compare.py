@@ -482,3 +482,16 @@ def test_the_default_list_has_the_methods_a_user_expects():
                    ("compressed", None, "uniform:bits=8,block=256"), ("demo", None, None),
                    ("diloco", None, None), ("streaming_diloco", None, None)):
     assert expected in algos, expected
+
+
+def test_more_methods_run_only_when_named():
+  """DES-LOC, NoLoCo and eager DiLoCo are labels `--methods` may name; `make run` (every
+  label of METHODS) does not run them. Each entry's settings build a valid config."""
+  assert not set(compare.MORE_METHODS) & set(compare.resolve_methods(None))
+  chosen = compare.resolve_methods(["noloco_h10", "des_loc_k10"])
+  assert list(chosen) == ["dp", "noloco_h10", "des_loc_k10"]
+  base = compare_config.get_config()
+  for label, entry in compare.MORE_METHODS.items():
+    c = compare.method_config(base, entry)
+    assert c.method.name == entry["method"], label
+    build.build(c, abstract=True)  # the method's settings are accepted by its factory
