@@ -133,8 +133,9 @@ def test_noloco_matches_reference_with_the_same_pairs_and_bytes(task):
   report = inspect(trainer, state, batches[0])
   assert {c.op for c in report} == {"collective-permute"}
   assert report.wire_bytes(conditional=False) == 0
-  # One branch per matching, each a single ppermute of |θ|.
-  assert len({c.branch for c in report}) == count
+  # One branch per matching, each a single ppermute of |θ| (the leaves fused: one message,
+  # one latency on the clock).
+  assert len(report) == len({c.branch for c in report}) == count
   assert report.wire_bytes(conditional=True) == count * THETA
 
 

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -93,10 +94,20 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
       return message, wire
     graph = pairs(comm.axis_size(axes))
 
+    leaves, treedef = jax.tree.flatten(message)
+    fuse = len({x.dtype for x in leaves}) == 1  # one buffer: one message, one latency
+
     def branch(p):
       def run(m, c):
         perm = [(int(s), i) for i, s in enumerate(graph.sources[p][0])]
-        received, nbytes = comm.ppermute(m, axes, perm)
+        if fuse:
+          flat = jnp.concatenate([x.reshape(-1) for x in jax.tree.leaves(m)])
+          received, nbytes = comm.ppermute(flat, axes, perm)
+          parts = jnp.split(received, np.cumsum([x.size for x in leaves])[:-1])
+          received = jax.tree.unflatten(
+              treedef, [r.reshape(x.shape) for r, x in zip(parts, leaves)])
+        else:
+          received, nbytes = comm.ppermute(m, axes, perm)
         return received, comm.add_bytes(c, nbytes)
       return run
 
