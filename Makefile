@@ -1,19 +1,19 @@
-# `make run` and `make test` work on a fresh machine: they create .venv, install the
-# project with its test extra (again only when pyproject.toml changes), then run.
+# `make run`, `make test` and `make docs` work on a fresh machine: they create .venv, install
+# the project with its test and docs extras (again only when pyproject.toml changes), then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/compare
 
-.PHONY: run test install clean
+.PHONY: run test docs install clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -22,5 +22,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --durations=15 tests
 
+# The documentation site, warnings as errors: docs/_build/html/index.html.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache docs/_build

@@ -11,18 +11,66 @@ import nbformat
 HERE = pathlib.Path(__file__).resolve().parent
 
 SETUP = '''\
-# Setup: install jaxcomm on Colab; emulate 8 CPU devices when there is no 8-device accelerator.
-import os, sys, subprocess
-if "google.colab" in sys.modules:
-  # The package source; point it at your fork or a release if you use one.
-  subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  os.environ.get("JAXCOMM_PIP", "git+https://github.com/jaxcomm/jaxcomm.git")],
-                 check=True)
+# Setup: install jaxcomm where it is missing, then take 8 devices.
+import glob, importlib, importlib.util, os, subprocess, sys
+# JAXCOMM_PIP (a wheel's path or URL, or git+https://... of a fork), else an uploaded wheel.
+wheels = sorted(glob.glob("jaxcomm-*.whl") + glob.glob("/content/jaxcomm-*.whl"))
+source = os.environ.get("JAXCOMM_PIP") or (wheels[-1] if wheels else None)
+if os.environ.get("JAXCOMM_PIP") or importlib.util.find_spec("jaxcomm") is None:
+  if source is None:
+    raise RuntimeError("jaxcomm is not installed: upload dist/jaxcomm-*.whl in the Files pane "
+                       "or set JAXCOMM_PIP (see the cell above), then run this cell again.")
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
+  importlib.invalidate_caches()
 import jax
-# Must run before anything touches devices: only the CPU backend is affected.
+# Emulated CPU devices are set up before anything touches a backend (CPU only is affected).
 jax.config.update("jax_num_cpu_devices", 8)
-DEVICES = jax.devices() if jax.device_count() >= 8 else jax.devices("cpu")
-print(len(DEVICES), "devices:", DEVICES[0].platform)'''
+if jax.device_count() >= 8:  # a TPU v2-8 / v3-8 runtime, a host of 8 GPUs: the real devices
+  DEVICES = jax.devices()
+else:  # a 1-GPU or 1-chip runtime, or CPU: the notebook's 8-device meshes on emulated CPUs
+  print(f"{jax.device_count()} {jax.devices()[0].platform} device(s), fewer than 8: using "
+        "8 emulated CPU devices")
+  DEVICES = jax.devices("cpu")
+import jaxcomm
+print(len(DEVICES), "devices:", DEVICES[0].platform, "| jaxcomm", jaxcomm.__version__,
+      "from", os.path.dirname(jaxcomm.__file__))'''
+
+SETUP_MD = """\
+**Setup.** The next cell installs jaxcomm when it is not installed yet. On Colab, either
+
+* upload the wheel: in a checkout run `pip wheel --no-deps -w dist .` (or
+  `python -m build --wheel`), then drag `dist/jaxcomm-<version>-py3-none-any.whl` into the
+  Files pane (it lands in `/content`, where the cell looks); or
+* set a pip requirement before the cell: `%env JAXCOMM_PIP=<wheel path or URL>` (a
+  `git+https://...` URL of your fork works too).
+
+pip installs jaxcomm's dependencies with it (it may replace the runtime's jax with the
+version jaxcomm pins; restart the runtime if Colab asks). Locally, with jaxcomm installed or
+the checkout on `PYTHONPATH`, the cell installs nothing.
+
+**Devices.** The cell takes the runtime's accelerators when there are at least 8 (a TPU
+v2-8 or v3-8 runtime, 8 GPUs) and otherwise 8 emulated CPU devices (a 1-GPU or 1-chip
+runtime: the meshes below need 8 devices). {devices}"""
+
+# Which cells need how many devices, said at the top of each notebook.
+DEVICE_NOTES = {
+    "01_quickstart.ipynb":
+        "The setup and parameter cells need none; the training, `comm.inspect` and config "
+        "cells run on a `data=8` mesh: 8 devices.",
+    "02_compression.ipynb":
+        "The training cell runs every codec on a `data=8` mesh: 8 devices; the plot needs "
+        "none.",
+    "03_local_updates.ipynb":
+        "DiLoCo, Streaming DiLoCo and data parallelism train on a `data=8` mesh, and so does "
+        "the NNX model of the last part: 8 devices; the WAN clock is simulated on the host.",
+    "04_layouts.ipynb":
+        "Part 1 uses a `data=2 x tensor=4` mesh (8 devices) and its one-device reference on "
+        "the first of them; part 2 lays the LM out over 8 devices in each layout; part 3 "
+        "uses a `data=2 x sequence=4` mesh (8 devices).",
+    "05_gossip_heterogeneous.ipynb":
+        "D-PSGD and data parallelism train 8 workers on a `data=8` mesh, and the "
+        "heterogeneous-workers simulation runs its 8 workers on the same mesh: 8 devices.",
+}
 
 PARAMS = '''\
 # Parameters (the notebook test sets JAXCOMM_NB_STEPS to a small number).
@@ -550,7 +598,8 @@ def main():
       if not hasattr(importlib.import_module(f"jaxcomm.{sub}"), name):
         print(f"skipped {filename}: jaxcomm.{sub}.{name} is not there yet")
         continue
-    nb = nbformat.v4.new_notebook(cells=cells)
+    intro = md(SETUP_MD.format(devices=DEVICE_NOTES[filename]))
+    nb = nbformat.v4.new_notebook(cells=[cells[0], intro, *cells[1:]])
     for i, cell in enumerate(nb.cells):  # stable ids: regenerating changes nothing
       cell.id = f"cell-{i}"
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",

@@ -5,8 +5,8 @@ A run's settings form one tree (`base_config`):
   seed, steps, log_every, checkpoint_every, keep, skip_nonfinite
   mesh          "data=8", "data=2,fsdp=2,tensor=2", "replica=2,data=4" ("" = data over all
                 devices)
-  model         name (lm | mlp | nnx_lm | nnx_mlp | resnet18 | resnet50) and its sizes and
-                layout options
+  model         name (a module of experiments/models/: lm, mlp, nnx_lm, nnx_mlp, resnet18,
+                resnet50; or a .py file of your own) and the models' settings
   data          name (pydoc | stdlib | digits | text:<path> | synthetic:imagenet |
                 synthetic:cifar10), batch_size, seq_len, label_skew
   optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
@@ -36,9 +36,8 @@ import numpy as np
 from ml_collections import config_dict
 
 from experiments import methods
+from experiments import models
 
-MODELS = ("lm", "mlp", "nnx_lm", "nnx_mlp", "resnet18", "resnet50")
-MUTABLE = ("per_worker", "mean")
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
 SPLITS = ("all", "train", "test")
@@ -99,19 +98,12 @@ def from_factory(factory: Callable, *, skip: tuple = (), types: dict | None = No
   return cfg
 
 
-def factory_defaults(factory: Callable) -> dict:
-  """{parameter: default} of a factory's keyword defaults (for tests and docs)."""
-  return {n: p.default for n, p in inspect.signature(factory).parameters.items()
-          if p.default is not inspect.Parameter.empty}
-
-
 # ---------------------------------------------------------------- the whole tree
 def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.ConfigDict:
   """Every setting of a run, with `method`'s settings (its defaults, then `method_settings`).
 
   `method` is a name in experiments/methods/, a dotted module path or a `.py` file path (a
-  method of your own: experiments/methods/README in the module docstring of
-  `experiments.build.load_method`).
+  method of your own: the contract is in experiments/build.py's module docstring).
   """
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -121,15 +113,10 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   c.keep = 3                 # checkpoints kept
   c.skip_nonfinite = False   # skip steps whose gradient is not finite on any worker
   c.mesh = ""                # "" = one data axis over every device
-  c.model = ml_collections.ConfigDict(dict(
-      name="lm", d_model=64, num_layers=2, num_heads=4, d_ff=256, hidden=(64,),
-      vocab_size=256,        # the LM's vocabulary (>= the byte-level corpora's 256)
-      # Layouts of the LM on a mesh with tensor / sequence / pipeline axes.
-      sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
-      microbatches=0,        # pipeline micro-batches per worker (0: one per stage)
-      # NNX models (nnx_lm, nnx_mlp): dropout rate, BatchNorm (nnx_mlp), and how mutable
-      # variables (BatchNorm statistics) are kept: per_worker or mean over the data axes.
-      dropout=0.0, batch_norm=False, mutable="per_worker"))
+  # Every shipped model's settings (experiments/models/<name>.py's defaults()), so that the
+  # command line can switch the model and set its settings; each model reads its own.
+  c.model = models.shared_fields()
+  c.model.name = "lm"
   c.data = ml_collections.ConfigDict(dict(
       name="pydoc", batch_size=32, seq_len=64,
       split="all",           # all | train | test (the dataset's own held-out split)
@@ -388,25 +375,17 @@ def check(c: ml_collections.ConfigDict) -> None:
     ValueError: naming the first setting that is out of range, with the allowed range.
   """
   for path, low in (("steps", 1), ("log_every", 1), ("checkpoint_every", 0), ("keep", 1),
-                    ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1),
-                    ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
-                    ("model.d_ff", 1), ("model.vocab_size", 1), ("model.microbatches", 0)):
+                    ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1)):
     int_at_least(c, path, low)
-  for path, allowed in (("model.name", MODELS), ("model.mutable", MUTABLE),
-                        ("data.pipeline", PIPELINES), ("data.split", SPLITS),
+  models.check(c.model)  # each model's module checks its own settings
+  for path, allowed in (("data.pipeline", PIPELINES), ("data.split", SPLITS),
                         ("optimizer.name", OPTIMIZERS)):
     _one_of(c, path, allowed)
   for path, low, high, low_open, what in (
-      ("model.dropout", 0, 1, False, "in [0, 1)"),
       ("optimizer.lr", 0, math.inf, True, "a finite number > 0"),
       ("optimizer.weight_decay", 0, math.inf, False, "a finite number >= 0"),
       ("data.label_skew", 0, math.inf, False, "0 (iid) or a Dirichlet alpha > 0")):
     number_in(c, path, low, high, low_open, what)
-  if not all(isinstance(h, int) and h >= 1 for h in c.model.hidden):
-    raise ValueError(f"config.model.hidden must be widths >= 1, got {c.model.hidden!r}.")
-  if c.model.d_model % c.model.num_heads:
-    raise ValueError(f"config.model.d_model ({c.model.d_model}) must be divisible by "
-                     f"config.model.num_heads ({c.model.num_heads}).")
   if c.data.name.startswith("folder:") and c.data.pipeline != "grain":
     raise ValueError(f"config.data.name {c.data.name!r} (a folder of text files) is read by "
                      "the grain pipeline: set config.data.pipeline = 'grain'.")

@@ -7,6 +7,8 @@ Subpackages: `codecs` (what travels), `comm` (how it travels, and what it costs)
 checks every codec and transform passes, for your own tests.
 """
 
+import importlib.metadata
+
 from jaxcomm import codecs
 from jaxcomm import comm
 from jaxcomm import data
@@ -20,7 +22,10 @@ from jaxcomm import sync
 from jaxcomm import testing
 from jaxcomm import train
 
-__version__ = "0.1.0"
+try:
+  __version__ = importlib.metadata.version("jaxcomm")  # the installed package's version
+except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, never installed
+  __version__ = "0+unknown"
 
 __all__ = (
     "codecs",

@@ -119,7 +119,7 @@ def text_folder(path: str, seq_len: int, *, pattern: str = "**/*") -> TextWindow
   Args:
     path: the folder; every non-hidden file matching `pattern` (recursively) is read.
     seq_len: tokens per sequence.
-    pattern: a glob pattern relative to `path` (e.g. "*.txt").
+    pattern: a glob pattern relative to `path` (e.g. `"*.txt"`).
 
   Raises:
     ValueError: the folder does not exist, has no non-empty file, or is shorter than one

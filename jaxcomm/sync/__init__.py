@@ -21,6 +21,10 @@ from jaxcomm.sync._lq_sgd import lq_sgd
 from jaxcomm.sync._lq_sgd import lq_sgd_bytes
 from jaxcomm.sync._mean import MeanState
 from jaxcomm.sync._mean import mean
+from jaxcomm.sync._memory import ErrorMemory
+from jaxcomm.sync._memory import ef21
+from jaxcomm.sync._memory import error_feedback
+from jaxcomm.sync._memory import loco
 from jaxcomm.sync._onebit_adam import OnebitAdamState
 from jaxcomm.sync._onebit_adam import onebit_adam
 from jaxcomm.sync._onebit_adam import onebit_adam_bytes
@@ -40,6 +44,7 @@ __all__ = (
     "CompressedState",
     "DemoState",
     "DpsgdState",
+    "ErrorMemory",
     "FractionalRepetition",
     "GRAPHS",
     "GossipGraph",
@@ -55,10 +60,13 @@ __all__ = (
     "demo",
     "demo_bytes",
     "dpsgd",
+    "ef21",
+    "error_feedback",
     "fractional_repetition",
     "gossip",
     "gossip_graph",
     "gradient_coding",
+    "loco",
     "lq_sgd",
     "lq_sgd_bytes",
     "mean",

@@ -60,9 +60,9 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
     alpha: log curvature, > 0.
     block: elements per float32 scale (None: one per vector / chunk).
     collective: "gather" or "two_phase".
-    warm_start, memory, start_iter, min_compression_rate, orthogonalization_epsilon,
-      batch_same_shape, axis_name, key, param_specs: as in `powersgd` (with sharded
-      gradients the whole-matrix view needs the same small inner-axis collectives).
+    warm_start: as in `powersgd`, and so are memory, start_iter, min_compression_rate,
+      orthogonalization_epsilon, batch_same_shape, axis_name, key and param_specs (with
+      sharded gradients the whole-matrix view needs the same small inner-axis collectives).
 
   Returns:
     An `optax.GradientTransformation` with `PowerSGDState` state.

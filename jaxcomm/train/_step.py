@@ -95,6 +95,8 @@ class Trainer:
       "per_worker" (default: each worker's from its own batches, stored with a leading
       worker axis; nothing is sent) or "mean" (averaged over the data axes after every
       step, replicated; the all-reduce is counted in `wire_bytes`).
+    donate: donate the train state to the step (its buffers are reused for the new state;
+      the state passed to `step` is then consumed). True by default.
 
   NNX models: `init(model)` takes an `nnx.Module` and the loss is then
   `loss_fn(model, batch)` (plus `key` when given). The parameters (`nnx.Param`) become a
@@ -102,8 +104,6 @@ class Trainer:
   the other variables become `TrainState.model_state`; RNG streams are reseeded every step
   with `step_key(stream key, step, worker)` (see `jaxcomm.train._nnx`). `model(state)`
   gives the trained model back.
-    donate: donate the train state to the step (its buffers are reused for the new state;
-      the state passed to `step` is then consumed). True by default.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync

@@ -1,0 +1,215 @@
+"""Writes the documentation pages that are derived from other files (conf.py calls `generate`).
+
+* the user guide (guide/*.md) and the landing page's opening (_opening.md): the README's
+  sections, split into pages, their links rewritten to the site's pages;
+* results.md, contributing.md, changelog.md: experiments/RESULTS.md, CONTRIBUTING.md and
+  CHANGELOG.md, links rewritten;
+* notebooks/*.ipynb: colab/'s notebooks with a note that the site shows them unexecuted;
+* api/*.md: one page per public module, an autosummary table and an autodoc entry for every
+  name of the module's `__all__` (so a new public name is documented without editing here).
+
+Generated files are not committed (docs/.gitignore); the README stays the one source.
+"""
+
+import importlib
+import inspect
+import json
+import os
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+# Guide pages: (file stem, title, README `## ` headings it is made of, by prefix). A README
+# section no page names gets a page of its own at the end, so nothing is left out.
+GUIDE = (
+    ("quickstart", "Quickstart", ("Quickstart", "Notebooks")),
+    ("make_run", "`make run` and experiments",
+     ("`make run`", "Experiments: one config per run")),
+    ("methods", "Methods and gradient compression",
+     ("Methods (", "Gradient compression", "Conventions")),
+    ("planning", "Costs and planning real model sizes",
+     ("What communication costs", "Planning real model sizes")),
+    ("layouts", "Layouts", ("Layouts", "Methods over replicas of a sharded model")),
+    ("elastic", "Checkpoints, multi-host runs and elastic training",
+     ("Checkpoints, multi-host runs, faults",)),
+    ("own", "Your own codec, method or model",
+     ("Your own codec, transform or model", "Your own model, data and dashboard")),
+)
+
+# README sections shown elsewhere: the package layout opens the API reference.
+ELSEWHERE = ("Layout",)
+
+# Where a repository file is on the site (relative to docs/); other links become plain text.
+SITE = {
+    "README.md": "index.md",
+    "docs/algorithms.md": "algorithms.md",
+    "experiments/RESULTS.md": "results.md",
+    "CONTRIBUTING.md": "contributing.md",
+    "CHANGELOG.md": "changelog.md",
+}
+SITE.update({f"colab/{p.name}": f"notebooks/{p.name}" for p in (ROOT / "colab").glob("*.ipynb")})
+
+NOTEBOOK_NOTE = (
+    "```{note}\nThis page shows the notebook's code as written; the documentation build does "
+    "not run it (`nb_execution_mode = \"off\"`), so there are no outputs. Run it on Colab "
+    "(setup cell below) or locally: `tests/test_notebooks.py` runs every notebook in CI.\n```")
+
+
+def generate(docs=DOCS):
+  """Writes every derived page under `docs` (a directory laid out like docs/)."""
+  docs = pathlib.Path(docs)
+  _write_guide(docs)
+  for source in ("experiments/RESULTS.md", "CONTRIBUTING.md", "CHANGELOG.md"):
+    page = SITE[source]
+    _write(docs / page, _rewrite_links((ROOT / source).read_text(), source, page))
+  _write_notebooks(docs / "notebooks")
+  write_api(docs / "api")
+
+
+def _write(path, text):
+  """Writes only on a change, so that Sphinx rebuilds only what changed."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if not path.exists() or path.read_text() != text:
+    path.write_text(text)
+
+
+# --- README -> guide -------------------------------------------------------------------------
+
+
+def readme_sections(text):
+  """The README split at its `## ` headings: (opening, [(heading, body), ...])."""
+  parts = re.split(r"^## (.+)\n", text, flags=re.M)  # code blocks hold no `## ` lines
+  opening = parts[0]
+  return opening, list(zip(parts[1::2], parts[2::2]))
+
+
+def _write_guide(docs):
+  source = "README.md"
+  opening, sections = readme_sections((ROOT / source).read_text())
+  opening = re.sub(r"\A# .*\n", "", opening)  # index.md has the title
+  _write(docs / "_opening.md", _rewrite_links(opening, source, "index.md"))
+  used, pages = set(ELSEWHERE), []
+  for stem, title, prefixes in GUIDE:
+    chosen = []
+    for prefix in prefixes:
+      match = ([h for h, _ in sections if h == prefix and h not in used] or
+               [h for h, _ in sections if h.startswith(prefix) and h not in used])
+      if not match:
+        raise ValueError(f"docs/_generate.py: the README has no section '## {prefix}...'")
+      used.add(match[0])
+      chosen.append(match[0])
+    pages.append((stem, title, chosen))
+  for heading, _ in sections:  # sections no page names: a page each
+    if heading not in used:
+      stem = re.sub(r"[^a-z0-9]+", "_", heading.lower()).strip("_")
+      pages.append((stem, heading, [heading]))
+  bodies = dict(sections)
+  for stem, title, chosen in pages:
+    if len(chosen) == 1:
+      text = f"# {title}\n\n{bodies[chosen[0]].strip()}\n"
+    else:
+      text = f"# {title}\n\n" + "\n".join(f"## {h}\n\n{bodies[h].strip()}\n" for h in chosen)
+    _write(docs / "guide" / f"{stem}.md", _rewrite_links(text, source, f"guide/{stem}.md"))
+  toc = "\n".join(f"{stem}" for stem, _, _ in pages)
+  _write(docs / "guide" / "index.md",
+         "# User guide\n\nThe README's sections, one topic per page.\n\n"
+         f"```{{toctree}}\n:maxdepth: 2\n\n{toc}\n```\n")
+
+
+def _rewrite_links(text, source, page):
+  """Points `[text](target)` links of `source` (a repository path) at the site's pages.
+
+  Targets outside the site (source files, other folders) become code text: the site has
+  no page for them and a link would be dead.
+  """
+  here = os.path.dirname(source)
+
+  def one(match):
+    label, target = match.group(1), match.group(2)
+    if re.match(r"[a-z]+:", target) or target.startswith("#"):
+      return match.group(0)
+    path, _, anchor = target.partition("#")
+    repo_path = os.path.normpath(os.path.join(here, path))
+    if repo_path not in SITE:
+      return label if label.startswith("`") else f"{label} (`{repo_path}`)"
+    rel = os.path.relpath(SITE[repo_path], os.path.dirname(page) or ".")
+    return f"[{label}]({rel}{'#' + anchor if anchor else ''})"
+
+  return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)", one, text)
+
+
+# --- notebooks --------------------------------------------------------------------------------
+
+
+def _write_notebooks(out):
+  for path in sorted((ROOT / "colab").glob("*.ipynb")):
+    nb = json.loads(path.read_text())
+    note = {"cell_type": "markdown", "id": "docs-note", "metadata": {},
+            "source": NOTEBOOK_NOTE}
+    nb["cells"].insert(1, note)  # after the title cell
+    _write(out / path.name, json.dumps(nb, indent=1) + "\n")
+  links = "\n".join(sorted(p.stem for p in (ROOT / "colab").glob("*.ipynb")))
+  _write(out / "index.md",
+         "# Notebooks\n\nThe Colab notebooks of `colab/`, rendered without running them: "
+         "the pages show the code, not its outputs (the build sets "
+         "`nb_execution_mode = \"off\"` to stay fast). Each notebook runs top to bottom on "
+         "Colab (CPU, GPU or TPU runtime) or locally on 8 emulated CPU devices; its first "
+         "cells say how to install jaxcomm there and which cells need how many devices.\n\n"
+         f"```{{toctree}}\n:maxdepth: 1\n\n{links}\n```\n")
+
+
+# --- API reference -----------------------------------------------------------------------------
+
+
+def public_modules():
+  """The documented modules: every subpackage named in `jaxcomm.__all__`."""
+  import jaxcomm  # pylint: disable=import-outside-toplevel
+  return [f"jaxcomm.{sub}" for sub in jaxcomm.__all__]
+
+
+def _directive(obj):
+  if inspect.isclass(obj):
+    if issubclass(obj, tuple) and hasattr(obj, "_fields"):  # NamedTuple: fields, no methods
+      return "autoclass", []
+    if issubclass(obj, BaseException):
+      return "autoexception", []
+    return "autoclass", [":members:"]
+  if inspect.isroutine(obj) or hasattr(obj, "__wrapped__"):
+    return "autofunction", []
+  return "autodata", [":no-value:"]
+
+
+def api_page(modname):
+  """The reference page of one module: its docstring, a summary table, every public name."""
+  module = importlib.import_module(modname)
+  names = list(module.__all__)
+  lines = [f"# `{modname}`", "", "```{eval-rst}", f".. automodule:: {modname}", "   :no-members:",
+           "", f".. currentmodule:: {modname}", "", ".. autosummary::", "   :nosignatures:", ""]
+  lines += [f"   {name}" for name in names]
+  lines.append("")
+  for name in names:
+    directive, options = _directive(getattr(module, name))
+    lines.append(f".. {directive}:: {name}")
+    lines += [f"   {option}" for option in options]
+    lines.append("")
+  lines.append("```")
+  return "\n".join(lines) + "\n"
+
+
+def write_api(out):
+  """Writes api/index.md and api/<module>.md for every public module."""
+  out = pathlib.Path(out)
+  modules = public_modules()
+  for modname in modules:
+    _write(out / f"{modname.split('.', 1)[1]}.md", api_page(modname))
+  toc = "\n".join(modname.split(".", 1)[1] for modname in modules)
+  opening, sections = readme_sections((ROOT / "README.md").read_text())
+  del opening
+  layout = dict(sections).get("Layout", "").strip()
+  _write(out / "index.md",
+         "# API reference\n\nGenerated from the docstrings of every public module: each name "
+         "in a subpackage's `__all__` has an entry, with its `>>>` example (the test suite "
+         "runs them). The package, as laid out in the README:\n\n"
+         f"{layout}\n\n```{{toctree}}\n:maxdepth: 1\n\n{toc}\n```\n")
