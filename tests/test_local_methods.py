@@ -6,7 +6,6 @@ held three ways: counted in state, `comm.inspect` of the compiled step, and a fo
 here for the MLP's n = 1210 float32 parameters (4840 bytes).
 """
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,11 +13,21 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from jaxcomm import comm, local, sim, sync
-from test_local import LR, NESTEROV, W, blocks, close, run_trainer, stack, task  # noqa: F401
+from jaxcomm import comm, data, local, models, sim, sync
+from test_local import B, LR, NESTEROV, W, blocks, close, run_trainer, stack
 
 THETA = 4840                      # |θ| b: 1210 float32
 ALLREDUCE = 2 * THETA * (W - 1) // W  # 8470: one all-reduce of |θ| on 8 workers
+
+
+@pytest.fixture(scope="module")
+def task():
+  """test_local's task: the MLP 64 -> 16 -> 10 on digits, 8 batches, per-worker gradients."""
+  model = models.MLP(hidden=(16,), num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  ds = data.digits()
+  return params, loss, [ds.batch(t, B) for t in range(8)], jax.jit(jax.vmap(jax.grad(loss)))
 
 
 def inspect(trainer, state, batch):
