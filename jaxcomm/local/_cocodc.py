@@ -40,8 +40,17 @@ def cocodc(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   fragment to send is not implemented (fragments sync in streaming's fixed order).
 
   Args:
-    inner, outer, sync_every, fragments, overlap, alpha, axis_name, codec, collective,
-      participation, key: as in `streaming_diloco`.
+    inner: the optimiser each worker runs.
+    outer: the outer optimiser; one state per fragment.
+    sync_every: H >= 1, as in `streaming_diloco`.
+    fragments: P, as in `streaming_diloco`.
+    overlap: τ in [0, H), as in `streaming_diloco`.
+    alpha: the local fragment's weight at the merge, as in `streaming_diloco`.
+    axis_name: the mesh axis (or tuple of axes) of the workers; None for one device.
+    codec: the outer gradient's codec, as in `streaming_diloco` ("auto" is fp4).
+    collective: how the codec's payloads travel, as in `streaming_diloco`.
+    participation: optional live-worker mask per sync, as in `streaming_diloco`.
+    key: PRNG key of stochastic codecs; None is `jax.random.key(0)`.
     dc_lambda: λ >= 0. Δ_p sums H inner steps, so Δ_p ⊙ Δ_p is far smaller than a squared
       gradient and λ is larger than DC-ASGD's (the default 1.0 is a placeholder, not the
       paper's value).
