@@ -73,6 +73,12 @@ METHODS: dict[str, dict] = {
     "streaming_h10_2phase": {**compare.METHODS["streaming_h10"], "collective": "two_phase"},
     "diloco_h100_int8_2phase": {"method": "diloco", "sync_every": 100,
                                 "codec": "uniform:bits=8,block=256", "collective": "two_phase"},
+    # Muon (data parallel over the replicas) with its matrices orthogonalised whole inside a
+    # replica: by an owner (all-to-all in and out) or by Gram all-reduces per iteration.
+    "muon_owner": {"method": "muon", "strategy": "owner"},
+    "muon_gram": {"method": "muon", "strategy": "gram"},
+    # MuLoCo (arXiv 2505.23725): Muon inner steps, H = 30, 2-bit outer gradients with EF.
+    "muloco_h30_2bit_ef": {"method": "muloco", "sync_every": 30, "bits": 2, "memory": "ef"},
 }
 CONFIG_LABEL = "config"  # --methods entry: the method of --config
 REFERENCE = "dp"

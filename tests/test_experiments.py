@@ -36,13 +36,16 @@ FACTORIES = {
     "streaming_diloco": local.streaming_diloco, "sparseloco": local.sparseloco,
     "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
-    "choco": sync.choco, "zero": parallel.zero, "des_loc": local.des_loc,
-    "noloco": local.noloco,
+    "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
+    "des_loc": local.des_loc, "noloco": local.noloco,
 }
 
 
 # Factory arguments the run supplies (experiments.build.Context), not settings.
 CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather"}
+# Factory arguments that are objects a method module builds, not settings: Muon's tree of
+# dimension numbers, MuLoCo's outer optimiser (settings outer_lr, outer_momentum).
+BUILT = {"muon_weight_dimension_numbers", "outer"}
 
 
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -115,7 +118,7 @@ def test_method_defaults_are_the_factorys(method):
   params = inspect.signature(FACTORIES[method]).parameters
   defaulted = [k for k, p in params.items() if p.default is not inspect.Parameter.empty]
   # Every default is a setting, except what the run's context supplies.
-  assert set(defaulted) - set(settings.keys()) <= CONTEXT, method
+  assert set(defaulted) - set(settings.keys()) <= CONTEXT | BUILT, method
   for name in set(defaulted) & set(settings.keys()):
     default = params[name].default
     if isinstance(default, (bool, int, float, str, tuple)) or default is None:
@@ -132,6 +135,8 @@ CHOSEN = {
     ("stale", "compensation"): "the DC-ASGD config shows the compensation",
     ("choco", "consensus_step"): "gamma 0.5 is stable on a ring with bf16 gossip",
     ("zero", "memory"): "int8 gradients with error feedback",
+    ("muloco", "bits"): "the paper's headline: 2-bit outer gradients with error feedback",
+    ("muloco", "memory"): "the paper's headline: 2-bit outer gradients with error feedback",
 }
 
 

@@ -164,6 +164,8 @@ LONG_MODULES = {
     "jaxcomm/sync/_gossip.py": "one algorithm family: D-PSGD and CHOCO over a gossip graph",
     "jaxcomm/comm/_inspect.py": "one algorithm: the collectives read out of optimised HLO",
     "jaxcomm/parallel/_zero.py": "one algorithm: ZeRO stages 1 to 3",
+    "jaxcomm/sync/_muon.py": "one algorithm: Muon's Newton-Schulz step, owner-based or by Gram "
+                             "all-reduces over sharded matrices",
 }
 
 

@@ -43,6 +43,7 @@ FACTORIES = {
                       _stage),
     "sync.lq_sgd": (lambda inner: sync.lq_sgd(1, min_compression_rate=0, axis_name=None),
                     _stage),
+    "sync.muon": (lambda inner: sync.muon(0.05, axis_name=None), lambda tx: tx),
     "sync.onebit_adam": (lambda inner: sync.onebit_adam(0.05, freeze_step=20, axis_name=None),
                          lambda tx: tx),
     "sync.demo": (lambda inner: sync.demo(0.02, chunk=4, k=4, axis_name=None), lambda tx: tx),
@@ -65,6 +66,10 @@ FACTORIES = {
     "local.hierarchical": (lambda inner: local.hierarchical(inner, 2, None, None),
                            lambda tx: tx),
     "local.local_sgd": (lambda inner: local.local_sgd(inner, 2, None), lambda tx: tx),
+    # Outer SGD(1.0): Muon's steps do not shrink near the optimum, and the default outer
+    # Nesterov momentum (0.7, 0.9) keeps them oscillating on the quadratic at this lr.
+    "local.muloco": (lambda inner: local.muloco(0.05, 2, None, outer=optax.sgd(1.0), bits=4,
+                                                block=4, memory="ef"), lambda tx: tx),
     "local.noloco": (lambda inner: local.noloco(inner, 2, None), lambda tx: tx),
     "local.scaffold": (lambda inner: local.scaffold(inner, 2, None), lambda tx: tx),
     "local.sparseloco": (lambda inner: local.sparseloco(inner, 2, density=0.5, bits=None,

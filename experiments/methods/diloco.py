@@ -27,3 +27,15 @@ def build(settings, ctx):
 def overlap_steps(settings) -> int:
   """Eager updates use sync k's mean at sync k + 1: the all-reduce overlaps H inner steps."""
   return settings.sync_every if settings.eager else 0
+
+
+def local_step(settings) -> str:
+  """A worker's step is the gradient and the inner optimiser; the outer step is once per
+  `sync_every` steps (its compute left out of the per-step figure)."""
+  del settings
+  return "inner"
+
+
+def tuning() -> list:
+  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]

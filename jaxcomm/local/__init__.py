@@ -28,6 +28,7 @@ from jaxcomm.local._hierarchical import HierarchicalState
 from jaxcomm.local._hierarchical import hierarchical
 from jaxcomm.local._local_sgd import LocalSgdState
 from jaxcomm.local._local_sgd import local_sgd
+from jaxcomm.local._muloco import muloco
 from jaxcomm.local._noloco import NolocoState
 from jaxcomm.local._noloco import noloco
 from jaxcomm.local._scaffold import ScaffoldState
@@ -62,6 +63,7 @@ __all__ = (
     "hierarchical",
     "layer_groups",
     "local_sgd",
+    "muloco",
     "micro_batch_loss",
     "noloco",
     "scaffold",

@@ -25,6 +25,8 @@ from jaxcomm.sync._memory import ErrorMemory
 from jaxcomm.sync._memory import ef21
 from jaxcomm.sync._memory import error_feedback
 from jaxcomm.sync._memory import loco
+from jaxcomm.sync._muon import MuonState
+from jaxcomm.sync._muon import muon
 from jaxcomm.sync._onebit_adam import OnebitAdamState
 from jaxcomm.sync._onebit_adam import onebit_adam
 from jaxcomm.sync._onebit_adam import onebit_adam_bytes
@@ -50,6 +52,7 @@ __all__ = (
     "GossipGraph",
     "GradientCodingState",
     "MeanState",
+    "MuonState",
     "OnebitAdamState",
     "PowerSGDState",
     "SkipNonfiniteState",
@@ -70,6 +73,7 @@ __all__ = (
     "lq_sgd",
     "lq_sgd_bytes",
     "mean",
+    "muon",
     "onebit_adam",
     "onebit_adam_bytes",
     "powersgd",
