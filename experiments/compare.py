@@ -43,9 +43,9 @@ link, per-seed times, the compute figures with their spread, a sensitivity line 
 compute +-20 %, the performance profile's area and the geometric-mean speed-up),
 `results.json` (every number), `loss_vs_time.png`, `loss_vs_bytes.png` and `profile.png`.
 
-Methods: `METHODS` (labels), any method of experiments/methods/ by name, or a method module
-of your own as a dotted module path or a `.py` file (`--methods=dp_bf16,/path/my_method.py`;
-its label is the module's name).
+Methods: `METHODS` (labels; `MORE_METHODS` only when named), any method of
+experiments/methods/ by name, or a method module of your own as a dotted module path or a
+`.py` file (`--methods=dp_bf16,/path/my_method.py`; its label is the module's name).
 """
 
 from __future__ import annotations
@@ -95,6 +95,16 @@ METHODS: dict[str, dict] = {
     # ACCO (arXiv 2406.02613): one micro-batch per round; a round's reduce-scatter and
     # all-gather overlap the next round's gradient.
     "acco": {"method": "acco"},
+}
+
+# Labels `--methods` may name that a plain `make run` does not run (the methods of
+# arXiv 2502.12996, 2505.22549 and 2506.10911 at H = K_x = 10; Local Adam is DES-LOC with
+# every period K_x).
+MORE_METHODS: dict[str, dict] = {
+    "diloco_h10_eager": {"method": "diloco", "sync_every": 10, "eager": True},
+    "des_loc_k10": {"method": "des_loc", "sync_every": 10},
+    "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
+    "noloco_h10": {"method": "noloco", "sync_every": 10},
 }
 
 # How each method ended on a link (besides reaching the target).
@@ -204,6 +214,7 @@ def resolve_methods(labels: list | None, catalog: dict | None = None,
   method of experiments/methods/, a dotted module path or a `.py` file (a plugin: its label
   is the module's name); anything else is an error naming the allowed values."""
   from experiments import build  # pylint: disable=import-outside-toplevel
+  known = {**METHODS, **MORE_METHODS} if catalog is None else catalog
   catalog = METHODS if catalog is None else catalog
   if reference not in catalog:
     raise ValueError(f"config.compare.reference {reference!r} is not a method label; "
@@ -211,8 +222,8 @@ def resolve_methods(labels: list | None, catalog: dict | None = None,
   labels = list(catalog) if labels is None else list(labels)
   chosen = {reference: catalog[reference]}
   for name in labels:
-    if name in catalog:
-      label, entry = name, catalog[name]
+    if name in known:
+      label, entry = name, known[name]
     elif name.endswith(".py") or "." in name or name in build.available_methods():
       build.load_method(name)  # a missing file or module fails here, naming it
       label = os.path.splitext(os.path.basename(name))[0].rsplit(".", 1)[-1]

@@ -37,6 +37,7 @@ FACTORIES = {
     "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
     "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
+    "des_loc": local.des_loc, "noloco": local.noloco,
 }
 
 
