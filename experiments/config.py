@@ -29,7 +29,6 @@ setting (`check`).
 from __future__ import annotations
 
 import inspect
-import sys
 import math
 import numbers
 from typing import Any, Callable
@@ -484,14 +483,7 @@ def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
 
 
 def define_config_flag(default: str, help_text: str):
-  """`--config` (`ml_collections.config_flags`, locked: overrides must name an existing
-  setting). config_flags reads the command line's `--config.<path>` overrides when the flag
-  is defined; a path that names no setting is reported as one line instead of a traceback."""
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  try:
-    return config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
-  except (AttributeError, KeyError) as e:
-    wrong = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
-    why = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\'", "'")
-    name, _, hint = why.strip("'\"").partition("'")
-    sys.exit(f"error: {wrong}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")
+  """`--config` for a program: `experiments._cli.config_flag` (one line for an override that
+  names no setting; `--help` shows how overrides are written)."""
+  from experiments import _cli  # pylint: disable=import-outside-toplevel
+  return _cli.config_flag(default, help_text)

@@ -43,9 +43,9 @@ import resource
 import sys
 import time
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _plugins
 from experiments import compare
 from experiments import config as _config
@@ -231,7 +231,8 @@ def topology(mesh_shape: dict, link, inner):
 # ---------------------------------------------------------------- planning
 def _param_count(params) -> int:
   import jax  # pylint: disable=import-outside-toplevel
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params) if comm.is_numeric(x)))
 
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
@@ -446,7 +447,8 @@ def _header(c, model, mesh, dev, mfu, compute_seconds, records, tokens, steps) -
 def table(records: list, links: dict) -> str:
   """Markdown: bytes, memory and compute per method; step time and crossover per link."""
   dp = next(r for r in records if r["method"] == REFERENCE)
-  head = ["method", "mesh", "bytes/step/device", "by axis", "DP / method (outer axis)",
+  head = ["method", "mesh", "bytes/device, mean per step", "by axis, mean per step",
+          "DP bytes / bytes (outer axis, mean per step)",
           "state/device", "peak/device (XLA:CPU)", "compute/step"]
   head += [f"step on {n}" for n in links] + [f"beats DP below ({n})" for n in links]
   rows = []
@@ -503,7 +505,7 @@ def main(argv):
     from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
     n = math.prod(parallel.parse_mesh(_MESH.value).values())
   except ValueError as e:
-    sys.exit(f"error: --mesh {_MESH.value!r}: {e}")
+    _cli.fail(f"--mesh {_MESH.value!r}: {e}")
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", n)
   try:
@@ -512,8 +514,8 @@ def main(argv):
         device=_DEVICE.value, mfu=_MFU.value, compute_seconds=_COMPUTE.value,
         batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value)
   except ValueError as e:  # a user's mistake: one line, no traceback
-    sys.exit(f"error: {e}")
+    _cli.fail(e)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

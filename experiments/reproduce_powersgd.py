@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _reproduce as rep
 
 
@@ -92,4 +92,4 @@ def main(argv):
 if __name__ == "__main__":
   rep.define_flags(ranks=("list", ["1", "2", "4"], "PowerSGD ranks."),
                    table=("bool", True, "Compile the ResNet-18 compression table."))
-  app.run(main)
+  _cli.run(main)

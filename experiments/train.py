@@ -11,8 +11,9 @@ refused, except a larger `steps`). A setting out of range ends the program befor
 compiles with one line naming it (exit status 1).
 
 Writes `metrics.jsonl` and `summary.json` into --workdir and prints a summary: final loss,
-wire bytes per step, the compression ratio against exact data parallelism and, on meshes
-with model axes, the compiled step's bytes per mesh axis.
+wire bytes (means per step), the ratio "DP bytes / bytes" against exact data parallelism on
+the same mesh over the axes the method synchronises (its compiled step), and, on meshes
+with more axes, the compiled step's bytes per mesh axis.
 
 Checkpoints go to --workdir/checkpoints every `config.checkpoint_every` steps and at the end
 (the last `config.keep` are kept). Preemption: on SIGTERM (one process; on several, JAX's
@@ -32,9 +33,9 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import config as _config
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "dp.py")
@@ -101,8 +102,8 @@ def execute(config, workdir: str) -> int:
   try:
     run = build.build(config)
     record_config(workdir, config)
-  except ValueError as e:  # a user's mistake: one line, no traceback
-    sys.exit(f"error: {e}")
+  except ValueError as e:  # a user's mistake: one line, no traceback, nothing written
+    _cli.fail(e)
   if elastic_mode(config):
     run_elastic(run, workdir)
     return 0
@@ -159,43 +160,62 @@ def train_run(run, workdir: str):
 
 
 def summarize(run, trainer, state, workdir: str) -> dict:
-  """Writes summary.json (the whole run's record, across resumptions) and prints it."""
+  """Writes summary.json (the whole run's record, across resumptions) and prints it.
+
+  The ratio is against exact DP on the same mesh over the axes the method synchronises
+  (experiments/_reference.py), both as means per step; the bytes by mesh axis are the
+  compiled step's, means per step too.
+  """
+  del trainer
   import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import _reference  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm  # pylint: disable=import-outside-toplevel
   c = run.config
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     last = ([json.loads(line) for line in f if line.strip()] or [{}])[-1]
   steps_done = int(state.step)
-  dp_bytes = comm.allreduce_bytes(comm.tree_bytes(run.params), run.num_workers)
   per_step = last.get("total_wire_bytes", 0) / max(steps_done, 1)
+  axes = comm.axis_names(run.method_axes)
+  devices = list(run.mesh.devices.flat)
+  dp_bytes = _reference.dp_bytes(c, axes, devices)
+  by_axis = None
+  if set(run.mesh.axis_names) <= set(axes):
+    own = per_step  # every counted byte crosses the method's axes
+  else:  # read the method's axes out of its compiled step (and every axis, for the record)
+    step, _ = _reference.step_plan(c, devices, steps=steps_done)
+    own = _reference.axis_bytes(step, axes)
+    by_axis = {",".join(k) or "?": v for k, v in step.bytes_per_axis().items()}
+  over = ",".join(axes)
   summary = {
       "method": c.method.name, "model": c.model.name, "dataset": c.data.name,
       "mesh": dict(run.mesh.shape), "steps": steps_done, "workers": run.num_workers,
       "processes": jax.process_count(), "final_loss": last.get("loss"),
-      "skipped_steps": last.get("skipped_steps", 0), "wire_bytes_per_step": per_step,
-      "dp_wire_bytes_per_step": dp_bytes,
-      "compression_ratio": dp_bytes / per_step if per_step else float("inf"),
+      "skipped_steps": last.get("skipped_steps", 0),
+      "wire_bytes_per_step": per_step,              # counted, every axis, mean per step
+      "method_axes": list(axes),
+      "method_wire_bytes_per_step": own,            # over the method's axes, mean per step
+      "dp_wire_bytes_per_step": dp_bytes,           # DP on this mesh, same axes, per step
+      "compression_ratio": dp_bytes / own if own else float("inf"),
   }
-  model_axes = [a for a in run.mesh.axis_names if a in build.MODEL_AXES]
-  if model_axes:
-    # Activation traffic (K/V rotations, all-to-alls, pipeline sends) is not in the
-    # optimiser's counters: read every collective of the compiled step.
-    batch = trainer.shard_batch(run.batches(0))
-    report = comm.inspect(trainer.step_fn(state, batch), state, batch, mesh=run.mesh)
-    summary["step_wire_bytes_by_axis"] = {",".join(k) or "?": v
-                                          for k, v in report.by_axis().items()}
+  if by_axis is not None:
+    summary["step_wire_bytes_by_axis"] = by_axis  # compiled step, mean per step
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   print(f"{c.method.name} on {c.model.name}/{c.data.name}, mesh {summary['mesh']}, "
         f"{run.num_workers} workers in {jax.process_count()} process(es), {steps_done} steps")
+  lines = []
   if summary["final_loss"] is not None:
-    print(f"  final loss            {summary['final_loss']:.4f}")
-  print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
-  print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
-  if model_axes:
-    print("  compiled step wire bytes by axis "
-          f"{ {k: f'{v:,.0f}' for k, v in summary['step_wire_bytes_by_axis'].items()} }")
+    lines.append(("final loss", f"{summary['final_loss']:.4f}"))
+  lines.append(("wire bytes, mean per step", f"{per_step:,.0f} (counted, every axis)"))
+  if by_axis is not None:
+    lines.append((f"over {over}, mean per step", f"{own:,.0f}"))
+    lines.append(("compiled step by axis, mean per step",
+                  ", ".join(f"{k} {v:,.0f}" for k, v in by_axis.items())))
+  lines.append((f"exact DP over {over}, this mesh", f"{dp_bytes:,.0f} per step"))
+  lines.append((f"DP bytes / bytes (over {over})", f"{summary['compression_ratio']:.2f}x"))
+  width = max(len(k) for k, _ in lines)
+  for k, value in lines:
+    print(f"  {k.ljust(width)}  {value}")
   return summary
 
 
@@ -221,4 +241,4 @@ def record_config(workdir: str, config) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

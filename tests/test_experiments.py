@@ -42,7 +42,7 @@ FACTORIES = {
 
 
 # Factory arguments the run supplies (experiments.build.Context), not settings.
-CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather"}
+CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather", "views"}
 # Factory arguments that are objects a method module builds, not settings: Muon's tree of
 # dimension numbers, MuLoCo's outer optimiser (settings outer_lr, outer_momentum).
 BUILT = {"muon_weight_dimension_numbers", "outer"}

@@ -17,6 +17,7 @@ from jaxcomm.comm._collectives import axis_size
 from jaxcomm.comm._collectives import from_bits
 from jaxcomm.comm._collectives import ppermute
 from jaxcomm.comm._collectives import reduce_scatter
+from jaxcomm.comm._collectives import is_numeric
 from jaxcomm.comm._collectives import reduce_scatter_bytes
 from jaxcomm.comm._collectives import require_varying
 from jaxcomm.comm._collectives import shift
@@ -68,6 +69,7 @@ __all__ = (
     "CollectiveReport",
     "CommCost",
     "CompressedSum",
+    "is_numeric",
     "ScatteredSum",
     "Link",
     "OPS",
