@@ -29,7 +29,7 @@ def axis_bytes(step: Any, axes: Iterable[str]) -> float:
 
 def step_plan(config, devices=None, steps: int = 1):
   """(`jaxcomm.plan.StepPlan` of `config`'s step, compiled for abstract inputs, its Run)."""
-  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  from jaxcomm import plan
   run = build.build(config, devices, abstract=True)
   return plan.compile_step(run.trainer(), run.params, run.batches(0), steps=steps), run
 

@@ -102,7 +102,7 @@ def partition_view(faults: dict):
   at, groups = faults["partition"]
 
   def view(step, live):
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     if step < at:
       return live
     mine = next(g for g in groups if jax.process_index() in g)
@@ -126,7 +126,7 @@ def progress_writer(path: str | None) -> Callable[[int], None] | None:
 
 def quorum(c):
   """`jaxcomm.elastic.Quorum` of config.elastic."""
-  from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+  from jaxcomm import elastic
   e = c.elastic
   return elastic.Quorum(min_workers=_config.min_workers(e.min_workers), majority=e.majority,
                         timeout_s=e.quorum_timeout_s, join_window_s=e.join_window_s,
@@ -137,8 +137,8 @@ def run(make_trainer, params, batch_fn, c, *, steps: int, round_steps: int, work
         faults: dict, progress_file: str | None) -> dict:
   """Trains with `jaxcomm.elastic.fit`; returns (and, on the last leader, writes) the
   summary. Exits with status NO_QUORUM when no valid quorum formed."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+  import jax
+  from jaxcomm import elastic
   began = time.perf_counter()
   try:
     result = elastic.fit(

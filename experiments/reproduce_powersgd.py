@@ -30,8 +30,8 @@ LR = 0.1  # momentum SGD on the digits MLP
 
 def compression_rows(ranks, workers: int) -> list:
   """[method, floats/step, DP / method] on ResNet-18's shapes (compiled, not run)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import compression_table  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import compression_table
   wanted = ["exact DP (f32 all-reduce)"] + [f"PowerSGD rank {r}" for r in ranks]
   makers = dict(compression_table.methods())
   params = compression_table.model_params("resnet18")

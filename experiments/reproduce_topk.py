@@ -51,7 +51,7 @@ def run(base, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
 
 
 def _cumsum(values):
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import numpy as np
   return np.cumsum(values)
 
 

@@ -64,7 +64,7 @@ PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (14
 def run_config(workdir: str):
   """The config of this run: --config (with overrides), or the one saved in `workdir` when
   --config is not given and `workdir` holds a run."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
+  import ml_collections
   saved = os.path.join(workdir, "config.json")
   if not flags.FLAGS["config"].present and os.path.exists(saved):
     with open(saved, encoding="utf-8") as f:
@@ -74,15 +74,15 @@ def run_config(workdir: str):
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   workdir = _WORKDIR.value
   config = run_config(workdir)
   # First, before any computation: joins the other processes of a multi-process run.
   if elastic_mode(config):  # processes may die and rejoin (experiments/elastic_run.py)
-    from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+    from jaxcomm import elastic
     elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               heartbeat_timeout_s=config.elastic.heartbeat_timeout_s,
                               collective_timeout_s=config.elastic.collective_timeout_s)
@@ -97,8 +97,8 @@ def main(argv):
 def execute(config, workdir: str) -> int:
   """Builds, trains (resuming from `workdir`) and summarises one run; returns the exit
   status: 0, or PREEMPTED when the run saved a checkpoint and stopped early."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import build
   try:
     run = build.build(config)
     record_config(workdir, config)
@@ -125,8 +125,8 @@ def elastic_mode(config) -> bool:
 
 def run_elastic(run, workdir: str) -> None:
   """Trains `run` with `jaxcomm.elastic` (config.elastic.enabled)."""
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from experiments import elastic_run
+  from jaxcomm import train
   c = run.config
   if set(run.mesh.axis_names) != {"data"} or c.data.label_skew:
     raise ValueError("elastic runs train on one data axis: config.mesh 'data=N' only, no "
@@ -142,14 +142,14 @@ def run_elastic(run, workdir: str) -> None:
 
 def train_run(run, workdir: str):
   """Trains `run` in `workdir` (resuming from its checkpoints); returns (trainer, state)."""
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   c = run.config
   trainer = run.trainer()
   checkpointer = None
   if c.checkpoint_every:
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
+  from experiments import elastic_run
   batches = elastic_run.with_faults(run.batches,  # launch_local --kill (--fault=kill@T)
                                     elastic_run.parse_faults(_FAULT.value))
   state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
@@ -167,9 +167,9 @@ def summarize(run, trainer, state, workdir: str) -> dict:
   compiled step's, means per step too.
   """
   del trainer
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import _reference  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import _reference
+  from jaxcomm import comm
   c = run.config
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     last = ([json.loads(line) for line in f if line.strip()] or [{}])[-1]
@@ -222,8 +222,8 @@ def summarize(run, trainer, state, workdir: str) -> dict:
 def record_config(workdir: str, config) -> None:
   """Writes `config` to workdir/config.json, or refuses a workdir that holds a run with other
   settings (every setting counts except `steps`, which a resumed run may extend)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import config as _config
   settings = json.loads(json.dumps(_config.to_dict(config)))  # as it reads back from disk
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):

@@ -43,7 +43,7 @@ def test_ratios_on_a_replica_mesh_are_against_dp_on_that_mesh(tmp_path):
   both against DP's compiled step over `replica` on the same mesh (a replica's gradient is
   reduce-scattered over fsdp first, so DP sends a quarter of the parameters over replica);
   DiLoCo sends the same all-reduce once in 10 steps."""
-  from experiments import train  # pylint: disable=import-outside-toplevel
+  from experiments import train
   printed = {}
   for method, settings, steps in (("dp", {}, 1), ("diloco", {"sync_every": 10}, 10)):
     c = _tiny_lm(config.base_config(method, **settings))
@@ -111,8 +111,8 @@ def _leaves(tree, prefix=""):
 def _parse(argv):
   """train.py's command line, parsed in-process with the programs' own parser: the config
   (with its overrides) or the SystemExit the program would end with."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from experiments import _cli  # pylint: disable=import-outside-toplevel
+  from absl import flags
+  from experiments import _cli
   fv = flags.FlagValues()
   saved, sys.argv = sys.argv, ["train.py", *argv]
   try:
@@ -148,7 +148,7 @@ def test_every_setting_misspelt_mistyped_or_out_of_range_is_one_line(tmp_path):
   uses and the checks it runs before writing anything: a misspelt name or a wrong type ends
   with one line naming the setting; a value out of range either builds (nothing compiled)
   or ends with one line naming it; nothing else escapes (no traceback); nothing is written."""
-  from experiments import _cli  # pylint: disable=import-outside-toplevel
+  from experiments import _cli
   wrong, counts = [], {"name": 0, "type": 0, "range": 0, "built": 0}
   for method, flag, why in _cases():
     argv = [f"--config={ROOT}/experiments/configs/{method}.py", flag]
@@ -167,7 +167,7 @@ def test_every_setting_misspelt_mistyped_or_out_of_range_is_one_line(tmp_path):
     except SystemExit as e:
       message = str(e.code)
       assert message.startswith("error: "), (flag, message)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       wrong.append((method, flag, f"escaped: {type(e).__name__}: {e}"))
       continue
     counts[why] += 1

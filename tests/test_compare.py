@@ -26,7 +26,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import PartitionSpec as P
 
-from experiments import _compare_clock as clock_lib
 from experiments import _compare_report as report
 from experiments import _compare_stats as stats
 from experiments import build

@@ -340,7 +340,7 @@ def launch(tmp_path, schedule, program_args, *, processes=W, timeout=300):
 
 def reference(algo, steps, extra=None, workers=W):
   """(trainer on `islands`, params, batch_fn) of the same experiment on one process."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import build
   settings = {"sync_every": SYNC} if algo == "diloco" else {}
   c = config.base_config(algo, **settings, **(extra or {}))
   c.steps = steps

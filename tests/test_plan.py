@@ -243,8 +243,8 @@ def test_the_counter_machine_refuses_a_schedule_that_depends_on_values():
 
 
 def test_the_counter_machine_refuses_to_hold_more_than_its_limit():
-  from jaxcomm.plan import _schedule  # pylint: disable=import-outside-toplevel
-  from jaxcomm import local  # pylint: disable=import-outside-toplevel
+  from jaxcomm.plan import _schedule
+  from jaxcomm import local
   trainer = _tiny_trainer(local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=2))
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   params = {"w": f32(16, 4)}

@@ -162,7 +162,6 @@ def test_bad_input_fails_before_compile(mesh8, digits_task):
 def test_fit_writes_tensorboard_events_with_each_log_step(mesh8, digits_task, tmp_path):
   """Event files read back with TensorBoard's reader: the loss and byte counts at every log
   step, the simulated clock, the consensus distance of DiLoCo's workers, the bytes table."""
-  # pylint: disable=import-outside-toplevel
   from tensorboard.backend.event_processing import event_accumulator
   from jaxcomm import local
   _, params, loss, _ = digits_task
@@ -215,7 +214,7 @@ def test_fit_reads_the_devices_only_at_log_steps(mesh8, digits_task, monkeypatch
 
 
 def test_progress_bar_only_on_a_terminal(monkeypatch):
-  from jaxcomm.train import _metrics  # pylint: disable=import-outside-toplevel
+  from jaxcomm.train import _metrics
   assert _metrics.progress_bar(10, 0, True).disable  # pytest's stderr is not a terminal
   monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
   assert not _metrics.progress_bar(10, 0, True).disable
@@ -228,7 +227,7 @@ def test_a_batch_axis_no_collective_crosses_is_refused_and_a_users_own_axis_work
   naming "mine". The same user axis synchronised by the transform (every step, or every
   H steps inside a lax.cond) trains, and the exact mean over both axes is the full-batch
   gradient step."""
-  from jaxcomm import local, parallel  # pylint: disable=import-outside-toplevel
+  from jaxcomm import local, parallel
   mesh = parallel.make_mesh({"data": 4, "mine": 2})
   loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
   batch = {"x": jnp.arange(16.0) / 16, "y": 2 * jnp.ones(16)}
@@ -252,7 +251,7 @@ def test_consensus_distance_is_logged_before_the_sync_and_after(mesh8, digits_ta
   """With a sync every 3 steps logged every 3 steps, the distance after the logged step is
   ~0 (its sync averaged the workers) and `consensus_distance_before` is that of the
   parameters the logged step started from: those of a run of 2 steps (then 5)."""
-  from jaxcomm import local  # pylint: disable=import-outside-toplevel
+  from jaxcomm import local
   _, params, loss, _ = digits_task
   trainer = train.Trainer(loss, local.local_sgd(optax.sgd(0.5), 3, axis_name="data"), mesh8)
   ds = data.digits()

@@ -36,7 +36,7 @@ from jaxcomm.comm._compressed import linear_sum
 from jaxcomm.comm._compressed import reduce_scatter_encoded
 from jaxcomm.comm._compressed import two_phase
 from jaxcomm.comm._sum import mean
-from jaxcomm.comm._sum import sum  # pylint: disable=redefined-builtin
+from jaxcomm.comm._sum import sum
 from jaxcomm.comm._sum import two_phase_sum
 from jaxcomm.comm._cost import ALGORITHMS
 from jaxcomm.comm._cost import CollectiveCost
