@@ -50,7 +50,7 @@ LAYOUTS: dict[str, dict] = {
 
 def layout_config(name: str, base):
   """The base config with layout `name`'s overrides."""
-  from experiments import config  # pylint: disable=import-outside-toplevel
+  from experiments import config
   c = base.copy_and_resolve_references()
   overrides = dict(LAYOUTS[name])
   if "method" in overrides:
@@ -66,8 +66,8 @@ def layout_config(name: str, base):
 
 def measure(name, base):
   """Compiles one step of layout `name`: bytes by axis and per-device memory."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  from experiments import build
+  from jaxcomm import comm
   run = build.build(layout_config(name, base))
   trainer = run.trainer()
   state = trainer.init(run.params)
@@ -98,9 +98,9 @@ def _table(rows) -> str:
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", 8)
-  from experiments import config  # pylint: disable=import-outside-toplevel
+  from experiments import config
 
   names = _ONLY.value.split(",") if _ONLY.value else list(LAYOUTS)
   rows = []

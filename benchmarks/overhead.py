@@ -38,9 +38,9 @@ _METHODS = flags.DEFINE_multi_string("method", None, "Only this method (a name a
 
 def methods():
   """(name, builder(inner) -> transform); 1-bit Adam and DeMo replace the inner optimiser."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import codecs, sync  # pylint: disable=import-outside-toplevel
+  import jax
+  import optax
+  from jaxcomm import codecs, sync
   key = jax.random.key(0)
   chain = lambda s: (lambda inner: optax.chain(s(), inner))
   return [
@@ -70,7 +70,7 @@ SHARDED = {
 
 def sharded_runs(mesh: str) -> list:
   """[name, trainer, state, batch, []] of every SHARDED method on the LM laid out on `mesh`."""
-  from experiments import build, config  # pylint: disable=import-outside-toplevel
+  from experiments import build, config
   runs = []
   for name, entry in SHARDED.items():
     c = config.with_method(config.base_config(), dict(entry, mesh=mesh))
@@ -85,7 +85,7 @@ def sharded_runs(mesh: str) -> list:
 
 def task(model: str):
   """(loss_fn, params, batch, has_aux) for the model, one fixed global batch."""
-  from experiments import build, config  # pylint: disable=import-outside-toplevel
+  from experiments import build, config
   if model not in ("lm", "mlp"):
     raise ValueError(f"model {model!r} is unknown; allowed: lm, mlp.")
   c = config.base_config()  # the experiments' default LM; the digits MLP at batch 128
@@ -96,7 +96,7 @@ def task(model: str):
 
 
 def time_steps(trainer, state, batch, steps):
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   start = time.perf_counter()
   for _ in range(steps):
     state, m = trainer.step(state, batch)
@@ -118,10 +118,10 @@ def selected():
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
+  import jax
+  import optax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   devices = min(_DEVICES.value, jax.device_count())
   mesh = train.make_mesh({"data": devices})
   where = f" on {_MESH.value}" if _MESH.value else ""

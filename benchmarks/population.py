@@ -25,17 +25,17 @@ _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from experiments import compare  # pylint: disable=import-outside-toplevel
-  from experiments.configs import compare as compare_config  # pylint: disable=import-outside-toplevel
+  from experiments import compare
+  from experiments.configs import compare as compare_config
   config = compare_config.get_config()
   links = compare.links(config)
-  heldout = compare._heldout_fn(config)  # pylint: disable=protected-access
+  heldout = compare._heldout_fn(config)
   print(f"{'method':<16}{'one program':>14}{'one after the other':>22}{'speed-up':>10}")
   for label in _METHODS.value:
     base = compare.method_config(config, compare.METHODS[label])
-    seeds = [compare._seeded(base, s) for s in range(_SEEDS.value)]  # pylint: disable=protected-access
+    seeds = [compare._seeded(base, s) for s in range(_SEEDS.value)]
     seconds = {}
     for together in (True, False):
       start = time.perf_counter()

@@ -94,7 +94,7 @@ def profile(trainer, state, batch, steps: int) -> dict:
   per step. The step program alone is timed, one step at a time as `Trainer.step` runs it
   on CPU, without the Trainer's host-side measurement post-processing (the same for every
   method)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   fn = trainer.step_fn(state, batch)
   hlo = fn.lower(state, batch).compile().as_text()
   for _ in range(2):  # compile and warm up outside the trace
@@ -132,10 +132,10 @@ def table(rows: dict) -> str:
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
+  import jax
+  import optax
   jax.config.update("jax_num_cpu_devices", FLAGS.devices)
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   devices = min(FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})
   known = dict(overhead.methods())

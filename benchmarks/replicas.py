@@ -35,8 +35,8 @@ _OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
 
 def methods(h: int) -> dict:
   """name -> (fn(specs) -> method over `replica` with its optimiser, syncs per step)."""
-  import optax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import codecs, local, parallel, sync  # pylint: disable=import-outside-toplevel
+  import optax
+  from jaxcomm import codecs, local, parallel, sync
   adamw = lambda: optax.adamw(1e-3)
   outer = lambda: optax.sgd(0.7, momentum=0.9, nesterov=True)
   int8 = codecs.uniform(8, block=256)
@@ -62,10 +62,10 @@ def methods(h: int) -> dict:
 
 def build(name: str, factory, mesh_text: str, lm_kwargs: dict, donate: bool):
   """(trainer, state, batch) of one method on the laid-out LM."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import data, models, parallel, train  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from jaxcomm import data, models, parallel, train
   mesh = parallel.make_mesh(mesh_text)
   rules = parallel.make_rules(embed=("replica", "fsdp")) if name == "zero3" else None
   layout = parallel.Layout(mesh, rules=rules) if rules else parallel.Layout(mesh)
@@ -85,8 +85,8 @@ def build(name: str, factory, mesh_text: str, lm_kwargs: dict, donate: bool):
 
 def measure(name: str, factory, syncs: float, lm_kwargs: dict) -> dict:
   """Bytes per step per axis (schedule average) and peak memory, donated and not."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  import jax
+  from jaxcomm import comm
   row = {"method": name, "mesh": _MESH.value}
   for donate in (True, False):
     trainer, state, batch = build(name, factory, _MESH.value, lm_kwargs, donate)
@@ -120,7 +120,7 @@ def table(rows) -> str:
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", 8)
   lm_kwargs = dict(d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
                    d_ff=4 * _D_MODEL.value, max_len=_SEQ.value)

@@ -242,10 +242,10 @@ def bucketed_mean(axis_name):
   """Exact mean of the gradients as ONE flat f32 buffer (one all-reduce, like DDP's
   gradient buckets), where `sync.mean` all-reduces each leaf (XLA combines them into one
   tuple all-reduce, which gloo runs as one collective per leaf)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from typing import NamedTuple  # pylint: disable=import-outside-toplevel
-  from jaxcomm import codecs, comm  # pylint: disable=import-outside-toplevel
+  import jax
+  import optax
+  from typing import NamedTuple
+  from jaxcomm import codecs, comm
 
   class BucketedMeanState(NamedTuple):
     wire_bytes: jax.Array  # u32[]: cumulative bytes sent
@@ -269,12 +269,12 @@ def periodic_average(inner, sync_every: int, axis_name: str):
   Benchmark-local (DiLoCo with outer SGD at lr 1 is this, with one flat buffer on the wire
   where the library's DiLoCo, also timed, sends one psum per leaf).
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jax import lax  # pylint: disable=import-outside-toplevel
-  from typing import Any, NamedTuple  # pylint: disable=import-outside-toplevel
-  from jaxcomm import codecs, comm  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from jax import lax
+  from typing import Any, NamedTuple
+  from jaxcomm import codecs, comm
 
   class PeriodicAverageState(NamedTuple):
     count: jax.Array       # i32[]: steps taken
@@ -308,21 +308,21 @@ def periodic_average(inner, sync_every: int, axis_name: str):
 def _cost(report, link):
   """The shaped link's model: gloo runs the ring all-reduce, and one collective per operand
   of XLA's combined (tuple) collectives."""
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm
   return comm.cost(report, {"data": link}, "ring", split_operands=True)
 
 
 def worker(args) -> None:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(args.coordinator, num_processes=2, process_id=args.process_id,
                              initialization_timeout=120, shutdown_timeout_seconds=60)
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
-  from experiments import build, config  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm, sim, sync, train  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from jax.sharding import PartitionSpec as P
+  from experiments import build, config
+  from jaxcomm import comm, sim, sync, train
 
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()

@@ -591,7 +591,7 @@ REQUIRES = {"03_local_updates.ipynb": ("local", "streaming_diloco")}
 
 
 def main():
-  import importlib  # pylint: disable=import-outside-toplevel
+  import importlib
   for filename, cells in NOTEBOOKS.items():
     if filename in REQUIRES:
       sub, name = REQUIRES[filename]

@@ -165,7 +165,7 @@ def _write_notebooks(out):
 
 def public_modules():
   """The documented modules: every subpackage named in `jaxcomm.__all__`."""
-  import jaxcomm  # pylint: disable=import-outside-toplevel
+  import jaxcomm
   return [f"jaxcomm.{sub}" for sub in jaxcomm.__all__]
 
 

@@ -14,14 +14,14 @@ import sys
 DOCS = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(DOCS.parent), str(DOCS)]  # the checkout's jaxcomm, then _generate
 
-import _generate  # noqa: E402  pylint: disable=wrong-import-position
-import jaxcomm  # noqa: E402  pylint: disable=wrong-import-position
+import _generate  # noqa: E402
+import jaxcomm  # noqa: E402
 
 _generate.generate(DOCS)
 
 project = "jaxcomm"
 author = "the jaxcomm authors"
-copyright = "the jaxcomm authors"  # pylint: disable=redefined-builtin
+copyright = "the jaxcomm authors"
 release = version = jaxcomm.__version__
 
 extensions = [

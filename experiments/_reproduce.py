@@ -59,8 +59,8 @@ def base_config(steps: int = 150, batch_size: int = 32, seq_len: int = 64, d_mod
   train loss (`smooth`), and the steps of exact DP every run starts from
   (`warm_start_steps`, at this `batch_size` on `WARM_START_WORKERS`; 0: from the
   initialisation). Training batches come from the train split only."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  import ml_collections
+  from experiments import config as _config
   c = _config.base_config("dp")
   c.steps, c.seed, c.checkpoint_every = steps, seed, 0
   c.data.update(batch_size=batch_size, seq_len=seq_len, split="train")
@@ -91,14 +91,14 @@ def workdir_from_flags(program: str) -> str:
 
 def start_devices() -> None:
   """Emulated CPU devices (--devices), set before JAX starts a backend."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
 
 
 def config(base, model: str, method: str, *, optimizer: str | None = None,
            lr: float | None = None, batch_size: int | None = None, **settings):
   """`base` with `model` ("lm" on pydoc, "mlp" on digits), `method` and its `settings`."""
-  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  from experiments import config as _config
   c = base.copy_and_resolve_references()
   c.model.name = model
   c.data.name = "pydoc" if model == "lm" else "digits"
@@ -114,7 +114,7 @@ def config(base, model: str, method: str, *, optimizer: str | None = None,
 
 def heldout_batch(c):
   """The held-out batch: LM sequences from the test split, or digits' whole test split."""
-  from jaxcomm import data  # pylint: disable=import-outside-toplevel
+  from jaxcomm import data
   test = data.load(c.data.name).split()[1]
   if c.model.name == "lm":
     return test.batch(0, c.reproduce.eval_batch, seq_len=c.data.seq_len, seed=c.seed + 1)
@@ -123,19 +123,19 @@ def heldout_batch(c):
 
 def mesh_devices(workers: int) -> list:
   """The first `workers` devices."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   return jax.devices()[:workers]
 
 
 def mesh_of(workers: int):
   """A {"data": workers} mesh on the first `workers` devices."""
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   return train.make_mesh({"data": workers}, devices=mesh_devices(workers))
 
 
 def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
   """Held-out loss (and accuracy for classifiers) of `params` on one device."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   out = jax.jit(loss_fn)(params, held_out)
   if has_aux:
     loss, aux = out
@@ -172,7 +172,7 @@ def warm_start_config(c):
   """The run every run of `c` starts from: c.reproduce.warm_start_steps of exact DP at the
   base batch (`warm_start_batch`) on WARM_START_WORKERS workers, from the initialisation;
   None when `c` starts from the initialisation."""
-  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  from experiments import config as _config
   if not c.reproduce.warm_start_steps:
     return None
   w = c.copy_and_resolve_references()
@@ -194,12 +194,12 @@ def warm_start(c) -> tuple[dict | None, Any, int]:
 
 
 def _train(c, workers: int, label: str) -> tuple[dict, Any]:
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm, sim, train  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import build
+  from jaxcomm import comm, sim, train
   _, warm_params, offset = warm_start(c)  # the pretraining trains first, if not yet done
   print(f"training {label} ({c.steps} steps, {workers} workers"
-        f"{f', from the DP warm start' if offset else ''})...", file=sys.stderr, flush=True)
+        f"{', from the DP warm start' if offset else ''})...", file=sys.stderr, flush=True)
   c = c.copy_and_resolve_references()
   c.mesh = f"data={workers}"
   run = build.build(c, devices=mesh_devices(workers))
@@ -269,9 +269,9 @@ def method_table(records: Sequence[dict], reference: dict, smooth: int, *,
 def save_figure(path: str, panels: Sequence[dict]) -> str:
   """One row of panels; each panel: title, xlabel, ylabel, lines [(label, x, y)], and
   optionally logx / logy. Every panel gets labelled axes and a legend."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
   for ax, panel in zip(axes[0], panels):
@@ -306,7 +306,7 @@ def _short(x: float) -> str:
 
 def curve_lines(records: Sequence[dict], smooth: int) -> list:
   """(label, step, smoothed train loss) of each record, for save_figure."""
-  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
+  from jaxcomm import sim
   return [(r["label"], np.arange(1, len(r["curve"]["loss"]) + 1),
            sim.smooth(r["curve"]["loss"], smooth)) for r in records]
 

@@ -28,6 +28,7 @@ or anywhere (`--config.model.name=/path/to/my_model.py`): `defaults()` and
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 from types import ModuleType
@@ -44,6 +45,9 @@ from jaxcomm import comm, data, parallel, sync, train
 
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
 MODEL_AXES = _models.MODEL_AXES
+# The axis names a config's mesh may use: a misspelt name would be one more batch axis
+# that nothing reduces (the Trainer refuses that too, after tracing the step).
+MESH_AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
 
 
 # ---------------------------------------------------------------- methods
@@ -168,6 +172,22 @@ def mesh_shape(spec: str, num_devices: int) -> dict:
   return shape
 
 
+def check_mesh_axes(config: ml_collections.ConfigDict) -> None:
+  """config.mesh names MESH_AXES and the axes the method's settings name (`hierarchical`'s
+  `slow_axis` / `fast_axis`) only: any other name is a typo, refused with the nearest name.
+  (`parallel.make_mesh` keeps free names for a library user who reduces them.)"""
+  named = {f"method.{k}": a for k, a in config.method.items()
+           if k.endswith("_axis") and isinstance(a, str)}
+  known = (*MESH_AXES, *named.values())
+  for axis in (parallel.parse_mesh(config.mesh) if config.mesh else {}):
+    if axis not in known:
+      near = difflib.get_close_matches(axis, known, n=1)
+      raise ValueError(f"config.mesh {config.mesh!r}: unknown axis {axis!r}"
+                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: "
+                       f"{', '.join(MESH_AXES)}"
+                       f"{''.join(f', {a!r} (config.{k})' for k, a in named.items())}.")
+
+
 def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = False) -> Run:
   """The run `config` describes, checked before anything compiles.
 
@@ -184,6 +204,7 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   _config.check(config)
   devices = jax.devices() if devices is None else list(devices)
   shape = mesh_shape(config.mesh, len(devices))
+  check_mesh_axes(config)
   method = load_method(config.method.name)
   # The sequence axis splits the batch too: each shard's gradient is a partial sum.
   batch_axes = tuple(a for a in shape if a not in MODEL_AXES or a == "sequence")

@@ -49,9 +49,9 @@ link, per-seed times, the compute figures with their spread, a sensitivity line 
 compute +-20 %, the performance profile's area and the geometric-mean speed-up),
 `results.json` (every number), `loss_vs_time.png`, `loss_vs_bytes.png` and `profile.png`.
 
-Methods: `METHODS` (labels), any method of experiments/methods/ by name, or a method module
-of your own as a dotted module path or a `.py` file (`--methods=dp_bf16,/path/my_method.py`;
-its label is the module's name).
+Methods: `METHODS` (labels; `MORE_METHODS` only when named), any method of
+experiments/methods/ by name, or a method module of your own as a dotted module path or a
+`.py` file (`--methods=dp_bf16,/path/my_method.py`; its label is the module's name).
 """
 
 from __future__ import annotations
@@ -102,6 +102,16 @@ METHODS: dict[str, dict] = {
     # ACCO (arXiv 2406.02613): one micro-batch per round; a round's reduce-scatter and
     # all-gather overlap the next round's gradient.
     "acco": {"method": "acco"},
+}
+
+# Labels `--methods` may name that a plain `make run` does not run (the methods of
+# arXiv 2502.12996, 2505.22549 and 2506.10911 at H = K_x = 10; Local Adam is DES-LOC with
+# every period K_x).
+MORE_METHODS: dict[str, dict] = {
+    "diloco_h10_eager": {"method": "diloco", "sync_every": 10, "eager": True},
+    "des_loc_k10": {"method": "des_loc", "sync_every": 10},
+    "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
+    "noloco_h10": {"method": "noloco", "sync_every": 10},
 }
 
 # How each method ended on a link (besides reaching the target).
@@ -217,7 +227,8 @@ def resolve_methods(labels: list | None, catalog: dict | None = None,
   """{label: entry} to run, the reference first. A name that is not a catalog label may be a
   method of experiments/methods/, a dotted module path or a `.py` file (a plugin: its label
   is the module's name); anything else is an error naming the allowed values."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import build
+  known = {**METHODS, **MORE_METHODS} if catalog is None else catalog
   catalog = METHODS if catalog is None else catalog
   if reference not in catalog:
     raise ValueError(f"config.compare.reference {reference!r} is not a method label; "
@@ -225,8 +236,8 @@ def resolve_methods(labels: list | None, catalog: dict | None = None,
   labels = list(catalog) if labels is None else list(labels)
   chosen = {reference: catalog[reference]}
   for name in labels:
-    if name in catalog:
-      label, entry = name, catalog[name]
+    if name in known:
+      label, entry = name, known[name]
     elif name.endswith(".py") or "." in name or name in build.available_methods():
       build.load_method(name)  # a missing file or module fails here, naming it
       label = os.path.splitext(os.path.basename(name))[0].rsplit(".", 1)[-1]
@@ -246,7 +257,7 @@ def settings_list(label: str, entry: dict, ruleset: str) -> list:
   its module's `tuning()` list applied to it (tuned; at most MAX_SETTINGS, the same list on
   every link). A tuning item sets method settings by name and the optimizer's by
   `optimizer.<name>`; a module without `tuning()` runs its own entry only."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import build
   if ruleset == "default":
     return [dict(entry)]
   fn = getattr(build.load_method(entry["method"]), "tuning", None)
@@ -280,7 +291,7 @@ def account(eval_steps, eval_losses, known, target: float, budget: float,
     {"steps": steps in the budget (of those trained), "seconds": their clock,
     "time_to_target", "steps_to_target" (None when not reached), "stopped"}.
   """
-  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
+  from jaxcomm import sim
   known = np.asarray(known, np.float64)
   eval_steps = np.asarray(eval_steps, np.int64)
   eval_losses = np.asarray(eval_losses, np.float64)
@@ -317,10 +328,10 @@ class Population:
 
   def __init__(self, label: str, setting: int, configs: list, links_: dict, heldout,
                together: bool):
-    import jax  # pylint: disable=import-outside-toplevel
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    from experiments import build  # pylint: disable=import-outside-toplevel
-    from jaxcomm import comm, train  # pylint: disable=import-outside-toplevel
+    import jax
+    import jax.numpy as jnp
+    from experiments import build
+    from jaxcomm import comm, train
     self.label, self.setting, self.configs, self.heldout = label, setting, configs, heldout
     self.runs = [build.build(c) for c in configs]
     r = self.runs[0]
@@ -369,7 +380,7 @@ class Population:
 
   def _batch(self, k: int, step: int):
     """Global batch `step` of trainer k (all trials stacked when together)."""
-    import numpy as np_  # pylint: disable=import-outside-toplevel
+    import numpy as np_
     if len(self.trainers) == 1 and len(self.runs) > 1:
       local = {key: np_.stack([run.batches(step)[key] for run in self.runs])
                for key in self.runs[0].batches(step)}
@@ -380,7 +391,7 @@ class Population:
   def _evaluate(self, k: int) -> list:
     """Held-out losses of trainer k's trials: the parameters (a schedule-free optimiser's
     evaluation parameters) averaged over workers."""
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     trainer, state = self.trainers[k], self.states[k]
     lead = 1 if trainer.trials else 0
     params = jax.tree.map(lambda x: np.asarray(x),
@@ -487,9 +498,9 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
 def _heldout_fn(config):
   """`params -> held-out loss` on a fixed batch of the test split (the same for every trial:
   one compiled function)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import data  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import build
+  from jaxcomm import data
   _, loss_fn, has_aux, _, _ = build.model_task(config)
   test = data.load(config.data.name).split()[1]
   batch = test.batch(0, config.compare.eval_batch, seq_len=config.data.seq_len, seed=12345)
@@ -504,8 +515,8 @@ def exact_dp_bytes(config, trials: dict) -> float:
     t = ts[0][0]
     if t.config.method.name == "dp" and not t.config.method.get("dtype"):
       return float(t.report.wire_bytes(conditional=False))
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  from experiments import build
+  from jaxcomm import comm
   run = build.build(method_config(config, {"method": "dp"}))
   trainer = run.trainer()
   state = trainer.init(run.params)
@@ -579,8 +590,8 @@ def summarise(trials: dict, clock: Clock, target: float, config, budgets=None) -
 
 # ---------------------------------------------------------------- the program
 def _workers(config) -> int:
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import build
   shape = build.mesh_shape(config.mesh, jax.device_count())
   return math.prod(n for a, n in shape.items() if a not in build.MODEL_AXES)
 
@@ -595,7 +606,7 @@ def _compile_cache():
   """A persistent compilation cache for the run (unless the user has one): the trials of one
   method at one setting differ only in array values (the seed), so every seed after the
   first loads the first one's compiled programs instead of compiling them again."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   from jax.experimental.compilation_cache import compilation_cache as cc
   if jax.config.jax_compilation_cache_dir:
     yield
@@ -621,7 +632,7 @@ def _seeded(config, seed: int):
 
 def _local_steps(config, configs: dict, compiler) -> tuple[dict, dict]:
   """The local step of each compute key, compiling in the background, and each trial's key."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import build
   _, loss_fn, _, params, batches = build.model_task(config)
   batch = {k: v[:config.data.batch_size // _workers(config)] for k, v in batches(0).items()}
   keys, steps = {}, {}
@@ -655,8 +666,8 @@ def run(config, workdir: str, methods: list | None = None, *,
 
 def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   """`run` inside its compilation cache."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import _compare_report as report  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import _compare_report as report
   links_ = links(config)
   c = config.compare
   entries = resolve_methods(methods, catalog, c.reference)
@@ -730,7 +741,7 @@ def _keys_by_label(keys: dict) -> dict:
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   try:
     config = with_flags(_CONFIG.value, _LINKS.value, _LINK.value, _BUDGET.value,

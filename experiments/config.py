@@ -11,6 +11,9 @@ A run's settings form one tree (`base_config`):
                 synthetic:cifar10), batch_size, seq_len, label_skew
   optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
   method        name, and the method's own settings (see experiments/methods/)
+  elastic       enabled (train with jaxcomm.elastic: processes may die, hang and rejoin),
+                the failure detection (heartbeat, collective timeout, progress deadline)
+                and the quorum rules (jaxcomm.elastic.Quorum)
 
 A method's settings are *read* from its library factory's signature (`from_factory`), so a
 default lives in one place, the factory; a config file only sets what an experiment chooses.
@@ -26,7 +29,6 @@ setting (`check`).
 from __future__ import annotations
 
 import inspect
-import sys
 import math
 import numbers
 from typing import Any, Callable
@@ -131,7 +133,22 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   c.method = methods.method_defaults(method)
   c.method.name = method
   c.method.update(method_settings)
+  c.elastic = elastic_defaults()
   return c
+
+
+def elastic_defaults() -> ml_collections.ConfigDict:
+  """The elastic settings (`jaxcomm.elastic`; used when `enabled`), one home."""
+  return ml_collections.ConfigDict(dict(
+      enabled=False,
+      heartbeat_timeout_s=10,     # a silent process is declared dead (coordination service)
+      collective_timeout_s=30,    # a cross-process collective fails after this (XLA:CPU)
+      deadline_s=0.0,             # progress deadline for a missing vote (0: 3x median round)
+      min_workers="1",            # processes a round needs: "N", or "N@T,..." from step T
+      majority=True,              # a new quorum holds a majority of the last one
+      shrink_only=False,          # joiners admitted only at checkpoint steps
+      join_window_s=0.0,          # joiners wait this long so a burst forms one quorum
+      quorum_timeout_s=60.0))     # below quorum this long: stop (exit status 69)
 
 
 def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
@@ -203,7 +220,7 @@ def parse_codec(spec: str | None, setting: str = "codec") -> Any:
   >>> parse_codec("cast:bfloat16").name
   'cast(bfloat16)'
   """
-  from jaxcomm import codecs  # pylint: disable=import-outside-toplevel
+  from jaxcomm import codecs
   if spec is None or str(spec).strip().lower() in ("", "none"):
     return None
   if spec == "auto":
@@ -246,7 +263,7 @@ def parse_link(spec: str, setting: str = "link") -> Any:
   >>> link.name, link.bandwidth, link.latency
   ('office', 62500000.0, 0.04)
   """
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm
   form = "name:gbit=G,latency_ms=L"
   text = spec.strip() if isinstance(spec, str) else ""
   name, colon, rest = text.partition(":")
@@ -293,7 +310,7 @@ def parse_link(spec: str, setting: str = "link") -> Any:
 
 def codec_names() -> list[str]:
   """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
-  from jaxcomm import codecs  # pylint: disable=import-outside-toplevel
+  from jaxcomm import codecs
   def returns_codec(fn) -> bool:
     ret = inspect.signature(fn).return_annotation
     return getattr(ret, "__name__", str(ret)).split(".")[-1].strip("'\"") == "Codec"
@@ -305,7 +322,8 @@ def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed:
                        setting: str = "method.participation"):
   """A bool[num_syncs, W] mask from its spec, or None (every worker takes part).
 
-  `drop:2,5@3,4` drops workers 2 and 5 at syncs 3 and 4 (`drop:2` at every sync);
+  `drop:2,5@3,4` drops workers 2 and 5 at syncs 3 and 4 (`drop:2` at every sync;
+  `drop:0@3;1@6` worker 0 at sync 3 and worker 1 at sync 6);
   `random:0.25` drops each worker with probability 0.25 at each sync (seeded; at least one
   worker stays live).
 
@@ -317,17 +335,18 @@ def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed:
   kind, _, arg = spec.partition(":")
   mask = np.ones((max(num_syncs, 1), num_workers), bool)
   if kind == "drop":
-    workers, _, syncs = arg.partition("@")
-    try:
-      workers = [int(w) for w in workers.split(",")]
-      syncs = [int(k) for k in syncs.split(",")] if syncs else list(range(len(mask)))
-    except ValueError:
-      raise ValueError(f"{setting} {spec!r}: expected drop:W1,W2@K1,K2.") from None
-    if not all(0 <= w < num_workers for w in workers):
-      raise ValueError(f"{setting} {spec!r}: workers must be in [0, {num_workers}).")
-    for k in syncs:
-      if 0 <= k < len(mask):
-        mask[k, workers] = False
+    for group in arg.split(";"):
+      workers, _, syncs = group.partition("@")
+      try:
+        workers = [int(w) for w in workers.split(",")]
+        syncs = [int(k) for k in syncs.split(",")] if syncs else list(range(len(mask)))
+      except ValueError:
+        raise ValueError(f"{setting} {spec!r}: expected drop:W1,W2@K1,K2.") from None
+      if not all(0 <= w < num_workers for w in workers):
+        raise ValueError(f"{setting} {spec!r}: workers must be in [0, {num_workers}).")
+      for k in syncs:
+        if 0 <= k < len(mask):
+          mask[k, workers] = False
     return mask
   if kind == "random":
     try:
@@ -395,8 +414,38 @@ def check(c: ml_collections.ConfigDict) -> None:
   if not isinstance(c.mesh, str):
     raise ValueError(f"config.mesh must be text like 'data=8' or 'data=2,tensor=4', got "
                      f"{c.mesh!r}.")
+  if "elastic" in c:
+    check_elastic(c)
   if not isinstance(c.method.name, str) or not c.method.name:
     raise ValueError(f"config.method.name must name a method, got {c.method.name!r}.")
+
+
+def min_workers(spec: str) -> Callable[[int], int]:
+  """`step -> processes a round needs` from "N" or "N@T,...": N from step T on (until
+  the next rule's step).
+
+  >>> f = min_workers("2,3@40,1@50")
+  >>> f(39), f(40), f(50)
+  (2, 3, 1)
+  """
+  rules = []
+  for rule in (r.strip() for r in str(spec).split(",") if r.strip()):
+    n, _, t = rule.partition("@")
+    if not (n.isdigit() and int(n) >= 1 and (not t or t.isdigit())):
+      raise ValueError(f"config.elastic.min_workers must be 'N' or 'N@T,...' (N >= 1 "
+                       f"processes from step T), got {spec!r}.")
+    rules.append((int(t or 0), int(n)))
+  rules.sort()
+  return lambda step: ([n for t, n in rules if step >= t] or [1])[-1]
+
+
+def check_elastic(c: ml_collections.ConfigDict) -> None:
+  """Checks config.elastic (ValueError naming the setting)."""
+  for path in ("elastic.heartbeat_timeout_s", "elastic.collective_timeout_s"):
+    int_at_least(c, path, 1)
+  for path in ("elastic.deadline_s", "elastic.join_window_s", "elastic.quorum_timeout_s"):
+    number_in(c, path, 0, math.inf, False, "a finite number >= 0")
+  min_workers(c.elastic.min_workers)
 
 
 def to_dict(c: ml_collections.ConfigDict) -> dict:
@@ -437,14 +486,7 @@ def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
 
 
 def define_config_flag(default: str, help_text: str):
-  """`--config` (`ml_collections.config_flags`, locked: overrides must name an existing
-  setting). config_flags reads the command line's `--config.<path>` overrides when the flag
-  is defined; a path that names no setting is reported as one line instead of a traceback."""
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  try:
-    return config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
-  except (AttributeError, KeyError) as e:
-    wrong = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
-    why = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\'", "'")
-    name, _, hint = why.strip("'\"").partition("'")
-    sys.exit(f"error: {wrong}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")
+  """`--config` for a program: `experiments._cli.config_flag` (one line for an override that
+  names no setting; `--help` shows how overrides are written)."""
+  from experiments import _cli
+  return _cli.config_flag(default, help_text)

@@ -31,15 +31,15 @@ _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (workers).")
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import data, sim, train  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
+  import numpy as np
+  import optax
+  from jaxcomm import data, sim, train
 
   ds = data.digits()
   x_all, y_all = jnp.asarray(ds.x), jnp.asarray(ds.y)

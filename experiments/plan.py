@@ -43,9 +43,9 @@ import resource
 import sys
 import time
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _plugins
 from experiments import compare
 from experiments import config as _config
@@ -130,7 +130,7 @@ def _positive_int(value, name: str, allow_none: bool = True):
 
 def mesh_devices(mesh: str, available: int) -> dict:
   """{axis: size} of `mesh`; its devices must divide the `available` ones."""
-  from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
+  from jaxcomm import parallel
   try:
     shape = parallel.parse_mesh(mesh)
   except ValueError as e:
@@ -145,8 +145,8 @@ def mesh_devices(mesh: str, available: int) -> dict:
 def model_config(base, model: str | None, mesh: str, batch_per_device=None, seq_len=None):
   """`base` with the model preset, the mesh and a global batch of `batch_per_device` per
   worker (the mesh's batch axes)."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
+  from experiments import build
+  from jaxcomm import parallel
   if model is not None and model not in MODELS:
     raise ValueError(f"model {model!r} is unknown; allowed: {', '.join(MODELS)}.")
   _positive_int(batch_per_device, "batch_per_device")
@@ -181,7 +181,7 @@ def catalog(mesh_shape: dict, model_name: str) -> dict:
 
 def resolve_methods(names, labelled: dict, config) -> dict:
   """{label: entry}, DP (the reference of the crossover) first."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
+  from experiments import build
   names = list(labelled) if names is None else list(names)
   chosen = {REFERENCE: labelled[REFERENCE]}
   for name in names:
@@ -210,7 +210,7 @@ def _label(method: str) -> str:
 
 
 def _links(names, inner: str) -> tuple[dict, object]:
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm
   if not names:
     raise ValueError("links must name at least one link preset.")
   for name in list(names) + [inner]:
@@ -223,21 +223,22 @@ def _links(names, inner: str) -> tuple[dict, object]:
 
 def topology(mesh_shape: dict, link, inner):
   """The outermost axis on `link`, every other axis on `inner`."""
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm
   axes = list(mesh_shape)
   return comm.Topology({a: inner for a in axes[1:]}, default=link)
 
 
 # ---------------------------------------------------------------- planning
 def _param_count(params) -> int:
-  import jax  # pylint: disable=import-outside-toplevel
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+  import jax
+  from jaxcomm import comm
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params) if comm.is_numeric(x)))
 
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
   """Every number of one planned method (plan.json)."""
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  from experiments import build
+  from jaxcomm import plan
   overlap = build.overlap_steps(c.method)
   shape = step.mesh_shape
   record = {
@@ -276,7 +277,7 @@ def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> d
 
 def _seconds_at(step, shape, latency, inner, compute, overlap):
   """Step seconds as a function of the outer link's bandwidth (bytes/s)."""
-  from jaxcomm import comm, plan  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm, plan
   return lambda b: plan.predict(step, topology(shape, comm.Link(b, latency), inner), compute,
                                 overlap_steps=overlap).step
 
@@ -292,10 +293,10 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
   Every argument is checked, and every method's run built (abstract), before anything
   compiles: a mistake is one ValueError naming the argument or setting.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  from experiments import build
+  from jaxcomm import plan
 
   started = time.perf_counter()
   shape = mesh_devices(mesh, jax.device_count())
@@ -365,14 +366,14 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
 def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
   """{label: (StepPlan or why it failed, seconds)}, two methods compiling at a time (XLA's
   compile of one program is single-threaded)."""
-  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  from jaxcomm import plan
 
   def one(label):
     t0 = time.perf_counter()
     r = runs[label]
     try:
       step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       # A library limit met at this size (the user's input is checked before): reported in
       # the table and plan.json, and the other methods are planned.
       step = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
@@ -389,8 +390,8 @@ def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
 def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
   """Step seconds over the bandwidth grid per method and link, and each method's crossover
   against DP (written into `records`)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from jaxcomm import plan  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  from jaxcomm import plan
   grid = np.geomspace(*_BANDWIDTHS, 49)
   seconds = {label: {} for label in steps_of}
   for name, link in links.items():
@@ -446,7 +447,8 @@ def _header(c, model, mesh, dev, mfu, compute_seconds, records, tokens, steps) -
 def table(records: list, links: dict) -> str:
   """Markdown: bytes, memory and compute per method; step time and crossover per link."""
   dp = next(r for r in records if r["method"] == REFERENCE)
-  head = ["method", "mesh", "bytes/step/device", "by axis", "DP / method (outer axis)",
+  head = ["method", "mesh", "bytes/device, mean per step", "by axis, mean per step",
+          "DP bytes / bytes (outer axis, mean per step)",
           "state/device", "peak/device (XLA:CPU)", "compute/step"]
   head += [f"step on {n}" for n in links] + [f"beats DP below ({n})" for n in links]
   rows = []
@@ -467,10 +469,10 @@ def table(records: list, links: dict) -> str:
 
 def plot(curves: dict, links: dict, path: str) -> str:
   """Predicted step time against the outer link's bandwidth, one panel per link latency."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
+  import numpy as np
   gbit = np.asarray(curves["bandwidths"]) * 8 / 1e9
   fig, axes = plt.subplots(1, len(links), figsize=(4.6 * len(links) + 2.0, 4.2),
                            squeeze=False, sharey=True)
@@ -498,12 +500,12 @@ def plot(curves: dict, links: dict, path: str) -> str:
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   try:
-    from jaxcomm import parallel  # pylint: disable=import-outside-toplevel
+    from jaxcomm import parallel
     n = math.prod(parallel.parse_mesh(_MESH.value).values())
   except ValueError as e:
-    sys.exit(f"error: --mesh {_MESH.value!r}: {e}")
+    _cli.fail(f"--mesh {_MESH.value!r}: {e}")
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", n)
   try:
@@ -512,8 +514,8 @@ def main(argv):
         device=_DEVICE.value, mfu=_MFU.value, compute_seconds=_COMPUTE.value,
         batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value)
   except ValueError as e:  # a user's mistake: one line, no traceback
-    sys.exit(f"error: {e}")
+    _cli.fail(e)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

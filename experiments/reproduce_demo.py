@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _reproduce as rep
 
 
@@ -58,4 +58,4 @@ if __name__ == "__main__":
   rep.define_flags(
       ks=("list", ["128", "32", "8"], "DCT coefficients kept per tile of up to 64 x 64."),
       demo_lr=("float", 1e-3, "DeMo's learning rate (sign updates)."))
-  app.run(main)
+  _cli.run(main)

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _reproduce as rep
 
 
@@ -114,4 +114,4 @@ if __name__ == "__main__":
       per_worker_batch=("integer", 4, "Sequences per worker per step in the worker sweep."),
       warm_start_steps=("integer", 0, "Steps of exact DP every run starts from (the DiLoCo "
                         "paper's protocol); 0: every run starts from the initialisation."))
-  app.run(main)
+  _cli.run(main)

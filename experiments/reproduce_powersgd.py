@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _reproduce as rep
 
 
@@ -30,8 +30,8 @@ LR = 0.1  # momentum SGD on the digits MLP
 
 def compression_rows(ranks, workers: int) -> list:
   """[method, floats/step, DP / method] on ResNet-18's shapes (compiled, not run)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import compression_table  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import compression_table
   wanted = ["exact DP (f32 all-reduce)"] + [f"PowerSGD rank {r}" for r in ranks]
   makers = dict(compression_table.methods())
   params = compression_table.model_params("resnet18")
@@ -92,4 +92,4 @@ def main(argv):
 if __name__ == "__main__":
   rep.define_flags(ranks=("list", ["1", "2", "4"], "PowerSGD ranks."),
                    table=("bool", True, "Compile the ResNet-18 compression table."))
-  app.run(main)
+  _cli.run(main)

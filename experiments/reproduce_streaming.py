@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _reproduce as rep
 
 
@@ -67,4 +67,4 @@ if __name__ == "__main__":
       h=("integer", 20, "Inner steps between two syncs of the same fragment."),
       fragments=("integer", 4, "Streaming DiLoCo's fragments P."),
       overlap=("integer", 1, "Steps between sending and merging (the paper-like run)."))
-  app.run(main)
+  _cli.run(main)

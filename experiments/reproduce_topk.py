@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import _reproduce as rep
 
 
@@ -51,7 +51,7 @@ def run(base, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
 
 
 def _cumsum(values):
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import numpy as np
   return np.cumsum(values)
 
 
@@ -64,4 +64,4 @@ def main(argv):
 
 if __name__ == "__main__":
   rep.define_flags(fractions=("list", ["0.01", "0.1"], "Fractions of coordinates sent."))
-  app.run(main)
+  _cli.run(main)

@@ -11,8 +11,9 @@ refused, except a larger `steps`). A setting out of range ends the program befor
 compiles with one line naming it (exit status 1).
 
 Writes `metrics.jsonl` and `summary.json` into --workdir and prints a summary: final loss,
-wire bytes per step, the compression ratio against exact data parallelism and, on meshes
-with model axes, the compiled step's bytes per mesh axis.
+wire bytes (means per step), the ratio "DP bytes / bytes" against exact data parallelism on
+the same mesh over the axes the method synchronises (its compiled step), and, on meshes
+with more axes, the compiled step's bytes per mesh axis.
 
 Checkpoints go to --workdir/checkpoints every `config.checkpoint_every` steps and at the end
 (the last `config.keep` are kept). Preemption: on SIGTERM (one process; on several, JAX's
@@ -32,9 +33,9 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
 
+from experiments import _cli
 from experiments import config as _config
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "dp.py")
@@ -50,7 +51,12 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a mul
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout", 100, "Seconds after which a silent process is declared dead and the "
-    "others abort (multi-process runs).")
+    "others abort (multi-process runs; elastic runs: config.elastic.heartbeat_timeout_s).")
+_FAULT = flags.DEFINE_list(
+    "fault", [], "Faults of this process for tests (experiments/elastic_run.py): kill@T, "
+    "stop@T, hang@T, partition=P+..|P+..@T.")
+_PROGRESS = flags.DEFINE_string(
+    "progress_file", None, "Elastic runs: where each committed step is written (launcher).")
 
 PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (143)
 
@@ -58,7 +64,7 @@ PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (14
 def run_config(workdir: str):
   """The config of this run: --config (with overrides), or the one saved in `workdir` when
   --config is not given and `workdir` holds a run."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
+  import ml_collections
   saved = os.path.join(workdir, "config.json")
   if not flags.FLAGS["config"].present and os.path.exists(saved):
     with open(saved, encoding="utf-8") as f:
@@ -68,23 +74,22 @@ def run_config(workdir: str):
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
+  workdir = _WORKDIR.value
+  config = run_config(workdir)
   # First, before any computation: joins the other processes of a multi-process run.
-  if elastic_run.requested():  # processes may die and rejoin (experiments/elastic_run.py)
-    from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+  if elastic_mode(config):  # processes may die and rejoin (experiments/elastic_run.py)
+    from jaxcomm import elastic
     elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                              heartbeat_timeout_s=_HEARTBEAT.value,
-                              collective_timeout_s=elastic_run.collective_timeout_s())
+                              heartbeat_timeout_s=config.elastic.heartbeat_timeout_s,
+                              collective_timeout_s=config.elastic.collective_timeout_s)
   else:
     train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             heartbeat_timeout_s=_HEARTBEAT.value)
-
-  workdir = _WORKDIR.value
-  status = execute(run_config(workdir), workdir)
+  status = execute(config, workdir)
   if status:
     sys.exit(status)
 
@@ -92,15 +97,14 @@ def main(argv):
 def execute(config, workdir: str) -> int:
   """Builds, trains (resuming from `workdir`) and summarises one run; returns the exit
   status: 0, or PREEMPTED when the run saved a checkpoint and stopped early."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import build
   try:
     run = build.build(config)
     record_config(workdir, config)
-  except ValueError as e:  # a user's mistake: one line, no traceback
-    sys.exit(f"error: {e}")
-  if elastic_run.requested():
+  except ValueError as e:  # a user's mistake: one line, no traceback, nothing written
+    _cli.fail(e)
+  if elastic_mode(config):
     run_elastic(run, workdir)
     return 0
   trainer, state = train_run(run, workdir)
@@ -114,34 +118,40 @@ def execute(config, workdir: str) -> int:
   return 0
 
 
+def elastic_mode(config) -> bool:
+  """Whether config.elastic.enabled (a config saved before elastic settings existed: no)."""
+  return bool(config.get("elastic") and config.elastic.enabled)
+
+
 def run_elastic(run, workdir: str) -> None:
-  """Trains `run` with `jaxcomm.elastic` (launch_local --elastic / --kill / --restart)."""
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  """Trains `run` with `jaxcomm.elastic` (config.elastic.enabled)."""
+  from experiments import elastic_run
+  from jaxcomm import train
   c = run.config
   if set(run.mesh.axis_names) != {"data"} or c.data.label_skew:
     raise ValueError("elastic runs train on one data axis: config.mesh 'data=N' only, no "
                      "config.data.label_skew.")
   elastic_run.run(lambda m: train.Trainer(run.loss_fn, run.optimizer, m, axis_name="data",
                                           has_aux=run.has_aux),
-                  run.params, elastic_run.with_kill_switch(run.batches), steps=run.steps,
+                  run.params, run.batches, c, steps=run.steps,
                   round_steps=elastic_run.round_steps(c.method.name,
                                                       c.method.get("sync_every") or 1),
-                  workdir=workdir, checkpoint_every=c.checkpoint_every, keep=c.keep,
-                  log_every=c.log_every)
+                  workdir=workdir, faults=elastic_run.parse_faults(_FAULT.value),
+                  progress_file=_PROGRESS.value)
 
 
 def train_run(run, workdir: str):
   """Trains `run` in `workdir` (resuming from its checkpoints); returns (trainer, state)."""
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   c = run.config
   trainer = run.trainer()
   checkpointer = None
   if c.checkpoint_every:
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
-  batches = elastic_run.with_kill_switch(run.batches)  # launch_local --kill (JAXCOMM_KILL_AT)
+  from experiments import elastic_run
+  batches = elastic_run.with_faults(run.batches,  # launch_local --kill (--fault=kill@T)
+                                    elastic_run.parse_faults(_FAULT.value))
   state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
                        workdir=workdir, log_every=c.log_every, checkpointer=checkpointer)
   if checkpointer is not None:
@@ -150,51 +160,70 @@ def train_run(run, workdir: str):
 
 
 def summarize(run, trainer, state, workdir: str) -> dict:
-  """Writes summary.json (the whole run's record, across resumptions) and prints it."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  """Writes summary.json (the whole run's record, across resumptions) and prints it.
+
+  The ratio is against exact DP on the same mesh over the axes the method synchronises
+  (experiments/_reference.py), both as means per step; the bytes by mesh axis are the
+  compiled step's, means per step too.
+  """
+  del trainer
+  import jax
+  from experiments import _reference
+  from jaxcomm import comm
   c = run.config
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     last = ([json.loads(line) for line in f if line.strip()] or [{}])[-1]
   steps_done = int(state.step)
-  dp_bytes = comm.allreduce_bytes(comm.tree_bytes(run.params), run.num_workers)
   per_step = last.get("total_wire_bytes", 0) / max(steps_done, 1)
+  axes = comm.axis_names(run.method_axes)
+  devices = list(run.mesh.devices.flat)
+  dp_bytes = _reference.dp_bytes(c, axes, devices)
+  by_axis = None
+  if set(run.mesh.axis_names) <= set(axes):
+    own = per_step  # every counted byte crosses the method's axes
+  else:  # read the method's axes out of its compiled step (and every axis, for the record)
+    step, _ = _reference.step_plan(c, devices, steps=steps_done)
+    own = _reference.axis_bytes(step, axes)
+    by_axis = {",".join(k) or "?": v for k, v in step.bytes_per_axis().items()}
+  over = ",".join(axes)
   summary = {
       "method": c.method.name, "model": c.model.name, "dataset": c.data.name,
       "mesh": dict(run.mesh.shape), "steps": steps_done, "workers": run.num_workers,
       "processes": jax.process_count(), "final_loss": last.get("loss"),
-      "skipped_steps": last.get("skipped_steps", 0), "wire_bytes_per_step": per_step,
-      "dp_wire_bytes_per_step": dp_bytes,
-      "compression_ratio": dp_bytes / per_step if per_step else float("inf"),
+      "skipped_steps": last.get("skipped_steps", 0),
+      "wire_bytes_per_step": per_step,              # counted, every axis, mean per step
+      "method_axes": list(axes),
+      "method_wire_bytes_per_step": own,            # over the method's axes, mean per step
+      "dp_wire_bytes_per_step": dp_bytes,           # DP on this mesh, same axes, per step
+      "compression_ratio": dp_bytes / own if own else float("inf"),
   }
-  model_axes = [a for a in run.mesh.axis_names if a in build.MODEL_AXES]
-  if model_axes:
-    # Activation traffic (K/V rotations, all-to-alls, pipeline sends) is not in the
-    # optimiser's counters: read every collective of the compiled step.
-    batch = trainer.shard_batch(run.batches(0))
-    report = comm.inspect(trainer.step_fn(state, batch), state, batch, mesh=run.mesh)
-    summary["step_wire_bytes_by_axis"] = {",".join(k) or "?": v
-                                          for k, v in report.by_axis().items()}
+  if by_axis is not None:
+    summary["step_wire_bytes_by_axis"] = by_axis  # compiled step, mean per step
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   print(f"{c.method.name} on {c.model.name}/{c.data.name}, mesh {summary['mesh']}, "
         f"{run.num_workers} workers in {jax.process_count()} process(es), {steps_done} steps")
+  lines = []
   if summary["final_loss"] is not None:
-    print(f"  final loss            {summary['final_loss']:.4f}")
-  print(f"  wire bytes per step   {per_step:,.0f} (exact DP: {dp_bytes:,.0f})")
-  print(f"  compression ratio     {summary['compression_ratio']:.2f}x")
-  if model_axes:
-    print("  compiled step wire bytes by axis "
-          f"{ {k: f'{v:,.0f}' for k, v in summary['step_wire_bytes_by_axis'].items()} }")
+    lines.append(("final loss", f"{summary['final_loss']:.4f}"))
+  lines.append(("wire bytes, mean per step", f"{per_step:,.0f} (counted, every axis)"))
+  if by_axis is not None:
+    lines.append((f"over {over}, mean per step", f"{own:,.0f}"))
+    lines.append(("compiled step by axis, mean per step",
+                  ", ".join(f"{k} {v:,.0f}" for k, v in by_axis.items())))
+  lines.append((f"exact DP over {over}, this mesh", f"{dp_bytes:,.0f} per step"))
+  lines.append((f"DP bytes / bytes (over {over})", f"{summary['compression_ratio']:.2f}x"))
+  width = max(len(k) for k, _ in lines)
+  for k, value in lines:
+    print(f"  {k.ljust(width)}  {value}")
   return summary
 
 
 def record_config(workdir: str, config) -> None:
   """Writes `config` to workdir/config.json, or refuses a workdir that holds a run with other
   settings (every setting counts except `steps`, which a resumed run may extend)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from experiments import config as _config  # pylint: disable=import-outside-toplevel
+  import jax
+  from experiments import config as _config
   settings = json.loads(json.dumps(_config.to_dict(config)))  # as it reads back from disk
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
@@ -212,4 +241,4 @@ def record_config(workdir: str, config) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

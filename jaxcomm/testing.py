@@ -368,9 +368,9 @@ def check_jit_state_and_dtypes(tx: optax.GradientTransformation) -> None:
   state = tx.init(params)
   update = jax.jit(tx.update)
   updates, new_state = update(grads, state, params)
-  compiled = update._cache_size()  # pylint: disable=protected-access  (jit caches per function)
+  compiled = update._cache_size()  # jit caches per function
   updates, new_state = update(grads, new_state, params)
-  recompiled = update._cache_size() != compiled  # pylint: disable=protected-access
+  recompiled = update._cache_size() != compiled
   assert not recompiled, ("update recompiled on the second call: the state's types changed "
                           "(compare the state's leaves before and after update)")
   _same_types(state, new_state, "state after update")
@@ -456,10 +456,10 @@ def check_on_mesh(tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
   first = state
   state, m = trainer.step(state, batch)
   fn = trainer.step_fn(state, batch)
-  compiled = fn._cache_size()  # pylint: disable=protected-access
+  compiled = fn._cache_size()
   for _ in range(steps - 1):
     state, m = trainer.step(state, batch)
-  assert fn._cache_size() == compiled, "the step recompiled"  # pylint: disable=protected-access
+  assert fn._cache_size() == compiled, "the step recompiled"
   _same_types(first, state, "train state after steps")
   report = comm.inspect(fn, first, batch)
   counted, read = int(m["wire_bytes"]), round(report.wire_bytes())

@@ -14,19 +14,19 @@ if _CACHE:
   # Only programs that took a while to compile: the many tiny eager ops are not worth a file.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
-import jax  # pylint: disable=wrong-import-position
-import pytest  # pylint: disable=wrong-import-position
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
 
 @pytest.fixture(scope="session")
 def mesh8():
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   return train.make_mesh({"data": 8})
 
 
 @pytest.fixture(scope="session")
 def mesh4x2():
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   return train.make_mesh({"data": 4, "tensor": 2})

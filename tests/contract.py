@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import codecs, data, models, train
-from jaxcomm.testing import check_codec  # pylint: disable=unused-import
-from jaxcomm.testing import check_converges_on_quadratic  # pylint: disable=unused-import
-from jaxcomm.testing import check_jit_state_and_dtypes  # pylint: disable=unused-import
-from jaxcomm.testing import check_on_mesh  # pylint: disable=unused-import
-from jaxcomm.testing import check_transform  # pylint: disable=unused-import
-from jaxcomm.testing import codec_zoo  # pylint: disable=unused-import
-from jaxcomm.testing import example_params  # pylint: disable=unused-import
+from jaxcomm.testing import check_codec  # noqa: F401
+from jaxcomm.testing import check_converges_on_quadratic  # noqa: F401
+from jaxcomm.testing import check_jit_state_and_dtypes  # noqa: F401
+from jaxcomm.testing import check_on_mesh  # noqa: F401
+from jaxcomm.testing import check_transform  # noqa: F401
+from jaxcomm.testing import codec_zoo  # noqa: F401
+from jaxcomm.testing import example_params  # noqa: F401
 
 
 def digits_task(num_batches: int):

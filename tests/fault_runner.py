@@ -28,13 +28,13 @@ import time
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                 os.path.dirname(os.path.abspath(__file__))]
 
-from absl import app  # pylint: disable=wrong-import-position
-from absl import flags  # pylint: disable=wrong-import-position
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
 
-import faults  # pylint: disable=wrong-import-position
-from experiments import build  # pylint: disable=wrong-import-position
-from experiments import config as experiments_config  # pylint: disable=wrong-import-position
-from experiments import train  # pylint: disable=wrong-import-position
+import faults  # noqa: E402
+from experiments import build  # noqa: E402
+from experiments import config as experiments_config  # noqa: E402
+from experiments import train  # noqa: E402
 
 _KILL_AT = flags.DEFINE_integer("kill_at", -1, "SIGKILL this process before step N.")
 _KILL_PROCESS = flags.DEFINE_integer("kill_process", 0, "Which process --kill_at kills.")
@@ -69,7 +69,7 @@ def _wait_for_sigterm(step: int, timeout_s: float = 60) -> None:
 def _with_kill_switch(build_fn):
   """`build.build` whose runs' batches first apply --term_at and --kill_at."""
   def build_killing(config, *args, **kwargs):
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     run = build_fn(config, *args, **kwargs)
     checkpoints = os.path.join(flags.FLAGS.workdir, "checkpoints")
 
@@ -94,9 +94,9 @@ def main(argv):
     return train.main(argv)
   # Several methods in turn in one process: the command line's config (its experiment and
   # cadence) with each method's settings from faults.SETTINGS, each in workdir/<algo>.
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
-  from jaxcomm import train as jaxcomm_train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train as jaxcomm_train
   jaxcomm_train.start_distributed(flags.FLAGS.coordinator, flags.FLAGS.num_processes,
                                   flags.FLAGS.process_id,
                                   heartbeat_timeout_s=flags.FLAGS.heartbeat_timeout)

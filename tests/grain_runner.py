@@ -41,12 +41,12 @@ def main():
   for name in ("num_processes", "process_id", "devices", "heartbeat_timeout"):
     parser.add_argument(f"--{name}", type=int)
   args = parser.parse_args()
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  import optax
+  from jax.experimental import multihost_utils
   jax.config.update("jax_num_cpu_devices", args.devices)
-  from jaxcomm import data, train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import data, train
   train.start_distributed(args.coordinator, args.num_processes, args.process_id,
                           heartbeat_timeout_s=args.heartbeat_timeout)
   source = Recording(data.source("pydoc", SEQ))

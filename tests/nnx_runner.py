@@ -26,9 +26,9 @@ BATCH, EVERY = 32, 4
 
 def task():
   """(trainer, model, batches): the run both this program and the test build."""
-  import optax  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from jaxcomm import data, models, sync, train  # pylint: disable=import-outside-toplevel
+  import optax
+  from flax import nnx
+  from jaxcomm import data, models, sync, train
   model = models.NnxMLP(64, hidden=(16,), num_classes=10, dropout=0.3, batch_norm=True,
                         rngs=nnx.Rngs(params=0, dropout=1))
   trainer = train.Trainer(models.nnx_classifier_loss,
@@ -47,9 +47,9 @@ def main():
   parser.add_argument("--steps", type=int, default=12)
   parser.add_argument("--kill_at", type=int, default=-1)
   args = parser.parse_args()
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_num_cpu_devices", 8)
-  from jaxcomm import train  # pylint: disable=import-outside-toplevel
+  from jaxcomm import train
   trainer, model, batches = task()
   checkpoints = os.path.join(args.workdir, "checkpoints")
   record = open(os.path.join(args.workdir, "batches.jsonl"), "a", encoding="utf-8")

@@ -12,7 +12,6 @@ shapes and trip counts; the convention itself is proved only here.
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -144,13 +143,13 @@ def test_inspect_tells_conditional_branches_apart(mesh8):
 
 
 def test_iota_replica_groups():
-  from jaxcomm.comm._inspect import _iota_groups  # pylint: disable=import-outside-toplevel
+  from jaxcomm.comm._inspect import _iota_groups
   assert _iota_groups("[2,4]<=[8]") == [[0, 1, 2, 3], [4, 5, 6, 7]]
   assert _iota_groups("[4,2]<=[2,4]T(1,0)") == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
 def test_counter_is_modular_and_found_by_name():
-  from typing import NamedTuple  # pylint: disable=import-outside-toplevel
+  from typing import NamedTuple
 
   class S(NamedTuple):
     wire_bytes: jax.Array
@@ -167,7 +166,7 @@ def test_counter_is_modular_and_found_by_name():
 def test_public_byte_helpers_equal_hand_literals():
   """The helpers every counter (and `comm.inspect`) uses, and `compressed_bytes`, against
   values worked out by hand from docs/algorithms.md."""
-  from jaxcomm import codecs  # pylint: disable=import-outside-toplevel
+  from jaxcomm import codecs
   assert comm.allreduce_bytes(1000, 8) == 1750.0      # 2 * 7/8 * 1000
   assert comm.reduce_scatter_bytes(1000, 8) == 875.0  # 7/8 * 1000
   assert comm.all_gather_bytes(100, 8) == 700.0       # 7 * 100

@@ -26,7 +26,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import PartitionSpec as P
 
-from experiments import _compare_clock as clock_lib
 from experiments import _compare_report as report
 from experiments import _compare_stats as stats
 from experiments import build
@@ -633,3 +632,16 @@ def test_the_default_list_has_the_methods_a_user_expects():
   # The reference is bf16 DP (overlapped with the backward pass, like f32 DP).
   assert compare_config.get_config().compare.reference == "dp_bf16"
   assert build.load_method("dp").overlap_backward(None)
+
+
+def test_more_methods_run_only_when_named():
+  """DES-LOC, NoLoCo and eager DiLoCo are labels `--methods` may name; `make run` (every
+  label of METHODS) does not run them. Each entry's settings build a valid config."""
+  assert not set(compare.MORE_METHODS) & set(compare.resolve_methods(None))
+  chosen = compare.resolve_methods(["noloco_h10", "des_loc_k10"])
+  assert list(chosen)[1:] == ["noloco_h10", "des_loc_k10"]  # after the reference
+  base = compare_config.get_config()
+  for label, entry in compare.MORE_METHODS.items():
+    c = compare.method_config(base, entry)
+    assert c.method.name == entry["method"], label
+    build.build(c, abstract=True)  # the method's settings are accepted by its factory

@@ -103,7 +103,7 @@ def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
 def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
   c = _free()
   config = compare.method_config(c, compare.METHODS["dp_bf16"])
-  heldout = compare._heldout_fn(config)  # pylint: disable=protected-access
+  heldout = compare._heldout_fn(config)
   pop = compare.Population("dp_bf16", 0, [config], compare.links(config), heldout, False)
   pop.train_to(2)
   state = pop.states[0]
@@ -126,7 +126,7 @@ def test_bad_schedules_are_refused_and_the_report_names_the_one_that_ran(tmp_pat
   c.optimizer.schedule = "cosine"
   with pytest.raises(ValueError, match="optimizer.schedule must be one of"):
     build.inner_optimizer(c)
-  heading = report._heading  # pylint: disable=protected-access
+  heading = report._heading
   assert "constant learning rate" in heading(TINY, [{"workers": 8}], 2.0, "given")
   assert "schedule-free inner optimiser (warmup 5 steps" in heading(
       _free(warmup=5), [{"workers": 8}], 2.0, "given")

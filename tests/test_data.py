@@ -121,7 +121,7 @@ def test_grain_folder_errors_name_the_path(tmp_path):
 
 
 def test_label_skew_sampler_is_a_grain_sampler():
-  import grain  # pylint: disable=import-outside-toplevel
+  import grain
   source = data.source("digits")
   ds = data.batches(source, 16, seed=1, label_skew=0.1, num_workers=8, process_index=0,
                     process_count=1)
@@ -142,7 +142,7 @@ def test_label_skew_sampler_is_a_grain_sampler():
 
 def test_two_processes_read_disjoint_shares_whose_union_is_the_one_process_batch(tmp_path):
   """2 processes x 4 devices (jax.distributed on loopback, tests/grain_runner.py)."""
-  import grain_runner  # pylint: disable=import-outside-toplevel
+  import grain_runner
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cmd = [sys.executable, "-m", "experiments.launch_local", "--processes=2", "--devices=8",
          f"--program={os.path.join(root, 'tests', 'grain_runner.py')}",

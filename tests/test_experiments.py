@@ -37,11 +37,12 @@ FACTORIES = {
     "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
     "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
+    "des_loc": local.des_loc, "noloco": local.noloco,
 }
 
 
 # Factory arguments the run supplies (experiments.build.Context), not settings.
-CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather"}
+CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather", "views"}
 # Factory arguments that are objects a method module builds, not settings: Muon's tree of
 # dimension numbers, MuLoCo's outer optimiser (settings outer_lr, outer_momentum).
 BUILT = {"muon_weight_dimension_numbers", "outer"}
@@ -206,6 +207,8 @@ def _sweep_cases():
   for path in CONFIGS:
     c = load_config(path)
     for setting, value in _numeric_leaves(c):
+      if setting.startswith("elastic.") and path != CONFIGS[0]:
+        continue  # the same settings in every config: swept once
       for bad in ((0, -1, 3) if isinstance(value, int) else (0.0, -1.0)):
         cases.append((os.path.basename(path)[:-3], setting, bad))
   return cases

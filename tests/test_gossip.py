@@ -326,7 +326,7 @@ def test_contract_on_one_device(make):
   grads = jax.tree.map(jnp.ones_like, params)
   u, new_state = update(grads, state, params)
   u, new_state = update(grads, new_state, params)
-  assert update._cache_size() == 1  # pylint: disable=protected-access
+  assert update._cache_size() == 1
   chex.assert_trees_all_equal_structs(state, new_state)
   assert jax.tree.map(lambda x: x.dtype, u) == jax.tree.map(lambda x: x.dtype, params)
 

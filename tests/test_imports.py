@@ -158,7 +158,8 @@ LONG_MODULES = {
     "jaxcomm/codecs/_quantize.py": "the quantisers, sharing one block-and-scale grid",
     "jaxcomm/parallel/_pipeline.py": "one algorithm: pipeline schedules and their executor",
     "jaxcomm/comm/_compressed.py": "one concern: the three ways a codec payload is summed",
-    "jaxcomm/elastic/_loop.py": "one algorithm: the elastic round loop (commit or discard)",
+    "jaxcomm/elastic/_membership.py": "one protocol: a round's barrier, generation, quorum "
+                                      "check, vote and eviction",
     "jaxcomm/sim/_async.py": "one simulation: asynchronous worker clocks in one scan",
     "jaxcomm/comm/_collectives.py": "one concern: every lax collective with its wire bytes",
     "jaxcomm/sync/_gossip.py": "one algorithm family: D-PSGD and CHOCO over a gossip graph",

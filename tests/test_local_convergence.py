@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxcomm import comm, data, local, models, sync, train
+from jaxcomm import data, local, models, sync, train
 
 W = 8
 

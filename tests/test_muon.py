@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, comm, local, models, parallel, sync, train
+from jaxcomm import comm, local, models, parallel, sync, train
 from tests.test_replicas import LM, MESH, R, compile_step, gradients, host, layout_scales
 from tests.test_replicas import linear_loss
 

@@ -297,7 +297,7 @@ def test_sigkilled_dropout_run_resumes_bit_for_bit_and_continues_the_data_stream
 @pytest.mark.parametrize("name", ["compressed_ef", "powersgd", "zero1"])
 def test_transforms_see_nnx_parameters_as_linen_ones(mesh8, name):
   """The NNX MLP (no dropout, no BatchNorm) from the linen MLP's weights trains alike."""
-  from jaxcomm import codecs, parallel  # pylint: disable=import-outside-toplevel
+  from jaxcomm import codecs, parallel
   tx = {"compressed_ef": lambda: optax.chain(
             sync.compressed(codecs.top_k(0.1), memory="ef", axis_name="data"), optax.sgd(0.1)),
         "powersgd": lambda: optax.chain(sync.powersgd(2, "data"), optax.sgd(0.1)),

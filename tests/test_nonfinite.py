@@ -112,7 +112,7 @@ def test_contract_jit_does_not_recompile():
   state = tx.init(params)
   for grads in ({"w": jnp.ones(3)}, {"w": jnp.ones(3) * jnp.nan}):
     _, state = update(grads, state, params)
-  assert update._cache_size() == 1  # pylint: disable=protected-access
+  assert update._cache_size() == 1
   assert int(state.skipped_steps) == 1
 
 

@@ -40,7 +40,7 @@ def test_notebook_runs(path, monkeypatch):
 
 
 def _manager_for(python):
-  from jupyter_client.manager import KernelManager  # pylint: disable=import-outside-toplevel
+  from jupyter_client.manager import KernelManager
 
   class _Manager(KernelManager):
     def format_kernel_cmd(self, extra_arguments=None):

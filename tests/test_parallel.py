@@ -130,7 +130,7 @@ def test_tensor_parallel_layers_equal_single_device(mesh_dt, kind, sp, cm):
   np.testing.assert_allclose(value, ref_value, rtol=1e-5)
   chex.assert_trees_all_close(grads, ref_grads, atol=1e-4, rtol=1e-4)
   # One reduction per block forward and one backward, over the tensor axis only.
-  act = 2 * 8 * 16 * 4  # f32[B/data, T, D] on one device
+  # Activations f32[B/data, T, D] on one device: 2 * 8 * 16 * 4 = 1024 bytes.
   # (SP's all-gather + reduce-scatter pairs move the same bytes as the all-reduce.)
   assert report.wire_bytes(axes=("tensor",)) == 2 * 1536  # 2 * 3/4 * 1024 bytes, twice
   if cm:

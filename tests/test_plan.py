@@ -131,21 +131,22 @@ def test_gpt2_dp_sends_the_ring_allreduce_of_every_parameter(gpt2):
 
 
 def test_gpt2_powersgd_rank4_sends_its_factors(gpt2):
-  # Each tensor is a matrix of (all but the last dimension) x (last dimension), oriented
-  # shorter side n first; rank r = 4; it travels as P (n r floats) and Q (m r floats) when
-  # (n + m) r x 2 < n m, else whole (vectors always):
+  # Each tensor is a matrix of its first k dimensions x the rest, k sending the least (a
+  # layer's inputs x outputs), oriented shorter side n first; rank r = 4; it travels as P
+  # (n r floats) and Q (m r floats) when (n + m) r x 2 < n m, else whole (vectors always):
   #   embedding 50257 x 768 and head 768 x 50257: (768 + 50257) 4 = 204,100 each
   #   positions 1024 x 768: (768 + 1024) 4 = 7,168
-  #   per block: qkv (768 3 12) x 64: (64 + 27648) 4 = 110,848; qkv bias 36 x 64:
-  #     (36 + 64) 4 = 400; proj (12 64) x 768: 1536 x 4 = 6,144; fc_in 768 x 3072 and
-  #     fc_out 3072 x 768: 3840 x 4 = 15,360 each -> 148,112, x 12 = 1,777,344
+  #   per block: qkv 768 x (3 12 64): (768 + 2304) 4 = 12,288 (as (768 3 12) x 64 it was
+  #     (64 + 27648) 4 = 110,848); qkv bias (3 12) x 64: (36 + 64) 4 = 400 (3 x 768 would
+  #     be 3 x 771 at rank 3); proj (12 64) x 768: 1536 x 4 = 6,144; fc_in 768 x 3072 and
+  #     fc_out 3072 x 768: 3840 x 4 = 15,360 each -> 49,552, x 12 = 594,624
   #   whole: per block 2 LayerNorms 3,072 + proj, fc_in, fc_out biases 768 + 3,072 + 768
   #     = 7,680, x 12 = 92,160; final LayerNorm 1,536; head bias 50,257
-  floats = 2 * 204_100 + 7_168 + 1_777_344 + 92_160 + 1_536 + 50_257
-  assert floats == 2_336_665
+  floats = 2 * 204_100 + 7_168 + 594_624 + 92_160 + 1_536 + 50_257
+  assert floats == 1_153_945
   step = gpt2({"method": "powersgd", "rank": 4})
   # Two ring all-reduces (P with the whole tensors, then Q): 2 x 7/8 x 4 bytes per float.
-  assert step.bytes_per_step() == 7 * 2_336_665 == 16_356_655
+  assert step.bytes_per_step() == 7 * 1_153_945 == 8_077_615
 
 
 def test_gpt2_zero3_holds_one_eighth_of_dp_parameters(gpt2):
@@ -242,8 +243,8 @@ def test_the_counter_machine_refuses_a_schedule_that_depends_on_values():
 
 
 def test_the_counter_machine_refuses_to_hold_more_than_its_limit():
-  from jaxcomm.plan import _schedule  # pylint: disable=import-outside-toplevel
-  from jaxcomm import local  # pylint: disable=import-outside-toplevel
+  from jaxcomm.plan import _schedule
+  from jaxcomm import local
   trainer = _tiny_trainer(local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=2))
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   params = {"w": f32(16, 4)}

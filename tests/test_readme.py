@@ -48,14 +48,14 @@ def _own_section_blocks():
 
 def test_readme_own_codec_transform_and_model_run_and_count_exact_bytes(capsys):
   """Runs the section's blocks in order, in this process (8 devices), checking each."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  import jax
+  import optax
+  from jaxcomm import comm
   codec_block, train_block, transform_block, memory_block, local_block, model_block = \
       _own_section_blocks()
   ns = {"__name__": "readme_own"}
-  exec(codec_block, ns)  # pylint: disable=exec-used
-  exec(train_block, ns)  # pylint: disable=exec-used
+  exec(codec_block, ns)
+  exec(train_block, ns)
   # Per step each worker all-gathers its (bf16 value, uint8 column) pairs: 2 per row of
   # Dense_0's kernel (64 rows), Dense_1's (16 rows) and each bias (1 row): 164 pairs of 3
   # bytes from each of the 7 other workers = 3444 bytes.
@@ -63,19 +63,19 @@ def test_readme_own_codec_transform_and_model_run_and_count_exact_bytes(capsys):
   report = comm.inspect(trainer.step_fn(state, batch), state, batch)
   assert int(m["wire_bytes"]) == round(report.wire_bytes()) == 7 * 164 * 3
   assert float(m["loss"]) < 2.1 < float(jax.numpy.log(10.0))  # it learns (chance: ln 10)
-  exec(transform_block, ns)  # pylint: disable=exec-used
+  exec(transform_block, ns)
   assert int(ns["vote_m"]["wire_bytes"]) == round(ns["report"].wire_bytes()) == 7 * 2
   exec(memory_block, ns)  # it runs the transform contract on one device
   assert isinstance(ns["half_ef"], ns["sync"].ErrorMemory)
   before = ns["params"]
-  exec(local_block, ns)  # pylint: disable=exec-used
+  exec(local_block, ns)
   # One data-parallel SGD step equals one full-batch step on one device (the batch is 64
   # rows; each worker's mean loss over 8 rows, averaged over 8 workers, is the mean).
   full = jax.grad(ns["loss"])(before, ns["digits"].batch(0, 64))
   want = optax.apply_updates(before, jax.tree.map(lambda g: -0.1 * g, full))
   for a, b in zip(jax.tree.leaves(ns["params"]), jax.tree.leaves(want)):
     assert float(jax.numpy.max(jax.numpy.abs(a - b))) < 1e-6
-  exec(model_block, ns)  # pylint: disable=exec-used
+  exec(model_block, ns)
   # The NNX net: Linear(64, 32) and Linear(32, 10): 2 pairs per row of 64 + 32 kernel rows
   # and of each bias = 196 pairs of 3 bytes, from 7 other workers.
   assert int(ns["nnx_m"]["wire_bytes"]) == 7 * 196 * 3

@@ -165,8 +165,12 @@ def test_powersgd_inner_collectives_counted_on_their_axes(setup):
     dims = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a)
             for e in tuple(spec) + (None,) * (x.ndim - len(spec))]
     local = x.size // size(sum(dims, ()))
-    rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
-    row_axes, col_axes = sum(dims[:-1], ()), dims[-1]
+    # The matrix view: the first k dimensions x the rest, k sending the least at rank 2.
+    sent = lambda k: min(2, np.prod(x.shape[:k]), np.prod(x.shape[k:])) * (
+        np.prod(x.shape[:k]) + np.prod(x.shape[k:]))
+    k = min(range(1, max(x.ndim, 2)), key=sent)
+    rows, cols = int(np.prod(x.shape[:k])), int(np.prod(x.shape[k:]))
+    row_axes, col_axes = sum(dims[:k], ()), sum(dims[k:], ())
     n, m, n_axes, m_axes = ((cols, rows, col_axes, row_axes) if rows > cols
                             else (rows, cols, row_axes, col_axes))
     r = min(2, n)
@@ -446,7 +450,11 @@ def _every_method():
                                          chunk=16),
           "dreamddp": local.dreamddp(sgd(), 2, "replica"),
           "scaffold": local.scaffold(sgd(), 2, "replica"),
-          "hierarchical": local.hierarchical(sgd(), 2, fast_axis=None, slow_axis="replica")},
+          "hierarchical": local.hierarchical(sgd(), 2, fast_axis=None, slow_axis="replica"),
+          "des_loc": local.des_loc(optax.adam(1e-2), 2, {"mu": 2, "nu": 4}, "replica"),
+          "noloco": local.noloco(sgd(), 2, "replica"),
+          "diloco_eager_tokens": local.diloco(sgd(), OUTER(), 2, "replica", eager=True,
+                                              worker_steps=[2, 1], weighting="tokens")},
       "overlap": {
           "delayed": local.delayed(sgd(), "replica"),
           "stale_dc": local.stale(sgd(), 1, "replica", compensation="dc"),

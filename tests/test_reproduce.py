@@ -129,7 +129,7 @@ def test_diloco_from_a_dp_warm_start(tmp_path):
   _, loss_fn, _, _, batches = build.model_task(rep.config(base, "lm", "dp"))
   first = float(loss_fn(params, batches(warm)))
   assert dp["curve"]["loss"][0] == h4["curve"]["loss"][0] == pytest.approx(first, rel=1e-5)
-  cold = reproduce_diloco._dp(TINY, 8, 16)  # pylint: disable=protected-access
+  cold = reproduce_diloco._dp(TINY, 8, 16)
   assert cold["curve"]["loss"][0] != pytest.approx(first, rel=1e-3)
   assert f"| {start['label']} |" in s["markdown"] and f"warm start of {warm}" in s["markdown"]
   with pytest.raises(ValueError, match="warm_start_steps"):

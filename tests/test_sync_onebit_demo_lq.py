@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxcomm import codecs, comm, data, models, sync, testing, train
+from jaxcomm import codecs, comm, sync, testing, train
 from tests import contract
 
 W = 8

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxcomm import codecs, comm, data, models, sync, testing, train
+from jaxcomm import comm, data, models, sync, testing, train
 from tests import contract
 
 W = 8
@@ -217,3 +217,41 @@ def test_conv_kernels_are_viewed_with_output_features_last():
   assert sync.powersgd_bytes(params, 4, W) == 1792 + 16128
   state = sync.powersgd(4).init(params)
   assert state.q[0].shape == (1, 576, 4) and state.error[0].shape == (1, 64, 576)
+
+
+def test_densegeneral_kernel_is_viewed_inputs_by_outputs_and_views_override():
+  # The LM's fused attention kernel (DenseGeneral, 768 inputs -> 3 x 12 x 64 outputs) is the
+  # 768 x 2304 matrix: rank 4 sends P (768 x 4) and Q (2304 x 4) float32, 4 x (768 + 2304)
+  # x 4 = 49,152 bytes of payload. The repo counts a ring all-reduce as 2 (W - 1) / W of the
+  # payload per device, which is exactly 1 at W = 2: 49,152 bytes per device per step. (The
+  # old prod(shape[:-1]) x shape[-1] view, 27648 x 64, sends 4 x (27648 + 64) x 4 = 443,392.)
+  kernel = {"qkv": jax.ShapeDtypeStruct((768, 3, 12, 64), jnp.float32)}
+  assert sync.powersgd_bytes(kernel, 4, 2) == 4 * (768 + 2304) * 4 == 49_152
+  assert sync.powersgd_bytes(kernel, 4, 2, views={"qkv": 3}) == 443_392
+  # A 3x3 conv kernel stays (3 x 3 x 64) x 64 under the rule (tested above); the out
+  # projection (12, 64, 768) is 768 x 768: 4 x 1536 x 4 = 24,576 at W = 2.
+  proj = {"proj": jax.ShapeDtypeStruct((12, 64, 768), jnp.float32)}
+  assert sync.powersgd_bytes(proj, 4, 2) == 24_576
+  with pytest.raises(ValueError, match="views"):
+    sync.powersgd(4, views={"qkv": 0})
+  with pytest.raises(ValueError, match="views"):
+    sync.powersgd_bytes(kernel, 4, 2, views={"qkv": 4})
+
+
+def test_view_bytes_counted_equal_inspect_and_update_is_the_view_reconstruction():
+  # Counted == compiled on a 2-worker mesh for a (16, 3, 2, 4) kernel viewed 16 x 24 at rank
+  # 2: P 16 x 2 and Q 24 x 2 float32, (32 + 48) x 4 = 320 bytes (factor 1 at W = 2). The
+  # update, with both workers' gradients equal to one rank-2 matrix of that view, is it.
+  mesh = train.make_mesh({"data": 2}, devices=jax.devices()[:2])
+  rng = np.random.default_rng(0)
+  target = (rng.normal(size=(16, 2)) @ rng.normal(size=(2, 24))).astype(np.float32)
+  params = {"k": jnp.zeros((16, 3, 2, 4))}
+  loss = lambda p, b: -jnp.sum(p["k"].reshape(16, 24) * b["t"][0])
+  batch = {"t": jnp.broadcast_to(jnp.asarray(target), (2, 16, 24))}
+  trainer = train.Trainer(loss, optax.chain(sync.powersgd(2), optax.sgd(1.0)), mesh)
+  state = trainer.init(params)
+  report = comm.inspect(trainer.step_fn(state, batch), state, batch)
+  state, m = trainer.step(state, batch)
+  assert int(m["wire_bytes"]) == report.wire_bytes() == (32 + 48) * 4
+  np.testing.assert_allclose(np.asarray(state.params["k"]).reshape(16, 24), target,
+                             rtol=1e-4, atol=1e-4)

@@ -162,7 +162,6 @@ def test_bad_input_fails_before_compile(mesh8, digits_task):
 def test_fit_writes_tensorboard_events_with_each_log_step(mesh8, digits_task, tmp_path):
   """Event files read back with TensorBoard's reader: the loss and byte counts at every log
   step, the simulated clock, the consensus distance of DiLoCo's workers, the bytes table."""
-  # pylint: disable=import-outside-toplevel
   from tensorboard.backend.event_processing import event_accumulator
   from jaxcomm import local
   _, params, loss, _ = digits_task
@@ -215,8 +214,55 @@ def test_fit_reads_the_devices_only_at_log_steps(mesh8, digits_task, monkeypatch
 
 
 def test_progress_bar_only_on_a_terminal(monkeypatch):
-  from jaxcomm.train import _metrics  # pylint: disable=import-outside-toplevel
+  from jaxcomm.train import _metrics
   assert _metrics.progress_bar(10, 0, True).disable  # pytest's stderr is not a terminal
   monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
   assert not _metrics.progress_bar(10, 0, True).disable
   assert _metrics.progress_bar(10, 0, False).disable
+
+
+def test_a_batch_axis_no_collective_crosses_is_refused_and_a_users_own_axis_works():
+  """The batch split over ("data", "mine") with a transform that syncs over "data" only
+  trains copies along "mine" that are never averaged: refused when the step is built,
+  naming "mine". The same user axis synchronised by the transform (every step, or every
+  H steps inside a lax.cond) trains, and the exact mean over both axes is the full-batch
+  gradient step."""
+  from jaxcomm import local, parallel
+  mesh = parallel.make_mesh({"data": 4, "mine": 2})
+  loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
+  batch = {"x": jnp.arange(16.0) / 16, "y": 2 * jnp.ones(16)}
+  axes = ("data", "mine")
+  unreduced = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh,
+                            axis_name=axes)
+  with pytest.raises(ValueError, match="mesh axis 'mine' .size 2., but no collective"):
+    unreduced.step(unreduced.init({"w": jnp.zeros(())}), batch)
+  exact = train.Trainer(loss, optax.chain(sync.mean(axes), optax.sgd(0.1)), mesh,
+                        axis_name=axes)
+  state, _ = exact.step(exact.init({"w": jnp.zeros(())}), batch)
+  full = jax.grad(lambda p: loss(p, batch))({"w": jnp.zeros(())})["w"]
+  np.testing.assert_allclose(float(state.params["w"]), -0.1 * float(full), rtol=1e-6)
+  every_3 = train.Trainer(loss, local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=3,
+                                             axis_name=axes), mesh, axis_name=axes)
+  state, _ = every_3.step(every_3.init({"w": jnp.zeros(())}), batch)
+  assert int(state.step) == 1
+
+
+def test_consensus_distance_is_logged_before_the_sync_and_after(mesh8, digits_task):
+  """With a sync every 3 steps logged every 3 steps, the distance after the logged step is
+  ~0 (its sync averaged the workers) and `consensus_distance_before` is that of the
+  parameters the logged step started from: those of a run of 2 steps (then 5)."""
+  from jaxcomm import local
+  _, params, loss, _ = digits_task
+  trainer = train.Trainer(loss, local.local_sgd(optax.sgd(0.5), 3, axis_name="data"), mesh8)
+  ds = data.digits()
+  state, history = train.fit(trainer, trainer.init(params), lambda t: ds.batch(t, 16), 6,
+                             log_every=3, progress=False)
+  assert [h["step"] for h in history] == [3, 6]
+  for h, steps in zip(history, (2, 5)):
+    assert h["consensus_distance"] < 1e-6
+    partial, _ = train.fit(trainer, trainer.init(params), lambda t: ds.batch(t, 16), steps,
+                           log_every=steps, progress=False)
+    expected = sync.stacked_consensus_distance(partial.params)
+    assert expected > 1e-3 and h["consensus_distance_before"] == pytest.approx(expected,
+                                                                                rel=1e-4)
+  del state

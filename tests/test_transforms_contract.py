@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 
 import jax
-import jax.numpy as jnp
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -56,7 +55,11 @@ FACTORIES = {
     "sync.skip_nonfinite": (lambda inner: sync.skip_nonfinite(inner, axis_name=None),
                             lambda tx: tx),
     "local.acco": (lambda inner: local.acco(inner, None), lambda tx: tx),
+    "local.cocodc": (lambda inner: local.cocodc(inner, optax.sgd(1.0), 2, 2, 1, axis_name=None,
+                                                codec=None), lambda tx: tx),
     "local.delayed": (lambda inner: local.delayed(inner, None), lambda tx: tx),
+    "local.des_loc": (lambda inner: local.des_loc(optax.chain(optax.trace(0.5), inner), 2,
+                                                  {"trace": 3}, None), lambda tx: tx),
     "local.diloco": (lambda inner: local.diloco(inner, optax.sgd(1.0), 2, None), lambda tx: tx),
     "local.dreamddp": (lambda inner: local.dreamddp(inner, 2, None), lambda tx: tx),
     "local.hierarchical": (lambda inner: local.hierarchical(inner, 2, None, None),
@@ -66,6 +69,7 @@ FACTORIES = {
     # Nesterov momentum (0.7, 0.9) keeps them oscillating on the quadratic at this lr.
     "local.muloco": (lambda inner: local.muloco(0.05, 2, None, outer=optax.sgd(1.0), bits=4,
                                                 block=4, memory="ef"), lambda tx: tx),
+    "local.noloco": (lambda inner: local.noloco(inner, 2, None), lambda tx: tx),
     "local.scaffold": (lambda inner: local.scaffold(inner, 2, None), lambda tx: tx),
     "local.sparseloco": (lambda inner: local.sparseloco(inner, 2, density=0.5, bits=None,
                                                         axis_name=None), lambda tx: tx),
@@ -152,7 +156,7 @@ def test_contract(name):
   try:
     jax.eval_shape(tx.update, grads, state)
     needs_params = False
-  except Exception:  # pylint: disable=broad-except  (any failure without params means "needs")
+  except Exception:  # any failure without params means "needs"
     needs_params = True
   if needs_params:
     assert isinstance(tx, optax.GradientTransformationExtraArgs), \

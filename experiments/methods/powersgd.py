@@ -7,7 +7,7 @@ from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(sync.powersgd, skip=("axis_name", "key", "param_specs"),
+  return config.from_factory(sync.powersgd, skip=("axis_name", "key", "param_specs", "views"),
                              types={"memory": str}, rank=2)
 
 

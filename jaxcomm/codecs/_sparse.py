@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numbers
 
-import jax
+import jax  # noqa: F401 (the docstring examples use it)
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

@@ -17,6 +17,7 @@ from jaxcomm.comm._collectives import axis_size
 from jaxcomm.comm._collectives import from_bits
 from jaxcomm.comm._collectives import ppermute
 from jaxcomm.comm._collectives import reduce_scatter
+from jaxcomm.comm._collectives import is_numeric
 from jaxcomm.comm._collectives import reduce_scatter_bytes
 from jaxcomm.comm._collectives import require_varying
 from jaxcomm.comm._collectives import shift
@@ -35,7 +36,7 @@ from jaxcomm.comm._compressed import linear_sum
 from jaxcomm.comm._compressed import reduce_scatter_encoded
 from jaxcomm.comm._compressed import two_phase
 from jaxcomm.comm._sum import mean
-from jaxcomm.comm._sum import sum  # pylint: disable=redefined-builtin
+from jaxcomm.comm._sum import sum
 from jaxcomm.comm._sum import two_phase_sum
 from jaxcomm.comm._cost import ALGORITHMS
 from jaxcomm.comm._cost import CollectiveCost
@@ -68,6 +69,7 @@ __all__ = (
     "CollectiveReport",
     "CommCost",
     "CompressedSum",
+    "is_numeric",
     "ScatteredSum",
     "Link",
     "OPS",

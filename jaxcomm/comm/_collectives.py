@@ -48,16 +48,34 @@ def axis_size(axis_name: AxisName) -> int:
   return math.prod(lax.axis_size(a) for a in axis_names(axis_name))
 
 
-def tree_bytes(tree: Any, dtype: Any = None) -> int:
-  """Bytes of all array leaves of `tree` (arrays or ShapeDtypeStructs), as `dtype` if given.
+def is_numeric(x: Any) -> bool:
+  """Whether a leaf is a numeric array (or ShapeDtypeStruct): not a PRNG key array (an
+  extended dtype, which has no itemsize and no gradient) or a non-array leaf.
 
   Example:
-    >>> import jax.numpy as jnp
+    >>> import jax, jax.numpy as jnp
+    >>> is_numeric(jnp.ones(2)), is_numeric(jax.random.key(0)), is_numeric("text")
+    (True, False, False)
+  """
+  dtype = getattr(x, "dtype", None)
+  return dtype is not None and hasattr(x, "shape") and \
+      not jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def tree_bytes(tree: Any, dtype: Any = None) -> int:
+  """Bytes of the numeric array leaves of `tree` (arrays or ShapeDtypeStructs), as `dtype`
+  if given. PRNG key arrays (a dropout stream's key in an NNX model) and other non-numeric
+  leaves are not counted: no gradient or collective carries them (`is_numeric`).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
     >>> tree_bytes({"w": jnp.ones((2, 3)), "b": jnp.ones(3)}), tree_bytes(jnp.ones(4), jnp.bfloat16)
     (36, 8)
+    >>> tree_bytes({"w": jnp.ones(3), "rng": jax.random.key(0)})
+    12
   """
   return builtins.sum(math.prod(x.shape) * jnp.dtype(dtype or x.dtype).itemsize
-                      for x in jax.tree.leaves(tree))
+                      for x in jax.tree.leaves(tree) if is_numeric(x))
 
 
 # Wire-byte formulas, one per collective kind (per device, ring algorithms).

@@ -58,7 +58,7 @@ def _reduce(tree, axis_name, dtype):
   return unflatten(total), nbytes
 
 
-def sum(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]:  # pylint: disable=redefined-builtin
+def sum(tree: Any, axis_name: AxisName, dtype: Any = None) -> tuple[Any, float]:
   """All-reduce sum over `axis_name`.
 
   With a `dtype` other than the leaves' own, the leaves travel as one flat buffer in `dtype`

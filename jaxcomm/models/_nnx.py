@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
+import jax.numpy as jnp  # noqa: F401 (the docstring examples use it)
 from flax import nnx
 
 from jaxcomm.models._mlp import classification_loss

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
+import jax.numpy as jnp  # noqa: F401 (the docstring examples use it)
 
 from jaxcomm import comm
 from jaxcomm.parallel._collective_matmul import _contract

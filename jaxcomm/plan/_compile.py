@@ -94,7 +94,12 @@ class StepPlan:
     branch = self.report.wire_bytes(conditional=True)
     if not branch:
       return 0.0
-    extra = np.clip(self.schedule - self.report.wire_bytes(conditional=False), 0.0, None)
+    # What a step sends outside the branches, as the counters count it: activation traffic
+    # (tensor-parallel all-reduces, pipeline sends) is in the compiled every-step bytes but
+    # in no counter, so a step that syncs nothing counts less than those; its count is then
+    # the base (else a DiLoCo sync on a tensor-parallel mesh would be charged too little).
+    base = min(self.report.wire_bytes(conditional=False), float(np.min(self.schedule)))
+    extra = np.clip(self.schedule - base, 0.0, None)
     return float(np.mean(extra) / branch)
 
   def bytes_per_step(self) -> float:
@@ -164,8 +169,9 @@ def abstract_batch(trainer: train.Trainer, batch: Any) -> Any:
 
 def _shard_bytes(struct: jax.ShapeDtypeStruct, sharding) -> int:
   shape = sharding.shard_shape(struct.shape)
-  return math.prod(shape) * np.dtype(struct.dtype).itemsize if shape else \
-      np.dtype(struct.dtype).itemsize
+  # A PRNG key's dtype (an extended dtype, not numpy's) knows its bytes too: key<fry> is 8.
+  itemsize = struct.dtype.itemsize
+  return math.prod(shape) * itemsize if shape else itemsize
 
 
 def _argument_bytes(compiled, state, batch) -> dict:

@@ -22,6 +22,7 @@ from jaxcomm.sim._pipemare import PipeMareResult
 from jaxcomm.sim._pipemare import PipeMareState
 from jaxcomm.sim._pipemare import pipeline_delays
 from jaxcomm.sim._pipemare import pipemare_sgd
+from jaxcomm.sim._rounds import round_seconds
 from jaxcomm.sim._target import smooth
 from jaxcomm.sim._target import steps_within
 from jaxcomm.sim._target import time_to_target
@@ -50,6 +51,7 @@ __all__ = (
     "pipeline_delays",
     "pipemare_sgd",
     "rennala_sgd",
+    "round_seconds",
     "seconds_from_flops",
     "simulate",
     "simulate_workers",

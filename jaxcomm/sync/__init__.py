@@ -39,6 +39,7 @@ from jaxcomm.sync._skip import skipped_steps
 from jaxcomm.sync._topology import GRAPHS
 from jaxcomm.sync._topology import GossipGraph
 from jaxcomm.sync._topology import gossip_graph
+from jaxcomm.sync._topology import random_matchings
 
 __all__ = (
     "ChocoState",
@@ -77,6 +78,7 @@ __all__ = (
     "onebit_adam_bytes",
     "powersgd",
     "powersgd_bytes",
+    "random_matchings",
     "skip_nonfinite",
     "skipped_steps",
     "stacked_consensus_distance",

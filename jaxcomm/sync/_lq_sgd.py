@@ -28,8 +28,8 @@ def lq_sgd_bytes(params: Any, rank: int, w: int, bits: int = 8, alpha: float = 1
   if w <= 1:
     return 0.0
   leaves = jax.tree.leaves(params)
-  plan = _powersgd._plan(leaves, rank, min_compression_rate, batch_same_shape)  # pylint: disable=protected-access
-  p, q = _powersgd._factor_sizes(plan)  # pylint: disable=protected-access
+  plan = _powersgd._plan(leaves, rank, min_compression_rate, batch_same_shape)
+  p, q = _powersgd._factor_sizes(plan)
   codec = codecs.log_quant(bits, alpha, block=block)
   exact = sum(leaves[i].size for i in plan.exact)
   total = comm.allreduce_bytes(4 * exact, w) if exact else 0.0

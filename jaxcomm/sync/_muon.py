@@ -442,7 +442,11 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, strategy: str = "owner",
   ns_steps = v.integer("ns_steps", ns_steps, low=1)
   beta = v.number("beta", beta, low=0.0, high=1.0)
   eps = v.number("eps", eps, low=0.0)
-  coeffs = jnp.asarray(ns_coeffs, jnp.float32)
+  try:
+    coeffs = jnp.asarray(ns_coeffs, jnp.float32)
+  except (TypeError, ValueError):  # not numbers: named like a shape mistake
+    raise ValueError(f"ns_coeffs must be numbers (a, b, c) or such triples, got "
+                     f"{ns_coeffs!r}.") from None
   if coeffs.ndim not in (1, 2) or coeffs.shape[-1] != 3 or (
       coeffs.ndim == 2 and coeffs.shape[0] < ns_steps):
     raise ValueError(f"ns_coeffs must be (a, b, c) or at least ns_steps={ns_steps} such "

@@ -30,7 +30,7 @@ class PowerSGDState(NamedTuple):
 
 
 class _Group(NamedTuple):
-  members: tuple  # ((leaf index, transposed), ...) in leaf order
+  members: tuple  # ((leaf index, transposed, split), ...) in leaf order (see `_split`)
   n: int          # rows of the oriented matrix (the shorter side), of the whole tensor
   m: int          # columns, of the whole tensor
   r: int          # rank used: min(rank, n, m)
@@ -47,14 +47,56 @@ class _Plan(NamedTuple):
   sizes: tuple = ()  # matrices in each group of the unsharded plan (what Q is drawn for)
 
 
-def _oriented_dims(ndim: int, transposed: bool) -> tuple[tuple, tuple]:
+def _oriented_dims(ndim: int, transposed: bool, split: int) -> tuple[tuple, tuple]:
   """(dimensions forming the oriented rows, dimensions forming the columns)."""
-  rows, cols = tuple(range(ndim - 1)), (ndim - 1,)
+  rows, cols = tuple(range(split)), tuple(range(split, ndim))
   return (cols, rows) if transposed else (rows, cols)
 
 
-def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None) -> _Plan:
-  """Which leaves are compressed, oriented how, and batched with which others (static).
+def _split(shape: tuple, rank: int, view: int | None) -> int:
+  """The matrix view of a tensor: dimensions [:k] are its rows, [k:] its columns.
+
+  `view` (the user's, or the model's inputs x outputs) when given; otherwise the k in
+  1..ndim-1 that sends the least, min(rank, n, m) (n + m) floats for an n x m view, the
+  earliest k on a tie. For a Dense kernel (in, out) that is in x out; for a conv kernel
+  (kh, kw, C_in, C_out) kh kw C_in x C_out; for a DenseGeneral kernel (768, 3, 12, 64)
+  768 x 2304 (inputs x outputs), not the 27648 x 64 of prod(shape[:-1]) x shape[-1].
+  """
+  ndim = len(shape)
+  if view is not None:
+    return view
+  def sent(k):
+    n, m = math.prod(shape[:k]), math.prod(shape[k:])
+    return min(rank, n, m) * (n + m)
+  return min(range(1, ndim), key=sent)
+
+
+def check_views(views: Any) -> Any:
+  """None, or a tree of per-leaf matrix views (an int split point k >= 1, or None)."""
+  for k in jax.tree.leaves(views):
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+      raise ValueError(f"views must be a tree like the parameters of split points k >= 1 "
+                       f"(rows: dimensions [:k], columns [k:]) or None, got {k!r}.")
+  return views
+
+
+def view_leaves(views: Any, tree: Any) -> list:
+  """Each leaf's split point from `views` (found by tree path), None where not given."""
+  paths = [tuple(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  if views is None:
+    return [None] * len(paths)
+  table = {tuple(path): k for path, k in jax.tree_util.tree_flatten_with_path(views)[0]}
+  out = [table.get(path) for path in paths]
+  for path, k, x in zip(paths, out, jax.tree.leaves(tree)):
+    if k is not None and not k < len(jnp.shape(x)):
+      raise ValueError(f"views{jax.tree_util.keystr(path)} = {k} must be < the leaf's "
+                       f"{len(jnp.shape(x))} dimensions (shape {jnp.shape(x)}).")
+  return out
+
+
+def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None,
+          views=None) -> _Plan:
+  """Which leaves are compressed, viewed and oriented how, batched with which (static).
 
   Decisions are taken on the whole tensors' shapes (`dims[i]`: the mesh axes splitting
   each dimension of leaf i; then call inside shard_map), so a sharded run compresses
@@ -62,6 +104,7 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None) -> _P
   same shape and sharding; `origin` remembers their place in the unsharded plan.
   """
   dims = dims or [None] * len(leaves)
+  views = views or [None] * len(leaves)
   exact, subgroups, unsharded = [], {}, {}
   for i, x in enumerate(leaves):
     axes = dims[i] or ((),) * len(jnp.shape(x))
@@ -69,7 +112,8 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None) -> _P
     if len(shape) <= 1:
       exact.append(i)
       continue
-    rows, cols = math.prod(shape[:-1]), shape[-1]
+    split = _split(shape, rank, views[i])
+    rows, cols = math.prod(shape[:split]), math.prod(shape[split:])
     # The shorter side first: at rank = min(n, m) P^ is then square and the result exact.
     n, m, transposed = (cols, rows, True) if rows > cols else (rows, cols, False)
     r = min(rank, n)
@@ -78,43 +122,44 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None) -> _P
       continue
     key = (n, m) if batch_same_shape else (n, m, i)
     members = unsharded.setdefault(key, [])
-    sharding = (shape, axes, transposed) if any(axes) else None
-    subgroups.setdefault((key, sharding), []).append((i, transposed, len(members)))
+    sharding = (shape, axes, transposed, split) if any(axes) else None
+    subgroups.setdefault((key, sharding), []).append((i, transposed, split, len(members)))
     members.append(i)
   keys = list(unsharded)
   groups = []
   for (key, sharding), mem in subgroups.items():
     n_axes = m_axes = axes = ()
     if sharding is not None:
-      shape, axes, transposed = sharding
-      row_dims, col_dims = _oriented_dims(len(shape), transposed)
+      shape, axes, transposed, split = sharding
+      row_dims, col_dims = _oriented_dims(len(shape), transposed, split)
       n_axes = tuple(a for d in row_dims for a in axes[d])
       m_axes = tuple(a for d in col_dims for a in axes[d])
-    groups.append(_Group(tuple((i, t) for i, t, _ in mem), key[0], key[1], min(rank, key[0]),
-                         dims=axes, n_axes=n_axes, m_axes=m_axes,
-                         origin=tuple((keys.index(key), pos) for _, _, pos in mem)))
+    groups.append(_Group(tuple((i, t, k) for i, t, k, _ in mem), key[0], key[1],
+                         min(rank, key[0]), dims=axes, n_axes=n_axes, m_axes=m_axes,
+                         origin=tuple((keys.index(key), pos) for _, _, _, pos in mem)))
   return _Plan(tuple(exact), tuple(groups), tuple(len(unsharded[k]) for k in keys))
 
 
 def _stack(leaves, group: _Group) -> jax.Array:
   """f32[B, n, m]: the group's leaves as oriented matrices (local blocks when sharded)."""
   mats = []
-  for i, transposed in group.members:
-    mat = leaves[i].astype(jnp.float32).reshape(-1, leaves[i].shape[-1])
+  for i, transposed, split in group.members:
+    shape = leaves[i].shape
+    mat = leaves[i].astype(jnp.float32).reshape(math.prod(shape[:split]), -1)
     mats.append(mat.T if transposed else mat)
   return jnp.stack(mats)
 
 
 def _stacked_shape(leaves, group: _Group) -> tuple:
   """The shape `_stack` gives (leaves may be ShapeDtypeStructs)."""
-  i, transposed = group.members[0]
+  i, transposed, split = group.members[0]
   shape = jnp.shape(leaves[i])
-  rows, cols = math.prod(shape[:-1]), shape[-1]
+  rows, cols = math.prod(shape[:split]), math.prod(shape[split:])
   return (len(group.members), *((cols, rows) if transposed else (rows, cols)))
 
 
 def _unstack(batch, group: _Group, leaves, out: list) -> None:
-  for b, (i, transposed) in enumerate(group.members):
+  for b, (i, transposed, _) in enumerate(group.members):
     mat = batch[b].T if transposed else batch[b]
     out[i] = mat.reshape(leaves[i].shape).astype(leaves[i].dtype)
 
@@ -124,7 +169,8 @@ def _local_index(group: _Group, shape, side: int, over: tuple = ()) -> jax.Array
 
   With `over`, the indices of every device along those axes in all-gather order.
   """
-  ds = _oriented_dims(len(shape), group.members[0][1])[side]
+  _, transposed, split = group.members[0]
+  ds = _oriented_dims(len(shape), transposed, split)[side]
   if over:
     return _shards.gathered_indices(shape, group.dims, ds, over)
   return _shards.flat_indices(shape, group.dims, ds)
@@ -198,7 +244,7 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
              min_compression_rate: float, orthogonalization_epsilon: float,
              batch_same_shape: bool, axis_name: comm.AxisName, key: jax.Array,
              codec: codecs.Codec | None = None, collective: str | None = None,
-             param_specs: Any = None) -> optax.GradientTransformation:
+             param_specs: Any = None, views: Any = None) -> optax.GradientTransformation:
   """PowerSGD whose P and Q travel through `codec` (None: float32 psum). Validated by callers.
 
   `key` is raw key data (`check_common`'s result). With `param_specs` the leaves are shards
@@ -213,7 +259,8 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
     if param_specs is not None:
       specs = _shards.spec_leaves(param_specs, tree)
       dims = [_shards.dim_axes(spec, len(jnp.shape(x))) for spec, x in zip(specs, leaves)]
-    return _plan(leaves, rank, min_compression_rate, batch_same_shape, dims)
+    return _plan(leaves, rank, min_compression_rate, batch_same_shape, dims,
+                 view_leaves(views, tree))
 
   def init_fn(params):
     leaves = jax.tree.leaves(params)
@@ -349,7 +396,7 @@ def check_common(memory, start_iter, min_compression_rate, orthogonalization_eps
 
 
 def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float = 2,
-                   batch_same_shape: bool = True) -> float:
+                   batch_same_shape: bool = True, views: Any = None) -> float:
   """docs/algorithms.md wire bytes per device of one compressed PowerSGD step (float32 P and Q).
 
   One all-reduce of every P with the exact leaves, one of every Q:
@@ -361,7 +408,8 @@ def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float =
   if w <= 1:
     return 0.0
   leaves = jax.tree.leaves(params)
-  plan = _plan(leaves, rank, min_compression_rate, batch_same_shape)
+  plan = _plan(leaves, rank, min_compression_rate, batch_same_shape,
+               views=view_leaves(check_views(views), params))
   p, q = _factor_sizes(plan)
   exact = sum(math.prod(jnp.shape(leaves[i])) for i in plan.exact)
   return comm.allreduce_bytes(4 * (p + exact), w) + (comm.allreduce_bytes(4 * q, w) if q else 0.0)
@@ -371,10 +419,10 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
              start_iter: int = 0, min_compression_rate: float = 2,
              orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
              axis_name: comm.AxisName = "data", key: jax.Array | None = None, *,
-             param_specs: Any = None) -> optax.GradientTransformation:
+             param_specs: Any = None, views: Any = None) -> optax.GradientTransformation:
   """Replaces each worker's gradient by PowerSGD's rank-r approximation of the mean.
 
-  Per matrix-shaped tensor (ndim >= 2, viewed as prod(shape[:-1]) x shape[-1], oriented with
+  Per matrix-shaped tensor (ndim >= 2, viewed as an n x m matrix, see below, oriented with
   the shorter side first so that rank = min(n, m) is exact), with M_w = g_w + e_w:
   1. P = M_w Q, psum P; 2. P^ = Gram-Schmidt(P) (`orthonormalize`); 3. Q_w = M_w^T P^;
   4. e_w <- M_w - P^ Q_w^T; 5. Q = psum(Q_w) / W; 6. the update is P^ Q^T.
@@ -385,10 +433,14 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
   all-reduces and a few batched matmuls whatever the number of layers. Before `start_iter`
   updates the step is the exact mean (lax.cond; each branch counts its own bytes).
 
-  The matrix view differs from the paper's (PyTorch) shape[0] x prod(rest) on purpose: Flax
-  keeps output features LAST (a conv kernel is kh x kw x C_in x C_out), so shape[0] of a 3x3
-  conv is 3, which would cap the rank at 3 and leave every conv uncompressed at rank >= 2.
-  prod(shape[:-1]) x shape[-1] is PyTorch's (C_out) x (C_in kh kw) view, transposed.
+  The matrix view: a tensor's dimensions [:k] are the rows, [k:] the columns. `views` gives k
+  per leaf (a layer's inputs x outputs); otherwise k is the split that sends the least,
+  min(r, n, m) (n + m) floats, the earliest on a tie. For Flax kernels, which keep the
+  outputs last, that is inputs x outputs: a Dense kernel (in, out) as is, a conv kernel
+  (kh, kw, C_in, C_out) kh kw C_in x C_out (PyTorch's (C_out) x (C_in kh kw) view,
+  transposed), a DenseGeneral kernel (768, 3, 12, 64) 768 x 2304, not 27648 x 64 (which
+  sends 9x more at rank 4). PyTorch's shape[0] x prod(rest) would cap a Flax 3x3 conv at
+  rank 3.
 
   Sharded gradients (a replica of a model laid out with FSDP or tensor parallelism; pass the
   leaves' `param_specs`): PowerSGD keeps its global view, so a sharded run computes what an
@@ -414,6 +466,9 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
       `warm_start`); None is the fixed default `jax.random.key(0)`.
     param_specs: optional PartitionSpecs of the gradient leaves (a tree like them) when they
       are shards of larger tensors: the method then runs on the whole tensors, see above.
+    views: optional matrix views, a tree like the parameters (found by tree path; leaves
+      left out use the rule above) of split points k, 1 <= k < ndim: rows are dimensions
+      [:k], columns [k:].
 
   Returns:
     An `optax.GradientTransformation`; its state keeps Q, the error memories (per worker)
@@ -435,4 +490,4 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
                   start_iter=start_iter, min_compression_rate=min_compression_rate,
                   orthogonalization_epsilon=float(orthogonalization_epsilon),
                   batch_same_shape=batch_same_shape, axis_name=axis_name, key=key,
-                  param_specs=param_specs)
+                  param_specs=param_specs, views=check_views(views))

@@ -161,7 +161,7 @@ class Checkpointer:
         out = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
         error = _check(out, step, self._fingerprint(out["state"]))
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         error = f"{type(e).__name__}: {e}"
       if self._all_agree(error is None):
         if unreadable:

@@ -68,8 +68,10 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
   Returns:
     `(state, history)`: history is a list of metric dicts, one per logged step, with `step`,
     `loss`, `grad_norm`, `wire_bytes` (this step), `total_wire_bytes`, `time`, and
-    `sim_seconds` (with `sim_step_seconds`) and `consensus_distance` (when parameters are
-    per worker: local updates, gossip).
+    `sim_seconds` (with `sim_step_seconds`) and, when parameters are per worker (local
+    updates, gossip), `consensus_distance` after the logged step and
+    `consensus_distance_before`, of the parameters it started from: before its sync (with a
+    sync every `log_every` steps the distance after it is always ~0).
 
   Example:
     >>> import jax, jax.numpy as jnp, numpy as np, optax
@@ -112,20 +114,24 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
         batch = trainer.shard_batch(batch_fn(t))
         if writer and t == first:  # the bytes table needs only shapes: take them now
           example = jax.tree.map(_abstract, (state, batch))
+        log = (t + 1) % log_every == 0 or t + 1 == steps
+        # Read before the step consumes the state (donated): the workers' spread as the
+        # logged step starts, before its sync (a sync every log_every steps leaves ~0 after).
+        before = _consensus(trainer, state) if log else None
         state, per_device, sent = trainer.dispatch(state, batch)
         pending.append(sent)
         bar.update(1)
         if writer and t == first:
           report = comm.inspect(trainer.step_fn(*example), *example)
           writer.text("wire_bytes_per_axis", _metrics.bytes_table(report), t + 1)
-        log = (t + 1) % log_every == 0 or t + 1 == steps
         save = checkpointer is not None and checkpointer.due(t + 1, force=stop.requested)
         if not (log or save):
           continue
         step_bytes = read_bytes()
         if log:
           row = _row(trainer, state, per_device, t + 1, step_bytes[-1], totals,
-                     time.perf_counter() - start, eval_fn, sim_step_seconds is not None)
+                     time.perf_counter() - start, eval_fn, sim_step_seconds is not None,
+                     before)
           history.append(row)
           if writer:
             writer.write(row)
@@ -153,8 +159,14 @@ def _abstract(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
 
 
+def _consensus(trainer: Trainer, state: TrainState):
+  """The workers' consensus distance (on device), or None when the parameters are shared."""
+  stacked = _metrics.per_worker_leaves(state.params, trainer.layout.params)
+  return _metrics.consensus_distance(stacked) if stacked else None
+
+
 def _row(trainer: Trainer, state: TrainState, per_device, step: int, sent: int, totals: dict,
-         seconds: float, eval_fn, with_sim: bool) -> dict:
+         seconds: float, eval_fn, with_sim: bool, before=None) -> dict:
   """One log row: the step's measurements read back, the running totals and extras."""
   m = trainer.measure(per_device, None)
   m.pop("per_worker")
@@ -163,9 +175,11 @@ def _row(trainer: Trainer, state: TrainState, per_device, step: int, sent: int, 
   if with_sim:
     row["sim_seconds"] = totals["sim_seconds"]
   row.update({k: float(v) for k, v in jax.device_get(m).items()})
-  stacked = _metrics.per_worker_leaves(state.params, trainer.layout.params)
-  if stacked:  # workers hold different parameters (local updates, gossip)
-    row["consensus_distance"] = float(_metrics.consensus_distance(stacked))
+  after = _consensus(trainer, state)
+  if after is not None:  # workers hold different parameters (local updates, gossip)
+    row["consensus_distance"] = float(after)
+  if before is not None:
+    row["consensus_distance_before"] = float(before)
   if eval_fn is not None:
     row.update({k: _scalar(v) for k, v in eval_fn(state).items()})
   return row

@@ -187,9 +187,9 @@ class Trainer:
     See `make_step`. With `donate` (the default) it consumes `state`: lowering and
     compiling it (e.g. `comm.inspect`) leaves the state usable, calling it does not.
     """
-    del state  # the layout says everything about it
     if self._step_fn is None:
       self._step_fn = _step.make_step(self.config, self.layout, batch)
+      _validate.batch_axes_reduced(jax.make_jaxpr(self._step_fn)(state, batch), self.config)
     return self._step_fn
 
   def measurements(self, per_device, sent=None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from jax.extend import core as jex_core
 import numpy as np
 
 from jaxcomm import _validate as v
@@ -98,6 +99,61 @@ def checkpoint_processes(processes: Any) -> frozenset | None:
     raise ValueError(f"processes must be None (all processes) or a set of one process index, "
                      f"got {sorted(out)}.")
   return out
+
+
+# Primitives that carry axis names but move nothing between devices.
+_NOT_COLLECTIVES = ("pvary", "axis_index", "axis_size")
+
+
+def _collective_axes(jaxpr: Any, found: set) -> set:
+  """Mesh axis names of every collective in a jaxpr, nested jaxprs (cond branches, scans,
+  custom derivatives, inner jits) included."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name not in _NOT_COLLECTIVES:
+      for key in ("axes", "axis_name"):
+        if key in eqn.params:
+          found.update(a for a in comm.axis_names(eqn.params[key]) if isinstance(a, str))
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
+          _collective_axes(sub, found)
+  return found
+
+
+def batch_axes_reduced(step_jaxpr: Any, config: Any) -> None:
+  """Every mesh axis the batch is split over is reduced by someone in the step.
+
+  A batch axis that no collective of the step crosses trains copies that are never
+  averaged: each worker along it sees only its share of the data and nothing ever combines
+  them (a mesh axis misspelt `fdsp` for `fsdp` does this silently). The check reads the
+  traced step (`jax.make_jaxpr` of the shard_map'ed step: the loss, its gradient and the
+  transform's update) and collects the axis names of its collectives, every branch of a
+  `lax.cond` included, so a method that syncs every H steps counts. Reading the program
+  rather than the transform's arguments makes it hold for any transform, a user's own
+  included, and for reductions inside the layout (ZeRO-3's reduce-scatter, the gradient of
+  an FSDP all-gather). Any collective counts (psum, reduce-scatter, all-gather, all-to-all,
+  ppermute: gossip mixes by ppermute); a collective of a scalar flag alone, such as
+  `sync.skip_nonfinite`'s, also counts, so the check can miss a transform that reduces
+  nothing but such a flag. Axes of size 1 split nothing and are not checked.
+
+  Args:
+    step_jaxpr: `jax.make_jaxpr` of the step (`make_step`'s) for a state and a batch.
+    config: the step's `StepConfig` (its batch axes and mesh).
+
+  Raises:
+    ValueError: naming the first batch axis no collective crosses.
+  """
+  axes, mesh = config.axes, config.mesh  # a StepConfig's batch axes and mesh
+  reduced = _collective_axes(step_jaxpr, set())
+  for a in axes:
+    if mesh.shape[a] > 1 and a not in reduced:
+      raise ValueError(
+          f"the batch is split over mesh axis {a!r} (size {mesh.shape[a]}), but no "
+          f"collective of the step crosses it: the workers along {a!r} would train copies "
+          f"that are never averaged. Synchronise over {a!r} in the transform (e.g. "
+          f"axis_name={tuple(axes)!r}), reduce it in the layout, or leave it out of the "
+          f"Trainer's axis_name; reduced axes: {sorted(reduced)}.")
 
 
 def trials(value: Any) -> int | None:

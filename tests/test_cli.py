@@ -1,0 +1,208 @@
+"""The command-line programs as a new user meets them: a misspelt mesh axis, the README's
+own-data command with dropout and its resume, ratios against DP on the same mesh, and one
+line for every mistake in a setting or flag."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from experiments import build
+from experiments import config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_misspelt_mesh_axis_is_refused_before_anything_compiles():
+  c = config.base_config("diloco", sync_every=10)
+  c.mesh = "replica=2,fdsp=2,tensor=2"
+  with pytest.raises(ValueError, match=re.escape(
+      "config.mesh 'replica=2,fdsp=2,tensor=2': unknown axis 'fdsp' (did you mean 'fsdp'?)")):
+    build.build(c, abstract=True)
+  c.mesh = "replica=2,workers=4"
+  with pytest.raises(ValueError, match="unknown axis 'workers'; allowed: replica, data"):
+    build.build(c, abstract=True)
+
+
+def _tiny_lm(c):
+  c.model.update(d_model=16, num_heads=2, d_ff=32, num_layers=1)
+  c.data.update(seq_len=16, batch_size=8)
+  c.checkpoint_every, c.log_every = 0, 10
+  return c
+
+
+@pytest.mark.slow
+def test_ratios_on_a_replica_mesh_are_against_dp_on_that_mesh(tmp_path):
+  """On replica=2,fsdp=2,tensor=2 DP's printed ratio is 1.00x and DiLoCo H = 10's 10.00x:
+  both against DP's compiled step over `replica` on the same mesh (a replica's gradient is
+  reduce-scattered over fsdp first, so DP sends a quarter of the parameters over replica);
+  DiLoCo sends the same all-reduce once in 10 steps."""
+  from experiments import train
+  printed = {}
+  for method, settings, steps in (("dp", {}, 1), ("diloco", {"sync_every": 10}, 10)):
+    c = _tiny_lm(config.base_config(method, **settings))
+    c.mesh, c.steps = "replica=2,fsdp=2,tensor=2", steps
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      assert train.execute(c, str(tmp_path / method)) == 0
+    printed[method] = out.getvalue()
+    summary = json.loads((tmp_path / method / "summary.json").read_text())
+    assert summary["method_axes"] == ["replica"]
+  assert re.search(r"DP bytes / bytes \(over replica\)\s+1\.00x", printed["dp"]), printed["dp"]
+  assert re.search(r"DP bytes / bytes \(over replica\)\s+10\.00x", printed["diloco"]), \
+      printed["diloco"]
+  # DP's own ratio is its compiled replica bytes over themselves, not over a formula.
+  dp = json.loads((tmp_path / "dp" / "summary.json").read_text())
+  assert dp["dp_wire_bytes_per_step"] == dp["method_wire_bytes_per_step"] > 0
+
+
+def _readme_command() -> list:
+  """The README's command-line block under "Your own model, data and dashboard"."""
+  text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  section = text[text.index("## Your own model, data and dashboard"):]
+  block = section[section.index("```bash") + len("```bash"):]
+  block = block[:block.index("```")]
+  return shlex.split(block.replace("\\\n", " "))
+
+
+@pytest.mark.slow
+def test_the_readme_own_data_command_with_dropout_runs_and_resumes(tmp_path):
+  """The block exactly as written (its folder and workdir pointed at the test's): the NNX LM
+  with dropout (an RNG key in the model's state) trains, summarises and resumes. The first
+  run stops early (a smaller `steps`, which a resumed run may extend); the second is the
+  README's command and resumes from the first run's checkpoint."""
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  for name in ("json", "tempfile"):
+    module = __import__(name)
+    (texts / f"{name}.py").write_text(open(module.__file__, encoding="utf-8").read())
+  argv = [a.replace("/path/to/your/texts", str(texts)).replace("runs/own",
+                                                                 str(tmp_path / "own"))
+          for a in _readme_command()]
+  assert argv[:3] == ["python", "-m", "experiments.train"], argv
+  steps = int(next(a for a in argv if a.startswith("--config.steps=")).split("=")[1])
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  for extra in ([f"--config.steps={steps // 2}"], []):
+    result = subprocess.run([sys.executable, *argv[1:], *extra], capture_output=True,
+                            text=True, cwd=ROOT, env=env, timeout=900, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "own" / "summary.json").read_text())
+    assert summary["steps"] == (steps // 2 if extra else steps)
+    assert summary["compression_ratio"] == pytest.approx(10.0, rel=1e-3)  # sync_every=10
+  assert "resum" in result.stderr + result.stdout
+
+
+# ---------------------------------------------------------------- one line per mistake
+def _leaves(tree, prefix=""):
+  for key in tree.keys():
+    value = tree[key]
+    if hasattr(value, "keys"):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def _parse(argv):
+  """train.py's command line, parsed in-process with the programs' own parser: the config
+  (with its overrides) or the SystemExit the program would end with."""
+  from absl import flags
+  from experiments import _cli
+  fv = flags.FlagValues()
+  saved, sys.argv = sys.argv, ["train.py", *argv]
+  try:
+    holder = _cli.config_flag(f"{ROOT}/experiments/configs/dp.py", "the config", fv)
+    _cli.parse_flags(sys.argv, fv)
+    return holder.value
+  finally:
+    sys.argv = saved
+
+
+def _cases():
+  """(method, flag, why) for every leaf of base_config and of every method's settings:
+  its name misspelt, a value of the wrong type, a value out of range."""
+  cases = []
+  for method in build.available_methods():
+    c = config.base_config(method)
+    for path, value in _leaves(c):
+      if path == "method.name" or (method != "dp" and not path.startswith("method.")):
+        continue  # the shared leaves once (with dp), each method's own for every method
+      leaf = path.rsplit(".", 1)[-1]
+      cases.append((method, f"--config.{path[:-len(leaf)]}{leaf[:-1]}x{leaf[-1]}=1", "name"))
+      if isinstance(value, (bool, int, float)) or value is None:
+        cases.append((method, f"--config.{path}=[oops]", "type"))
+      if isinstance(value, bool):
+        continue
+      bad = -1 if isinstance(value, (int, float)) else "zz!"
+      cases.append((method, f"--config.{path}={bad}", "range"))
+  return cases
+
+
+def test_every_setting_misspelt_mistyped_or_out_of_range_is_one_line(tmp_path):
+  """Every leaf of base_config and of every method's settings, through the parser train.py
+  uses and the checks it runs before writing anything: a misspelt name or a wrong type ends
+  with one line naming the setting; a value out of range either builds (nothing compiled)
+  or ends with one line naming it; nothing else escapes (no traceback); nothing is written."""
+  from experiments import _cli
+  wrong, counts = [], {"name": 0, "type": 0, "range": 0, "built": 0}
+  for method, flag, why in _cases():
+    argv = [f"--config={ROOT}/experiments/configs/{method}.py", flag]
+    setting = flag.split("=", 1)[0][len("--config."):].rsplit(".", 1)[-1]
+    try:
+      c = _parse(argv)
+      _tiny_lm(c)
+      try:
+        run = build.build(c, abstract=True)
+        del run
+      except ValueError as e:  # what execute() turns into one line before writing
+        message = _cli.one_line(e)
+      else:
+        counts["built"] += 1
+        continue
+    except SystemExit as e:
+      message = str(e.code)
+      assert message.startswith("error: "), (flag, message)
+    except Exception as e:
+      wrong.append((method, flag, f"escaped: {type(e).__name__}: {e}"))
+      continue
+    counts[why] += 1
+    if "\n" in message or "Traceback" in message or (why != "name" and setting not in message):
+      wrong.append((method, flag, message))
+    elif why == "name" and "no such setting" not in message:
+      wrong.append((method, flag, message))
+  assert not wrong, "\n".join(map(str, wrong[:20]))
+  assert counts["name"] > 100 and counts["type"] > 50 and counts["range"] > 20, counts
+  assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_default_py_name_is_one_line():
+  with pytest.raises(SystemExit) as e:
+    _parse([f"--config={ROOT}/experiments/configs/default.py:dilocoo"])
+  assert str(e.value.code).startswith("error: flag --config=") and \
+      "config.method.name 'dilocoo' is unknown; allowed: acco" in str(e.value.code)
+  assert "\n" not in str(e.value.code)
+
+
+@pytest.mark.slow
+def test_the_programs_exit_1_with_one_line_and_help_lists_config(tmp_path):
+  """The real exit status and stderr of plan.py for a bad default.py:NAME (nothing written),
+  and train.py's --help: --config, how overrides are written, --verbose."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.plan",
+       f"--config={ROOT}/experiments/configs/default.py:dilocoo",
+       f"--workdir={tmp_path / 'plan'}"], capture_output=True, text=True, cwd=ROOT,
+      env=env, timeout=300, check=False)
+  assert result.returncode == 1
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert "'dilocoo' is unknown" in result.stderr and not (tmp_path / "plan").exists()
+  usage = subprocess.run([sys.executable, "-m", "experiments.train", "--help"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                         check=False).stdout
+  for words in ("--config:", "--config.<path>=<value>", "--[no]verbose:", "--workdir:"):
+    assert words in usage, (words, usage[-3000:])
