@@ -184,10 +184,18 @@ def _heading(config, records: list, target: float, source: str) -> str:
   return (f"{len(records)} methods on {records[0]['workers']} workers; LM d_model={m.d_model} "
           f"layers={m.num_layers} on {config.data.name} ({config.data.split} split; batch "
           f"{config.data.batch_size} x {config.data.seq_len}). {c.ruleset} ruleset, "
-          f"{c.seeds} seeds. Target: held-out loss {target:.4f} ({source}; evaluated every "
-          f"{c.eval_every} steps on {c.eval_batch} test sequences, untimed). Budget on each "
-          f"link: {c.reference}'s median time to the target there x {c.budget:g}; at most "
-          f"{c.max_steps} steps per trial.")
+          f"{c.seeds} seeds, {schedule_text(c)}. Target: held-out loss {target:.4f} "
+          f"({source}; evaluated every {c.eval_every} steps on {c.eval_batch} test sequences, "
+          f"untimed). Budget on each link: {c.reference}'s median time to the target there "
+          f"x {c.budget:g}; at most {c.max_steps} steps per trial.")
+
+
+def schedule_text(c) -> str:
+  """Which learning-rate schedule ran (config.compare.schedule), in words."""
+  if c.get("schedule", "constant") == "constant":
+    return "constant learning rate"
+  return (f"schedule-free inner optimiser (warmup {c.warmup_steps} steps; held-out loss at "
+          "its evaluation parameters)")
 
 
 def _link_heading(name: str, link, budget: float) -> str:
@@ -380,6 +388,7 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
   out = {
       "config": config.to_dict(), "reference": config.compare.reference,
       "ruleset": config.compare.ruleset, "seeds": config.compare.seeds,
+      "schedule": config.compare.get("schedule", "constant"),
       "target_loss": target, "target_source": source,
       "links": {n: {"bandwidth": l.bandwidth, "latency": l.latency, "source": l.source,
                     "budget_seconds": budgets[n]} for n, l in links.items()},

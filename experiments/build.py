@@ -279,6 +279,20 @@ def _check_batch(config, shape: dict) -> None:
 
 
 def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """config.optimizer's inner optimiser; with `schedule="schedule_free"` (set by
+  experiments/compare.py's config.compare.schedule) its schedule-free form (Defazio et al.,
+  arXiv 2405.15682: momentum replaced by interpolation and averaging, a linear warmup of
+  `warmup_steps`, no decay; evaluate at `optax.contrib.schedule_free_eval_params`)."""
+  schedule = c.get("schedule", "constant")
+  if schedule not in _config.SCHEDULES:
+    raise ValueError("config.optimizer.schedule must be one of "
+                     f"{', '.join(_config.SCHEDULES)}, got {schedule!r}.")
+  if schedule == "schedule_free":
+    warmup = int(c.get("warmup_steps", 0)) or None
+    if c.name in ("adamw", "adam"):
+      return optax.contrib.schedule_free_adamw(
+          c.lr, warmup_steps=warmup, weight_decay=c.weight_decay if c.name == "adamw" else 0.0)
+    return optax.contrib.schedule_free_sgd(c.lr, warmup_steps=warmup)  # b1 is the momentum
   if c.name == "adamw":
     return optax.adamw(c.lr, weight_decay=c.weight_decay)
   if c.name == "adam":

@@ -33,6 +33,12 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   counts as infinity); its speed-up over the reference comes with a 95 % interval over the
   seeds (`experiments/_compare_stats.py`: exact over all paired resamples for S <= 6, else a
   paired bootstrap), and it is called faster only when the interval excludes 1.
+* Schedule (`config.compare.schedule`): `constant` (config.optimizer's learning rate), or
+  `schedule_free`: every method's inner optimiser made schedule-free (Defazio et al., arXiv
+  2405.15682; `warmup_steps` of linear warmup, no decay to place before a link's budget
+  ends, so each trial still trains once for every link), its held-out loss read at the
+  schedule-free evaluation parameters (`experiments/_compare_schedule.py`). A method
+  without an inner optimiser (DeMo) runs as its module builds it, and says so on stderr.
 * `--ruleset=default`: each method's settings as `METHODS` has them, S seeds.
   `--ruleset=tuned`: each method module's `tuning()` list (at most 5 settings, the same on
   every link), S studies; per study and link the fastest setting's time, then the median
@@ -63,6 +69,7 @@ from absl import app
 from absl import flags
 
 from experiments import _compare_clock as _clock
+from experiments import _compare_schedule as _schedule
 from experiments import _compare_stats as stats
 from experiments import config as _config
 
@@ -156,6 +163,10 @@ def check(config) -> None:
   if c.max_steps < config.steps:
     raise ValueError(f"config.compare.max_steps ({c.max_steps}) must be >= config.steps "
                      f"({config.steps}): the reference trains config.steps to set the budget.")
+  _config.int_at_least(config, "compare.warmup_steps", 0)
+  if c.schedule not in _config.SCHEDULES:
+    raise ValueError("config.compare.schedule must be one of "
+                     f"{', '.join(_config.SCHEDULES)}, got {c.schedule!r}.")
   _config.number_in(config, "compare.budget", 1, math.inf, False, "a finite number >= 1")
   if c.target_loss is not None and not math.isfinite(c.target_loss):
     raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
@@ -205,6 +216,9 @@ def method_config(config, entry: dict):
   with c.unlocked():
     c.method = _config.method_config(entry.pop("method"), **entry)
     c.optimizer.update(optimizer)
+    if c.compare.get("schedule", "constant") != "constant":  # build.py wraps the inner one
+      c.optimizer.schedule = c.compare.schedule
+      c.optimizer.warmup_steps = c.compare.warmup_steps
   return c
 
 
@@ -346,6 +360,11 @@ class Population:
       batch = self._batch(0, 0)
       report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
                             batch)
+    if (r.config.compare.get("schedule", "constant") != "constant"
+        and _schedule.eval_params(self.states[0].params, self.states[0].opt_state) is
+        self.states[0].params):
+      print(f"  {label}: no inner optimiser (config.optimizer) to make schedule-free; it "
+            "runs as its method module builds it.", file=sys.stderr, flush=True)
     self.together = together
     self.report = report
     self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
@@ -370,11 +389,13 @@ class Population:
     return self.trainers[k].shard_batch(local)
 
   def _evaluate(self, k: int) -> list:
-    """Held-out losses of trainer k's trials: the parameters averaged over workers."""
+    """Held-out losses of trainer k's trials: the parameters (a schedule-free optimiser's
+    evaluation parameters) averaged over workers."""
     import jax
     trainer, state = self.trainers[k], self.states[k]
     lead = 1 if trainer.trials else 0
-    params = jax.tree.map(lambda x: np.asarray(x), state.params)
+    params = jax.tree.map(lambda x: np.asarray(x),
+                          _schedule.eval_params(state.params, state.opt_state))
     views = [jax.tree.map(lambda x, t=t: x[t], params) for t in range(trainer.trials)] \
         if lead else [params]
     return [float(self.heldout(jax.tree.map(lambda pw, x: x.mean(0) if pw else x,

@@ -42,6 +42,9 @@ from experiments import models
 
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
+# The inner optimiser's learning-rate schedule (experiments/compare.py's compare.schedule,
+# copied to optimizer.schedule; build.py makes the inner optimiser schedule-free).
+SCHEDULES = ("constant", "schedule_free")
 SPLITS = ("all", "train", "test")
 
 

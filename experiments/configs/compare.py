@@ -30,6 +30,8 @@ def get_config(arg: str | None = None):
       eval_every=10,                 # held-out evaluations every this many steps (untimed)
       eval_batch=128,                # test-split sequences in the held-out evaluation
       smooth=10,                     # records in the trailing mean of the training curve
+      schedule="constant",           # constant | schedule_free (the inner optimiser's)
+      warmup_steps=0,                # schedule_free: its linear warmup (0: none)
       target_loss=config_dict.placeholder(float),  # default: from the reference's trials
       compute_repeats=10))           # interleaved rounds timing each local step
   if arg == "long":  # ~0.3 CPU-seconds per step on 8 emulated devices (measured)

@@ -1,0 +1,132 @@
+"""experiments/compare.py's learning-rate schedule (config.compare.schedule): the
+schedule-free inner optimiser against the recurrence written out by hand on a quadratic,
+its evaluation parameters (per leaf and from ACCO's flat shards), the held-out loss read at
+them, bad values refused, and the report saying which schedule ran."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from optax import contrib
+
+from experiments import _compare_report as report
+from experiments import _compare_schedule as schedule
+from experiments import build
+from experiments import compare
+from experiments.configs import compare as compare_config
+
+TINY = compare_config.get_config()
+TINY.steps = 4
+TINY.data.update(batch_size=16, seq_len=16)
+TINY.model.update(d_model=16, num_layers=1, num_heads=2, d_ff=32)
+TINY.compare.update(compute_repeats=1, max_steps=4, seeds=1, eval_every=2, eval_batch=8,
+                    links=("wan",))
+
+
+def _free(config=TINY, warmup=0):
+  c = config.copy_and_resolve_references()
+  c.compare.update(schedule="schedule_free", warmup_steps=warmup)
+  return c
+
+
+def test_schedule_free_sgd_follows_the_hand_recurrence_on_a_quadratic():
+  c = _free(warmup=3)
+  c.optimizer.update(name="sgd", lr=0.1)
+  tx = build.inner_optimizer(compare.method_config(c, {"method": "dp"}))
+  a = np.array([1.0, 3.0, 0.5])  # f(w) = sum(a w^2) / 2, gradient a w
+  w0 = np.array([1.0, -2.0, 4.0])
+  params = {"w": jnp.asarray(w0, jnp.float32)}
+  state = tx.init(params)
+  # By hand (Defazio et al. 2024), step t = 1, 2, ...: the warmup lr(s) = 0.1 min(s / 3, 1);
+  # the gradient step uses lr(t - 1) (the base SGD counts from 0), the averaging weight
+  # c_t = m_t^2 / sum of m_s^2 with m_t = max of lr(1..t) (optax's counter starts at 1);
+  # z -= lr(t - 1) grad(y), x = (1 - c_t) x + c_t z, y = 0.9 x + 0.1 z; evaluate at x.
+  y, z, x, top, total = w0.copy(), w0.copy(), w0.copy(), 0.0, 0.0
+  for t in range(1, 7):
+    top = max(top, 0.1 * min(t / 3, 1.0))
+    total += top ** 2
+    ct = top ** 2 / total
+    z = z - 0.1 * min((t - 1) / 3, 1.0) * a * y
+    x = (1 - ct) * x + ct * z
+    y = 0.9 * x + 0.1 * z
+    updates, state = tx.update({"w": jnp.asarray(a, jnp.float32) * params["w"]}, state, params)
+    params = jax.tree.map(lambda p, u: p + u, params, updates)
+    np.testing.assert_allclose(params["w"], y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(schedule.eval_params(params, (state,))["w"], x, rtol=1e-5,
+                               atol=1e-6)
+  assert not np.allclose(x, y)  # the evaluation point is not the gradient's
+
+
+def test_adamw_becomes_schedule_free_adamw_and_constant_leaves_it_alone():
+  free = build.inner_optimizer(compare.method_config(_free(warmup=2), {"method": "dp"}))
+  state = free.init({"w": jnp.ones(2)})
+  assert isinstance(state, contrib.ScheduleFreeState)
+  ref = contrib.schedule_free_adamw(TINY.optimizer.lr, warmup_steps=2,
+                                    weight_decay=TINY.optimizer.weight_decay)
+  g, p = {"w": jnp.array([0.5, -1.0])}, {"w": jnp.ones(2)}
+  np.testing.assert_array_equal(free.update(g, state, p)[0]["w"],
+                                ref.update(g, ref.init(p), p)[0]["w"])
+  const = compare.method_config(TINY, {"method": "dp"})
+  assert "schedule" not in const.optimizer
+  assert not isinstance(build.inner_optimizer(const).init(p), contrib.ScheduleFreeState)
+
+
+def test_evaluation_parameters_from_flat_worker_shards_with_a_trial_axis():
+  rng = np.random.default_rng(0)
+  y = {"a": rng.normal(size=(2, 2, 3)), "b": rng.normal(size=(2, 4))}  # 2 trials, 10 values
+  za, zb = rng.normal(size=(2, 2, 3)), rng.normal(size=(2, 4))
+  # ACCO's z: the parameters flattened in leaf order, zero-padded to 12 and split over 4
+  # workers, per trial.
+  flat = np.concatenate([za.reshape(2, 6), zb, np.zeros((2, 2))], axis=1).reshape(2, 4, 3)
+  state = contrib.ScheduleFreeState(b1=jnp.full((2,), 0.9), weight_sum=0, step_count=1,
+                                    max_lr=0, base_optimizer_state=(), z=flat)
+  x = schedule.eval_params(y, {"inner": state})
+  np.testing.assert_allclose(x["a"], (y["a"] - 0.1 * za) / 0.9, rtol=1e-5)
+  np.testing.assert_allclose(x["b"], (y["b"] - 0.1 * zb) / 0.9, rtol=1e-5)
+  with pytest.raises(ValueError, match="cannot be read"):
+    schedule.eval_params(y, {"inner": state._replace(z=np.zeros((3, 4, 3)))})
+
+
+def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
+  c = _free()
+  for label in ("acco", "diloco_h10"):  # a flat ZeRO-1 shard; per-worker inner states
+    run = build.build(compare.method_config(c, compare.METHODS[label]))
+    state = run.trainer().init(run.params)
+    leaves = jax.tree.leaves(state.opt_state,
+                             is_leaf=lambda s: isinstance(s, contrib.ScheduleFreeState))
+    assert any(isinstance(s, contrib.ScheduleFreeState) for s in leaves), label
+    # At the start x = y: a wrong flattening order or axis would not give the parameters.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 schedule.eval_params(state.params, state.opt_state), state.params)
+
+
+def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
+  c = _free()
+  config = compare.method_config(c, compare.METHODS["dp_bf16"])
+  heldout = compare._heldout_fn(config)
+  pop = compare.Population("dp_bf16", 0, [config], compare.links(config), heldout, False)
+  pop.train_to(2)
+  state = pop.states[0]
+  (free,) = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda s: isinstance(
+      s, contrib.ScheduleFreeState)) if isinstance(s, contrib.ScheduleFreeState)]
+  x = contrib.schedule_free_eval_params(free, state.params)
+  assert pop.trials[0].evals == [(2, pytest.approx(float(heldout(x)), rel=1e-6))]
+  assert float(heldout(x)) != float(heldout(state.params))
+
+
+def test_bad_schedules_are_refused_and_the_report_names_the_one_that_ran(tmp_path):
+  for key, value, words in (("schedule", "wsd", "schedule must be one of constant, "
+                             "schedule_free, got 'wsd'"),
+                            ("warmup_steps", -1, "warmup_steps")):
+    c = TINY.copy_and_resolve_references()
+    c.compare[key] = value
+    with pytest.raises(ValueError, match=words):
+      compare.run(c, str(tmp_path), ["dp"], verbose=False)
+  c = TINY.copy_and_resolve_references()
+  c.optimizer.schedule = "cosine"
+  with pytest.raises(ValueError, match="optimizer.schedule must be one of"):
+    build.inner_optimizer(c)
+  heading = report._heading
+  assert "constant learning rate" in heading(TINY, [{"workers": 8}], 2.0, "given")
+  assert "schedule-free inner optimiser (warmup 5 steps" in heading(
+      _free(warmup=5), [{"workers": 8}], 2.0, "given")
