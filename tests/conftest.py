@@ -30,3 +30,35 @@ def mesh8():
 def mesh4x2():
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
   return train.make_mesh({"data": 4, "tensor": 2})
+
+
+# ------------------------------------------------------------------ xdist: one worker per fixture
+# `make test` runs `-n 2 --dist loadgroup`: tests are dealt out one by one, except those marked
+# `xdist_group(name)`, which go to one worker together. Marked here, automatically: the tests of
+# a module that share a module- (or class-) scoped fixture of that module (directly or through
+# another fixture) form one group, so the fixture (a trained model, a subprocess run, a compiled
+# step) is built once and not once per worker. Tests sharing nothing stay free for balance.
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items):
+  parent = {}
+
+  def find(key):
+    while parent.setdefault(key, key) != key:
+      key = parent[key]
+    return key
+
+  shared = {}
+  for item in items:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+      continue
+    module = item.nodeid.split("::")[0]
+    keys = [(module, name) for name, defs in info.name2fixturedefs.items()
+            if defs[-1].scope in ("module", "class") and defs[-1].baseid.startswith(module)]
+    for key in keys[1:]:
+      parent[find(key)] = find(keys[0])
+    if keys:
+      shared[item] = keys[0]
+  for item, key in shared.items():
+    root = find(key)
+    item.add_marker(pytest.mark.xdist_group(f"{root[0]}:{root[1]}"))
