@@ -62,3 +62,10 @@ def pytest_collection_modifyitems(items):
   for item, key in shared.items():
     root = find(key)
     item.add_marker(pytest.mark.xdist_group(f"{root[0]}:{root[1]}"))
+  for item in items:  # end-to-end modules (subprocess runs, kill-and-heal), for test-fast
+    if item.nodeid.split("::")[0] in _END_TO_END:
+      item.add_marker(pytest.mark.slow)
+
+
+# Modules that are end-to-end throughout, marked `slow` here (a module's own marks are finer).
+_END_TO_END = ("tests/test_compare.py", "tests/test_elastic.py", "tests/test_multihost.py")
