@@ -2,6 +2,7 @@ r"""Step-time overhead of every compressor over exact data parallelism.
 
   python -m benchmarks.overhead --model=lm,mlp --repeats=5 --steps=10 --devices=8
   python -m benchmarks.overhead --model=lm --method="DeMo 64/32"   # DeMo against DP only
+  python -m benchmarks.overhead --mesh=replica=2,fsdp=2,tensor=2    # sharded Muon vs AdamW DP
 
 For each model (the experiments' default LM; the MLP on digits) each method trains inside
 the `Trainer` on a mesh of --devices devices (emulated CPU devices, or the accelerators
@@ -10,6 +11,11 @@ there are: on one GPU, --devices=1). After a compile and warm-up step, every rep
 methods alike); the table shows each method's median step time over the repeats divided by
 exact DP's. On emulated CPU devices the collectives are memory copies: the ratio is the
 compute overhead of encoding, decoding and the extra ops, not network time.
+
+With --mesh (a laid-out mesh such as replica=2,fsdp=2,tensor=2) the LM of `make run` is laid
+out over it (experiments.build: ZeRO-3 over fsdp, Megatron over tensor) and the methods are
+`SHARDED`: AdamW with exact DP over the replicas, and Muon (`sync.muon`) with its matrices
+orthogonalised owner-based or by Gram all-reduces.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ _MODEL = flags.DEFINE_list("model", ["lm", "mlp"], "Models: lm, mlp.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per method (median reported).")
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed repeat.")
 _DEVICES = flags.DEFINE_integer("devices", 8, "Devices on the data axis (CPU: emulated).")
+_MESH = flags.DEFINE_string("mesh", None, "A laid-out mesh (e.g. replica=2,fsdp=2,tensor=2): "
+                            "time the SHARDED methods on the LM laid out over it.")
 _METHODS = flags.DEFINE_multi_string("method", None, "Only this method (a name as in the table, "
                                      "repeatable); exact DP always runs, it is the reference.")
 
@@ -50,6 +58,29 @@ def methods():
       ("1-bit Adam after freeze", lambda inner: sync.onebit_adam(1e-3, freeze_step=0)),
       ("DeMo 64/32", lambda inner: sync.demo(1e-3)),
   ]
+
+
+# name -> experiments.config method entry, for --mesh (the first is the ratios' reference).
+SHARDED = {
+    "AdamW, exact DP": {"method": "dp"},
+    "Muon, owner-based": {"method": "muon", "strategy": "owner"},
+    "Muon, Gram all-reduces": {"method": "muon", "strategy": "gram"},
+}
+
+
+def sharded_runs(mesh: str) -> list:
+  """[name, trainer, state, batch, []] of every SHARDED method on the LM laid out on `mesh`."""
+  from experiments import build, config  # pylint: disable=import-outside-toplevel
+  runs = []
+  for name, entry in SHARDED.items():
+    c = config.with_method(config.base_config(), dict(entry, mesh=mesh))
+    run = build.build(c)
+    trainer = run.trainer()
+    state = trainer.init(run.params)
+    batch = run.batches(0)
+    state, _ = time_steps(trainer, state, batch, 2)  # compile and warm up
+    runs.append([name, trainer, state, batch, []])
+  return runs
 
 
 def task(model: str):
@@ -93,13 +124,15 @@ def main(argv):
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
   devices = min(_DEVICES.value, jax.device_count())
   mesh = train.make_mesh({"data": devices})
-  print(f"{jax.devices()[0].platform} x {devices} devices; median of {_REPEATS.value} repeats "
-        f"of {_STEPS.value} steps; ratio = step time / exact DP step time")
+  where = f" on {_MESH.value}" if _MESH.value else ""
+  print(f"{jax.devices()[0].platform} x {devices} devices{where}; median of {_REPEATS.value} "
+        f"repeats of {_STEPS.value} steps; ratio = step time / exact DP step time")
   results = {}
-  for model in _MODEL.value:
-    loss_fn, params, batch, has_aux = task(model)
-    runs = []
-    for name, build in selected():
+  for model in (["lm"] if _MESH.value else _MODEL.value):
+    runs = sharded_runs(_MESH.value) if _MESH.value else []
+    if not _MESH.value:
+      loss_fn, params, batch, has_aux = task(model)
+    for name, build in ([] if _MESH.value else selected()):
       trainer = train.Trainer(loss_fn, build(optax.adam(1e-3)), mesh, has_aux=has_aux)
       state = trainer.init(params)
       batch_d = trainer.shard_batch(batch) if jax.process_count() > 1 else batch
@@ -116,7 +149,7 @@ def main(argv):
   head = f"{'method':28s}" + "".join(f" | {m + ' ms':>10s} {'ratio':>6s}" for m in models)
   print(head)
   print("-" * len(head))
-  for name, _ in selected():
+  for name in (list(SHARDED) if _MESH.value else [n for n, _ in selected()]):
     print(f"{name:28s}" + "".join(
         f" | {1e3 * results[m][name][0]:>10.2f} {results[m][name][1]:>5.2f}x" for m in models))
 

@@ -1,26 +1,35 @@
-"""What experiments/compare.py shows a person: per-link tables, one verdict line per link,
-`report.md`, `results.json` and the two figures, all read from the method records that
-`compare.run` makes (nothing is computed here that the records do not hold)."""
+"""What experiments/compare.py shows a person: per-link tables, one verdict line per link
+with its interval and seed count, per-seed times, the compute figures, the sensitivity
+lines, the performance profile, `report.md`, `results.json` and the figures, all read from
+the method records (`record`) that `compare.run` makes."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
 
+from experiments import _compare_stats as stats
 from experiments import _reproduce as rep
 
-HEADERS = ("method", "bytes/step", "DP bytes / bytes", "steps in budget", "loss at budget",
-           "time to target", "speed-up", "ended")
+HEADERS = ("method", "bytes/step (mean)", "DP bytes / bytes", "compute/step",
+           "time to target (median)", "seeds reached", "speed-up", "95 % CI", "verdict")
 
 
 def _seconds(s: float | None) -> str:
-  if s is None:
+  if s is None or (isinstance(s, float) and math.isinf(s)):
     return "-"
   if s >= 1:
     return f"{s:,.1f} s"
   return f"{s * 1e3:,.1f} ms" if s >= 1e-3 or s == 0 else f"{s * 1e6:,.1f} us"
+
+
+def _x(v: float | None) -> str:
+  if v is None:
+    return "-"
+  return "inf" if math.isinf(v) else f"{v:.2f}x"
 
 
 def _link_text(link) -> str:
@@ -29,19 +38,77 @@ def _link_text(link) -> str:
   return f"{rate}, {_seconds(link.latency)} per message"
 
 
-def rows(results: list, link: str) -> list:
+# ---------------------------------------------------------------- the records
+def setting_text(entry: dict, base: dict) -> str:
+  """What a tuned setting changes from the method's own entry ("as listed" if nothing)."""
+  changed = {k: v for k, v in entry.items() if k != "optimizer" and base.get(k) != v}
+  changed.update({f"optimizer.{k}": v for k, v in entry.get("optimizer", {}).items()
+                  if base.get("optimizer", {}).get(k) != v})
+  return ", ".join(f"{k}={v}" for k, v in changed.items()) or "as listed"
+
+
+def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
+           summary: dict, clock, dp_bytes: float) -> dict:
+  """A method's results: its settings, bytes, compute figure, per link the summary over
+  studies (`compare.summarise`), and every trial's curve, evaluations and clocks."""
+  first = trials[0][0]
+  step_bytes = np.concatenate([t.step_bytes for seeds in trials for t in seeds])
+  per_step = float(step_bytes.mean()) if step_bytes.size else 0.0
+  out = {
+      "method": label, "algo": first.config.method.name, "entry": entry,
+      "settings": [setting_text(e, entry) for e in entries],
+      "settings_full": list(entries), "method_settings": first.config.method.to_dict(),
+      "optimizer": first.config.optimizer.to_dict(), "workers": first.trainer.num_workers,
+      "overlap_steps": first.overlap, "overlap_backward": first.overlap_backward,
+      "population": [seeds[0].population.together for seeds in trials],
+      "compute_key": clock.keys[(label, 0)],
+      "compute_seconds_per_step": clock.seconds(first),
+      "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
+      "compression_ratio": dp_bytes / per_step if per_step else None,
+      "inspected_wire_bytes": {"every_step": first.report.wire_bytes(conditional=False),
+                               "conditional": first.report.wire_bytes(conditional=True)},
+      "links": summary, "trials": []}
+  for k, seeds in enumerate(trials):
+    for s, t in enumerate(seeds):
+      timelines = t.clocks(clock)
+      steps, losses = (list(v) for v in zip(*t.evals)) if t.evals else ([], [])
+      out["trials"].append({
+          "setting": k, "seed": s, "trained_steps": len(t.history),
+          "train_seconds_emulated": t.seconds,
+          "curve": {"step": [r["step"] for r in t.history],
+                    "loss": [r["loss"] for r in t.history],
+                    "wire_bytes": t.step_bytes.tolist()},
+          "evals": {"step": steps, "heldout_loss": losses},
+          "links": {n: {**accounts[k][s][n], "time": tl.known.tolist(),
+                        "comm_seconds": tl.comm_seconds.tolist()}
+                    for n, tl in timelines.items()}})
+  return out
+
+
+def rows(records: list, link: str) -> list:
   """One row per method on `link`: HEADERS' cells, as text."""
   out = []
-  for r in results:
+  for r in records:
     a = r["links"][link]
-    ratio = f"{r['compression_ratio']:.2f}x" if r["compression_ratio"] else "inf"
-    ended = (f"reached at step {a['steps_to_target']}" if a["stopped"] == "reached"
-             else a["stopped"])
-    out.append([r["method"], f"{r['wire_bytes_per_step']:,.0f}", ratio, str(a["steps"]),
-                "-" if a["final_loss"] is None else f"{a['final_loss']:.4f}",
-                _seconds(a["time_to_target"]) if a["time_to_target"] is not None
-                else "not reached",
-                f"{a['speedup']:.2f}x" if a["speedup"] else "-", ended])
+    seeds = len(a["study_times"])
+    out.append([r["method"], f"{r['wire_bytes_per_step']:,.0f}", _x(r["compression_ratio"]),
+                _seconds(r["compute_seconds_per_step"]),
+                _seconds(a["median"]) if math.isfinite(a["median"]) else "not reached",
+                f"{a['reached']}/{seeds}", _x(a["speedup"]),
+                f"{a['low']:.2f}-{a['high']:.2f}x", a["verdict"]])
+  return out
+
+
+def seed_rows(records: list, link: str) -> list:
+  """Per method on `link`: each study's time to the target (and the setting it chose)."""
+  out = []
+  for r in records:
+    a = r["links"][link]
+    cells = []
+    for t, k in zip(a["study_times"], a["chosen_setting"]):
+      cell = _seconds(t) if t is not None else "miss"
+      cells.append(cell + (f" ({r['settings'][k]})" if len(r["settings"]) > 1 else ""))
+    out.append([r["method"], *cells])
   return out
 
 
@@ -54,88 +121,154 @@ def aligned(headers, table_rows) -> str:
   return "\n".join([line(headers), "-" * len(line(headers))] + [line(r) for r in table_rows])
 
 
-def verdict(results: list, link: str, reference: str, target: float, max_steps: int) -> str:
-  """One line: which method reaches the target first on `link` and by what factor over the
-  reference, or that the reference is fastest there; step-capped methods are named."""
-  timed = sorted((r["links"][link]["time_to_target"], r["method"]) for r in results
-                 if r["links"][link]["time_to_target"] is not None)
-  ref = next(r for r in results if r["method"] == reference)["links"][link]
-  capped = [r["method"] for r in results if r["links"][link]["stopped"] == "step cap"]
-  note = (f" Stopped by the step cap ({max_steps}) with budget left: {', '.join(capped)} "
-          "(raise --max_steps to let them use it)." if capped else "")
-  if not timed:
-    return f"{link}: no method reaches loss {target:.4f} within the budget.{note}"
-  best_time, best = timed[0]
-  if best == reference or best_time == ref["time_to_target"]:
-    others = [(t, m) for t, m in timed if m != reference]
-    runner = (f"; next: {others[0][1]} in {_seconds(others[0][0])} "
-              f"({ref['time_to_target'] / others[0][0]:.2f}x)" if others else "")
-    return (f"{link}: {reference} is fastest to loss {target:.4f}, in "
-            f"{_seconds(ref['time_to_target'])}{runner}.{note}")
-  if ref["time_to_target"] is None:
-    return (f"{link}: {best} reaches loss {target:.4f} first, in {_seconds(best_time)}; "
-            f"{reference} does not reach it within the budget.{note}")
-  return (f"{link}: {best} reaches loss {target:.4f} first, in {_seconds(best_time)}: "
-          f"{ref['time_to_target'] / best_time:.2f}x sooner than {reference} "
-          f"({_seconds(ref['time_to_target'])}).{note}")
+# ---------------------------------------------------------------- verdicts
+def verdict(summary: dict, link: str, reference: str, target: float) -> str:
+  """One line for `link`: the method that reaches the target first by a speed-up whose 95 %
+  interval lies above 1 (with the interval and its seeds), or that no method is
+  distinguishable from the reference there. `summary[label][link]` as compare.summarise."""
+  ref = summary[reference][link]
+  seeds = len(ref["study_times"])
+  faster = [(a[link]["speedup"], m) for m, a in summary.items()
+            if m != reference and a[link]["verdict"] == stats.FASTER]
+  if faster:
+    s, best = max(faster)
+    a = summary[best][link]
+    return (f"{link}: {best} reaches held-out {target:.4f} first: {s:.2f}x sooner than "
+            f"{reference} (95 % CI {a['low']:.2f}-{a['high']:.2f}x, {a['reached']}/{seeds} "
+            f"seeds).")
+  others = [(a[link]["speedup"], m) for m, a in summary.items() if m != reference]
+  tail = ""
+  if others:
+    s, m = max(others)
+    a = summary[m][link]
+    tail = (f"; best other median: {m} {_x(s)} (95 % CI {a['low']:.2f}-{a['high']:.2f}x, "
+            f"{a['reached']}/{seeds} seeds)")
+  return (f"{link}: no method is distinguishable from {reference} here ({reference} reaches "
+          f"held-out {target:.4f} in {_seconds(ref['median'])}, {ref['reached']}/{seeds} "
+          f"seeds{tail}).")
 
 
-def _heading(config, results: list, target: float, target_source: str) -> str:
-  c = config.compare
-  m = config.model
-  return (f"{len(results)} methods on {results[0]['workers']} workers; LM d_model={m.d_model} "
-          f"layers={m.num_layers} on {config.data.name} (batch {config.data.batch_size} x "
-          f"{config.data.seq_len}). Target loss {target:.4f} ({target_source}). Budget on "
-          f"each link: {c.reference}'s {config.steps} steps there x {c.budget:g}; at most "
-          f"{c.max_steps} steps per method.")
+def sensitivity_line(sensitivity: dict, link: str, reference: str) -> str:
+  """How the verdict on `link` moves when every compute figure is 20 % smaller or larger."""
+  parts = []
+  for scale, summary in sorted(sensitivity.items()):
+    faster = [(a[link]["speedup"], m) for m, a in summary.items()
+              if m != reference and a[link]["verdict"] == stats.FASTER]
+    if faster:
+      s, m = max(faster)
+      a = summary[m][link]
+      text = f"{m} {s:.2f}x (95 % CI {a['low']:.2f}-{a['high']:.2f}x)"
+    else:
+      text = f"none distinguishable from {reference}"
+    parts.append(f"compute {(scale - 1) * 100:+.0f} %: {text}")
+  return f"{link}: " + "; ".join(parts)
+
+
+def scores(records: list, links: list) -> dict:
+  """Per method: the performance profile over links (rho on stats.TAUS), its normalised
+  area, and the geometric mean over links of the median speed-up (links where either side
+  misses left out, counted)."""
+  times = {r["method"]: {n: r["links"][n]["median"] for n in links} for r in records}
+  curves, areas = stats.profile(times)
+  out = {}
+  for r in records:
+    g, k = stats.geometric_mean([r["links"][n]["speedup"] for n in links])
+    out[r["method"]] = {"profile": curves[r["method"]].tolist(), "area": areas[r["method"]],
+                        "geomean_speedup": g, "geomean_links": k}
+  return out
+
+
+# ---------------------------------------------------------------- text and markdown
+def _heading(config, records: list, target: float, source: str) -> str:
+  c, m = config.compare, config.model
+  return (f"{len(records)} methods on {records[0]['workers']} workers; LM d_model={m.d_model} "
+          f"layers={m.num_layers} on {config.data.name} ({config.data.split} split; batch "
+          f"{config.data.batch_size} x {config.data.seq_len}). {c.ruleset} ruleset, "
+          f"{c.seeds} seeds. Target: held-out loss {target:.4f} ({source}; evaluated every "
+          f"{c.eval_every} steps on {c.eval_batch} test sequences, untimed). Budget on each "
+          f"link: {c.reference}'s median time to the target there x {c.budget:g}; at most "
+          f"{c.max_steps} steps per trial.")
 
 
 def _link_heading(name: str, link, budget: float) -> str:
   return f"{name} ({_link_text(link)}): budget {_seconds(budget)}"
 
 
-def text(config, links: dict, budgets: dict, target: float, target_source: str,
-         results: list) -> tuple[str, list]:
+def text(config, links: dict, budgets: dict, target: float, source: str, records: list,
+         summary: dict) -> tuple[str, list]:
   """The terminal text (heading, a table per link, the verdicts) and the verdict lines."""
   c = config.compare
-  parts = [_heading(config, results, target, target_source)]
+  parts = [_heading(config, records, target, source)]
   for name, link in links.items():
     parts.append(f"\n{_link_heading(name, link, budgets[name])}\n"
-                 + aligned(HEADERS, rows(results, name)))
-  verdicts = [verdict(results, n, c.reference, target, c.max_steps) for n in links]
-  parts.append("\nVerdict (time to the target loss on each link):\n"
+                 + aligned(HEADERS, rows(records, name)))
+  verdicts = [verdict(summary, n, c.reference, target) for n in links]
+  parts.append("\nVerdict (time to the held-out target on each link, median over seeds):\n"
                + "\n".join(f"  {v}" for v in verdicts))
   return "\n".join(parts), verdicts
 
 
-def markdown(config, links: dict, budgets: dict, target: float, target_source: str,
-             results: list, verdicts: list, plots: list, command: str | None = None) -> str:
-  """report.md: heading, verdicts, a table per link, the links' sources, figures, settings."""
-  sections = ["# Which method reaches the target loss first, on each link",
-              _heading(config, results, target, target_source),
-              "Time is simulated: one worker's compute per step measured on this machine "
-              "plus the communication of each method's compiled step on the link, less what "
-              "its schedule overlaps (experiments/compare.py). \"ended\": reached the target "
-              "(at that step), spent the budget without reaching it, or was stopped by the "
-              "step cap with budget left.",
-              "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts)]
+def markdown(config, links: dict, budgets: dict, target: float, source: str, records: list,
+             verdicts: list, extra: dict, score: dict, plots: list, command: str | None
+             ) -> str:
+  """report.md."""
+  c = config.compare
+  interval = records[0]["links"][next(iter(links))]["interval"]
+  sections = [
+      "# Which method reaches the held-out target first, on each link",
+      _heading(config, records, target, source),
+      "Time is simulated: one measured compute figure per local step plus the communication "
+      "of each method's compiled step on the link, less what its schedule overlaps (later "
+      "steps, or the backward pass bucket by bucket: \"overlap\" below). A method's time is "
+      "the median over seeds of its time to the target, a miss counting as infinity; the "
+      f"95 % interval of the speed-up is {interval}. A verdict says \"faster\" only when the "
+      "interval lies above 1.",
+      "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts)]
   for name, link in links.items():
     sections.append(f"## {_link_heading(name, link, budgets[name])}\n\n"
-                    + rep.markdown_table(HEADERS, rows(results, name)))
+                    + rep.markdown_table(HEADERS, rows(records, name))
+                    + "\n\nPer seed (study), time to the target:\n\n"
+                    + rep.markdown_table(["method"] + [f"seed {s}" for s in range(c.seeds)],
+                                         seed_rows(records, name)))
+  sections.append("## Sensitivity to the compute figure\n\nEvery compute figure 20 % smaller "
+                  "and larger (the budgets follow the reference; from the steps trained):\n\n"
+                  + "\n".join(f"* {sensitivity_line(extra['sensitivity'], n, c.reference)}"
+                              for n in links))
+  sections.append("## Compute per local step\n\n" + rep.markdown_table(
+      ["local step", "median", "min", "max", "repeats", "forward / backward / update",
+       "methods"],
+      [[k, _seconds(v["seconds"]), _seconds(v["min"]), _seconds(v["max"]),
+        str(v["repeats"]), "{forward:.2f} / {backward:.2f} / {update:.2f}".format(
+            **extra["shares"][k]),
+        ", ".join(sorted({lk.split("#")[0] for lk, key in extra["keys"].items() if key == k}))]
+       for k, v in extra["compute"].items()])
+      + "\n\nTimed in interleaved rounds (one call of each per round). Shares of the step "
+      f"from {next(iter(extra['shares'].values()))['source']}.")
+  sections.append("## Score over all links\n\n" + rep.markdown_table(
+      ["method", "profile area", "geometric-mean speed-up", "links counted"],
+      [[m, f"{s['area']:.3f}", _x(s["geomean_speedup"]), str(s["geomean_links"])]
+       for m, s in score.items()])
+      + "\n\nProfile: per link the ratio of a method's median time to the fastest method's; "
+      "rho(tau) = fraction of links within tau, tau in [1, 4]; area = mean of rho (1: "
+      "fastest everywhere). Geometric mean over the links where both the method and the "
+      f"reference reach the target, of the median speed-up over {c.reference}.")
   sections.append("## Links\n\n" + rep.markdown_table(
       ["link", "bandwidth, latency", "source"],
       [[n, _link_text(l), l.source or "-"] for n, l in links.items()]))
   sections.append("## Figures\n\n" + "\n\n".join(
       f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})" for p in plots))
-  settings = [[r["method"], r["algo"], _settings_text(r["settings"]),
-               _settings_text(r["optimizer"]), str(r["overlap_steps"]),
-               _seconds(r["compute_seconds_per_step"])] for r in results]
+  settings = [[r["method"], r["algo"], _settings_text(r["entry"]), "; ".join(r["settings"]),
+               str(r["overlap_steps"]), "yes" if r["overlap_backward"] else "no",
+               "one program" if all(r["population"]) else "one after the other"]
+              for r in records]
   sections.append("## Settings\n\n" + rep.markdown_table(
-      ["method", "module", "settings", "optimizer", "overlap steps", "compute/step"],
+      ["method", "module", "entry", "settings run", "overlap steps", "overlap backward",
+       "seeds"],
       settings) + "\n\nShared: " + _settings_text(
           {"steps": config.steps, "seed": config.seed, "mesh": config.mesh or "data=all",
            "model": config.model.to_dict(), "data": config.data.to_dict(),
-           "compare": config.compare.to_dict()})
+           "optimizer": config.optimizer.to_dict(), "compare": config.compare.to_dict()})
+                  + f"\n\nWall time {extra['wall_seconds']:.0f} s."
                   + (f"\n\nCommand: `{command}`" if command else ""))
   return "\n\n".join(sections) + "\n"
 
@@ -149,93 +282,120 @@ _STYLES = {"dp": "-", "compressed": "--", "powersgd": "--", "demo": "--",
            "diloco": "-.", "streaming_diloco": "-.", "acco": ":", "delayed": ":"}
 
 
-def _style(i: int, record: dict, reference: str) -> dict:
+def _style(i: int, r: dict, reference: str) -> dict:
   import matplotlib  # pylint: disable=import-outside-toplevel
   colors = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
-  return {"color": colors[i % len(colors)], "linestyle": _STYLES.get(record["algo"], "-"),
-          "linewidth": 2.0 if record["method"] == reference else 1.4,
-          "label": record["method"]}
+  return {"color": colors[i % len(colors)], "linestyle": _STYLES.get(r["algo"], "-"),
+          "linewidth": 2.0 if r["method"] == reference else 1.4, "label": r["method"]}
 
 
-def _legend(fig, ax, target: float) -> None:
-  """Target line, and one legend beside the plot for every curve."""
-  ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1,
-             label=f"target loss {target:.3f}")
-  handles, labels = ax.get_legend_handles_labels()
-  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+def _shown(r: dict, link: str) -> dict:
+  """The trial a figure shows: seed 0 at the setting study 0 chose on `link`."""
+  k = r["links"][link]["chosen_setting"][0]
+  return next(t for t in r["trials"] if t["setting"] == k and t["seed"] == 0)
 
 
-def plot(results: list, config, links: dict, budgets: dict, target: float,
+def plot(records: list, config, links: dict, budgets: dict, target: float, score: dict,
          workdir: str) -> list:
-  """loss_vs_time.png (a panel per link: each method's smoothed loss against the clock of
-  the steps that link's budget allows, target and budget marked) and loss_vs_bytes.png."""
+  """loss_vs_time.png (a panel per link: held-out loss of seed 0 against the clock, target
+  and budget marked), loss_vs_bytes.png and profile.png."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  reference, smooth = config.compare.reference, config.compare.smooth
-  ylabel = f"training loss (mean of last {smooth} steps)"
+  reference = config.compare.reference
   paths = []
   fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links) + 1.8, 4.5),
                            squeeze=False)
   for ax, name in zip(axes[0], links):
-    for i, r in enumerate(results):
-      n = r["links"][name]["steps"]
-      ax.plot(r["links"][name]["time"][:n], r["curve"]["smoothed_loss"][:n],
+    for i, r in enumerate(records):
+      t = _shown(r, name)
+      at = [s - 1 for s in t["evals"]["step"]]
+      ax.plot(np.asarray(t["links"][name]["time"])[at], t["evals"]["heldout_loss"],
               **_style(i, r, reference))
     ax.axvline(budgets[name], color="gray", linestyle="--", linewidth=1)
-    ax.text(budgets[name], 0.98, " budget", transform=ax.get_xaxis_transform(), va="top",
-            ha="right", fontsize=8, color="gray")
+    ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1,
+               label=f"target {target:.3f}")
     ax.set_xlim(0, budgets[name] * 1.03)
-    ax.set_xlabel(f"simulated wall clock on '{name}' (s)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"loss vs time: {name}")
+    ax.set(xlabel=f"simulated wall clock on '{name}' (s)", ylabel="held-out loss (seed 0)",
+           title=f"held-out loss vs time: {name}")
     ax.grid(True, alpha=0.3)
-  _legend(fig, axes[0][0], target)
-  for ax in axes[0][1:]:
-    ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
   fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
   paths.append(os.path.join(workdir, "loss_vs_time.png"))
   fig.savefig(paths[-1], dpi=110)
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(8.8, 4.5))
-  for i, r in enumerate(results):
-    # A local-update method sends nothing before its first sync: a log axis starts there.
-    sent = np.asarray(r["curve"]["cumulative_wire_bytes"], dtype=np.float64)
-    keep = sent > 0
-    ax.plot(sent[keep], np.asarray(r["curve"]["smoothed_loss"])[keep],
+  first = next(iter(links))
+  for i, r in enumerate(records):
+    t = _shown(r, first)
+    sent = np.cumsum(t["curve"]["wire_bytes"])[[s - 1 for s in t["evals"]["step"]]]
+    keep = sent > 0  # a local-update method sends nothing before its first sync
+    ax.plot(sent[keep], np.asarray(t["evals"]["heldout_loss"])[keep],
             **_style(i, r, reference))
+  ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1)
   ax.set_xscale("log")
-  ax.set_xlabel("cumulative wire bytes sent per device (log scale)")
-  ax.set_ylabel(ylabel)
-  ax.set_title("loss vs communication (each method's whole run)")
+  ax.set(xlabel="cumulative wire bytes sent per device (log scale)",
+         ylabel="held-out loss (seed 0)", title="held-out loss vs communication")
   ax.grid(True, alpha=0.3)
-  _legend(fig, ax, target)
-  fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
+  ax.legend(fontsize=8, frameon=False, loc="upper right")
+  fig.tight_layout()
   paths.append(os.path.join(workdir, "loss_vs_bytes.png"))
+  fig.savefig(paths[-1], dpi=110)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  for i, r in enumerate(records):
+    s = score[r["method"]]
+    ax.step(stats.TAUS, s["profile"], where="post", **{
+        **_style(i, r, reference), "label": f"{r['method']} (area {s['area']:.2f})"})
+  ax.set(xlabel="tau: time within tau x of the fastest method",
+         ylabel=f"fraction of the {len(links)} links", title="performance profile",
+         ylim=(-0.02, 1.02))
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=8, frameon=False, loc="lower right")
+  fig.tight_layout()
+  paths.append(os.path.join(workdir, "profile.png"))
   fig.savefig(paths[-1], dpi=110)
   plt.close(fig)
   return paths
 
 
-def write(config, workdir: str, links: dict, budgets: dict, target: float,
-          target_source: str, results: list, command: str | None = None) -> dict:
+def write(config, workdir: str, links: dict, budgets: dict, target: float, source: str,
+          records: list, extra: dict, command: str | None = None) -> dict:
   """Writes the figures, report.md and results.json into `workdir`; returns the summary
   (what results.json holds, with the terminal text under "text")."""
   os.makedirs(workdir, exist_ok=True)
-  printed, verdicts = text(config, links, budgets, target, target_source, results)
-  plots = plot(results, config, links, budgets, target, workdir)
-  report = os.path.join(workdir, "report.md")
-  with open(report, "w", encoding="utf-8") as f:
-    f.write(markdown(config, links, budgets, target, target_source, results, verdicts, plots,
-                     command))
-  summary = {
+  summary = {r["method"]: r["links"] for r in records}
+  printed, verdicts = text(config, links, budgets, target, source, records, summary)
+  score = scores(records, list(links))
+  plots = plot(records, config, links, budgets, target, score, workdir)
+  path = os.path.join(workdir, "report.md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(markdown(config, links, budgets, target, source, records, verdicts, extra, score,
+                     plots, command))
+  sensitivity = [sensitivity_line(extra["sensitivity"], n, config.compare.reference)
+                 for n in links]
+  out = {
       "config": config.to_dict(), "reference": config.compare.reference,
-      "target_loss": target, "target_source": target_source,
+      "ruleset": config.compare.ruleset, "seeds": config.compare.seeds,
+      "target_loss": target, "target_source": source,
       "links": {n: {"bandwidth": l.bandwidth, "latency": l.latency, "source": l.source,
                     "budget_seconds": budgets[n]} for n, l in links.items()},
-      "methods": results, "text": printed, "verdicts": verdicts, "plots": plots,
-      "report": report, "command": command}
+      "compute": extra["compute"], "compute_shares": extra["shares"],
+      "compute_keys": extra["keys"], "reference_setting": extra["reference_setting"],
+      "wall_seconds": extra["wall_seconds"], "scores": score, "methods": records,
+      "text": printed, "verdicts": verdicts, "sensitivity": sensitivity, "plots": plots,
+      "report": path, "command": command}
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
-  return summary
+    json.dump(out, f, indent=1, default=_json)
+  return out
+
+
+def _json(x):
+  if isinstance(x, (np.floating, np.integer)):
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  raise TypeError(f"not JSON: {type(x)}")

@@ -19,6 +19,10 @@ and may define `wrap_loss(settings, loss_fn, ctx)` (the loss each worker differe
 e.g. ACCO's mean over micro-batches) and `overlap_steps(settings) -> int` (how many later
 steps a sync overlaps on the simulated clock; 0 when absent). A method of your own is one
 file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
+
+A model is one module too, in experiments/models/ (`lm`, `mlp`, `nnx_lm`, `resnet50`, ...)
+or anywhere (`--config.model.name=/path/to/my_model.py`): `defaults()` and
+`build(settings, ctx) -> experiments.models.Task` (see experiments/models/__init__.py).
 """
 
 from __future__ import annotations
@@ -30,21 +34,16 @@ from types import ModuleType
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.sharding import PartitionSpec as P
 
 from experiments import config as _config
 from experiments import methods as _methods
-from jaxcomm import comm, data, models, parallel, sync, train
+from experiments import models as _models
+from jaxcomm import comm, data, parallel, sync, train
 
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
-MODEL_AXES = ("tensor", "sequence", "pipeline")
-SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
-# config.model.name -> models.ResNet's blocks (He et al., arXiv 1512.03385, Table 1).
-RESNETS = {"resnet18": dict(stages=(2, 2, 2, 2), block="basic"),
-           "resnet50": dict(stages=(3, 4, 6, 3), block="bottleneck")}
+MODEL_AXES = _models.MODEL_AXES
 
 
 # ---------------------------------------------------------------- methods
@@ -52,6 +51,9 @@ available_methods = _methods.available_methods
 load_method = _methods.load_method
 method_defaults = _methods.method_defaults
 overlap_steps = _methods.overlap_steps
+available_models = _models.available_models
+load_model = _models.load_model
+model_defaults = _models.model_defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,7 @@ class Run:
     specs: PartitionSpecs of the parameters (None: replicated).
     batch_specs: PartitionSpecs of the batch (None: leading dimension over the batch axes).
     method: the method's module.
+    mutable: how an NNX model's mutable variables are kept ("per_worker" or "mean").
   """
   config: ml_collections.ConfigDict
   mesh: jax.sharding.Mesh
@@ -129,6 +132,7 @@ class Run:
   specs: Any = None
   batch_specs: Any = None
   method: ModuleType | None = None
+  mutable: str = "per_worker"
 
   @property
   def steps(self) -> int:
@@ -142,7 +146,7 @@ class Run:
   def trainer(self) -> train.Trainer:
     return train.Trainer(self.loss_fn, self.optimizer, self.mesh, axis_name=self.axis_name,
                          param_specs=self.specs, has_aux=self.has_aux,
-                         batch_specs=self.batch_specs, mutable=self.config.model.mutable)
+                         batch_specs=self.batch_specs, mutable=self.mutable)
 
 
 def mesh_shape(spec: str, num_devices: int) -> dict:
@@ -185,7 +189,9 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   batch_axes = tuple(a for a in shape if a not in MODEL_AXES or a == "sequence")
   _check_batch(config, shape)
   mesh = train.make_mesh(shape, devices=devices)
-  layout = _layout(config, mesh, shape)
+  model_settings = _models.settings(config.model)
+  model_layout = getattr(load_model(config.model.name), "layout", None)
+  layout = model_layout(model_settings, mesh, config) if model_layout else None
   if layout is not None:  # the method syncs replicas of the laid-out model
     method_axes = comm.axis_names(layout.replica_axis)
   else:
@@ -199,20 +205,20 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
   if layout is not None:
     # Inside a replica the gradient is reduced exactly (ZeRO-3 over fsdp, the mean over
     # data); the method then runs once per group of equally sharded leaves.
-    ctx = dataclasses.replace(ctx, param_specs=task["specs"])
-    optimizer = layout.optimizer(make_optimizer(config, ctx), task["specs"],
-                                 task["model"].param_regather())
-  loss_fn = task_loss(config, task["loss_fn"], ctx)
-  batches = _batch_shapes(task["batches"], config) if abstract else task["batches"]
+    ctx = dataclasses.replace(ctx, param_specs=task.specs)
+    optimizer = layout.optimizer(make_optimizer(config, ctx), task.specs,
+                                 task.model.param_regather())
+  loss_fn = task_loss(config, task.loss_fn, ctx)
+  batches = _batch_shapes(task.batches, config) if abstract else task.batches
   if config.skip_nonfinite:
     optimizer = sync.skip_nonfinite(optimizer, batch_axes[0] if len(batch_axes) == 1
                                     else batch_axes)
-  return Run(config=config, mesh=mesh, model=task["model"], loss_fn=loss_fn,
-             model_loss_fn=task["loss_fn"],
-             has_aux=task["has_aux"], params=task["params"], batches=batches,
-             optimizer=optimizer, axis_name=batch_axes[0] if len(batch_axes) == 1
-             else batch_axes, method_axes=ctx.axis_name, specs=task.get("specs"),
-             batch_specs=task.get("batch_specs"), method=method)
+  return Run(config=config, mesh=mesh, model=task.model, loss_fn=loss_fn,
+             model_loss_fn=task.loss_fn, has_aux=task.has_aux, params=task.params,
+             batches=batches, optimizer=optimizer,
+             axis_name=batch_axes[0] if len(batch_axes) == 1 else batch_axes,
+             method_axes=ctx.axis_name, specs=task.specs, batch_specs=task.batch_specs,
+             method=method, mutable=task.mutable)
 
 
 def local_context(config: ml_collections.ConfigDict) -> Context:
@@ -274,82 +280,22 @@ def model_task(config: ml_collections.ConfigDict, workers: int = 1) -> tuple:
   `workers` only sizes a label-skewed split."""
   _config.check(config)
   task = _task(config, {"data": workers}, None)
-  return task["model"], task["loss_fn"], task["has_aux"], task["params"], task["batches"]
+  return task.model, task.loss_fn, task.has_aux, task.params, task.batches
 
 
-def _layout(c: ml_collections.ConfigDict, mesh, shape: dict):
-  """The LM's `parallel.Layout` on a mesh with fsdp / tensor axes, else None."""
-  if c.model.name == "lm" and {"replica", "fsdp", "tensor"} & set(shape) and \
-     not {"sequence", "pipeline"} & set(shape):
-    try:
-      return parallel.Layout(mesh, sequence_parallel=c.model.sequence_parallel,
-                             collective_matmul=c.model.collective_matmul)
-    except ValueError as e:
-      raise ValueError(f"config.model / config.mesh: {e}") from None
-  for option in ("sequence_parallel", "collective_matmul"):
-    if c.model[option]:
-      raise ValueError(f"config.model.{option} needs the LM on a mesh with a 'tensor' axis, "
-                       f"got config.mesh {c.mesh!r}.")
-  return None
-
-
-def _task(c: ml_collections.ConfigDict, shape: dict, layout, abstract: bool = False) -> dict:
-  """model, loss_fn, has_aux, params, batches, and the layout's specs where it has one."""
-  key = jax.random.key(c.seed)
-  init = (lambda fn: functools.partial(jax.eval_shape, fn)) if abstract else jax.jit
+def _task(c: ml_collections.ConfigDict, shape: dict, layout,
+          abstract: bool = False) -> _models.Task:
+  """config.model's model module built on config.data's batches (experiments/models/)."""
   workers = math.prod(n for a, n in shape.items() if a not in MODEL_AXES)
   stored = not c.data.name.startswith("folder:")
-  labelled = stored and isinstance(_dataset(c), data.ArrayDataset)
-  images = stored and isinstance(_dataset(c), data.SyntheticImages)
-  if c.model.name in ("mlp", "nnx_mlp") and not labelled:
-    raise ValueError(f"config.model.name {c.model.name!r} needs a labelled dataset (digits), "
-                     f"got config.data.name {c.data.name!r}.")
-  if c.model.name in RESNETS and not images:
-    raise ValueError(f"config.model.name {c.model.name!r} needs an image dataset "
-                     f"({', '.join(data.SYNTHETIC_IMAGES)}), got config.data.name "
-                     f"{c.data.name!r}.")
-  if c.model.name in ("lm", "nnx_lm") and (labelled or images):
-    raise ValueError(f"config.model.name {c.model.name!r} needs a text dataset (pydoc, "
-                     f"stdlib, text:<file>, folder:<path>), got config.data.name "
-                     f"{c.data.name!r}.")
-  if c.data.label_skew and not labelled:
+  if c.data.label_skew and not (stored and isinstance(_dataset(c), data.ArrayDataset)):
     raise ValueError("config.data.label_skew splits labelled data: it needs model 'mlp'.")
-  if c.model.name != "lm" and set(shape) & set(MODEL_AXES):
-    raise ValueError(f"config.mesh {c.mesh!r} lays out the linen LM only; use "
-                     "config.model.name 'lm' or a mesh of data axes.")
   # Abstract: batches of one row per worker, whose shapes `build` stretches to the batch.
   batches = _make_batches(_one_row_per_worker(c, workers) if abstract else c, workers)
-  if c.model.name.startswith("nnx_"):
-    return _nnx_task(c, batches, abstract)
-  if c.model.name == "mlp":
-    dataset = _dataset(c)
-    model = models.MLP(hidden=tuple(c.model.hidden), num_classes=dataset.num_classes)
-    params = init(model.init)(key, jnp.zeros((1, dataset.x.shape[1])))
-    return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
-                params=params, batches=batches)
-  if c.model.name in RESNETS:
-    return _resnet_task(c, shape, init, key, batches)
-  vocab = _dataset(c).vocab_size if stored else 256  # a folder of text files: bytes
-  if c.model.vocab_size < vocab:
-    raise ValueError(f"config.model.vocab_size ({c.model.vocab_size}) must hold the "
-                     f"dataset's {vocab} tokens (config.data.name {c.data.name!r}).")
-  sizes = dict(vocab_size=c.model.vocab_size, d_model=c.model.d_model,
-               num_layers=c.model.num_layers, num_heads=c.model.num_heads, d_ff=c.model.d_ff,
-               max_len=c.data.seq_len)
-  tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
-  if "sequence" in shape:
-    return _sequence_task(c, shape, sizes, lambda: init(models.TransformerLM(**sizes).init)(
-        key, tokens), batches)
-  if "pipeline" in shape:
-    return _pipeline_task(c, shape, sizes, init, key, tokens, batches)
-  if layout is not None:
-    model = models.TransformerLM(**sizes, layout=layout)
-    params = init(model.init)(key, tokens)
-    return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False, params=params,
-                batches=batches, specs=layout.param_specs(model.param_axes(), params))
-  model = models.TransformerLM(**sizes)
-  return dict(model=model, loss_fn=models.lm_loss(model), has_aux=False,
-              params=init(model.init)(key, tokens), batches=batches)
+  ctx = _models.ModelContext(config=c, mesh_shape=shape, layout=layout,
+                             key=jax.random.key(c.seed), abstract=abstract, batches=batches,
+                             dataset=lambda: _dataset(c))
+  return load_model(c.model.name).build(_models.settings(c.model), ctx)
 
 
 def _make_batches(c: ml_collections.ConfigDict, workers: int) -> Callable[[int], dict]:
@@ -389,41 +335,6 @@ def _batch_shapes(batches: Callable[[int], dict], c: ml_collections.ConfigDict) 
       lambda x: jax.ShapeDtypeStruct((share, *x.shape[1:]), x.dtype), batches(t))
 
 
-def _resnet_task(c, shape, init, key, batches) -> dict:
-  """An image ResNet (models.ResNet: the ImageNet stem for images of 64 pixels and more,
-  the CIFAR stem below) on a synthetic image dataset, data-parallel."""
-  if set(shape) & {"fsdp", *MODEL_AXES}:
-    raise ValueError(f"config.mesh {c.mesh!r} lays out the LM only; use config.model.name "
-                     "'lm' or a mesh of data axes.")
-  dataset = _dataset(c)
-  model = models.ResNet(num_classes=dataset.num_classes, **RESNETS[c.model.name],
-                        stem="imagenet" if min(dataset.shape[:2]) >= 64 else "cifar")
-  params = init(model.init)(key, jnp.zeros((1, *dataset.shape)))
-  return dict(model=model, loss_fn=models.classifier_loss(model), has_aux=True,
-              params=params, batches=batches)
-
-
-def _nnx_task(c: ml_collections.ConfigDict, batches, abstract: bool) -> dict:
-  """An NNX model (`params` is the module: `Trainer.init` splits it) and its loss."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-
-  def make():
-    rngs = nnx.Rngs(params=c.seed, dropout=c.seed + 1)
-    if c.model.name == "nnx_mlp":
-      dataset = _dataset(c)
-      return models.NnxMLP(dataset.x.shape[1], hidden=tuple(c.model.hidden),
-                           num_classes=dataset.num_classes, dropout=c.model.dropout,
-                           batch_norm=c.model.batch_norm, rngs=rngs)
-    return models.NnxTransformerLM(d_model=c.model.d_model, num_layers=c.model.num_layers,
-                                   num_heads=c.model.num_heads, d_ff=c.model.d_ff,
-                                   max_len=c.data.seq_len, dropout=c.model.dropout, rngs=rngs)
-
-  model = nnx.eval_shape(make) if abstract else make()
-  mlp = c.model.name == "nnx_mlp"
-  return dict(model=model, loss_fn=models.nnx_classifier_loss if mlp else models.nnx_lm_loss,
-              has_aux=mlp, params=model, batches=batches)
-
-
 @functools.lru_cache(maxsize=8)
 def _load(name: str):
   return data.load(name)
@@ -437,45 +348,3 @@ def _dataset(c):
   if c.data.split == "all":
     return dataset
   return dataset.split()[0 if c.data.split == "train" else 1]
-
-
-def _sequence_task(c, shape, sizes, make_params, batches) -> dict:
-  """The LM with its sequence split over the `sequence` axis (sequence-parallel attention)."""
-  w, kind = shape["sequence"], c.model.attention
-  try:
-    models.check_sequence_layout(c.data.seq_len, c.model.num_heads, w, kind)
-  except ValueError as e:
-    raise ValueError(f"config.model.attention / data.seq_len: {e}") from None
-  model = models.TransformerLM(**sizes, attention_fn=models.sequence_attention(kind))
-  params = make_params()
-  zigzag = kind == "ring_zigzag"
-  return dict(model=model, loss_fn=models.lm_loss_sequence(model), has_aux=False,
-              params=params, batch_specs=P(tuple(a for a in shape if a not in MODEL_AXES),
-                                           "sequence"),
-              batches=lambda t: models.lm_sequence_batch(batches(t)["tokens"], w,
-                                                         zigzag=zigzag))
-
-
-def _pipeline_task(c, shape, sizes, init, key, tokens, batches) -> dict:
-  """The LM with its layers split into stages over the `pipeline` axis."""
-  stages = shape["pipeline"]
-  if c.model.schedule not in SCHEDULES:
-    raise ValueError(f"config.model.schedule {c.model.schedule!r} is unknown; allowed: "
-                     f"{', '.join(SCHEDULES)}.")
-  micro = c.model.microbatches or stages
-  workers = math.prod(n for a, n in shape.items() if a != "pipeline")
-  per_worker = c.data.batch_size // workers
-  if per_worker % micro:
-    raise ValueError(f"config.data.batch_size ({c.data.batch_size}) must split into "
-                     f"{workers} workers x config.model.microbatches ({micro}).")
-  if c.model.num_layers % stages:
-    raise ValueError(f"config.model.num_layers ({c.model.num_layers}) must be divisible by "
-                     f"the {stages} pipeline stages of config.mesh.")
-  try:
-    schedule = SCHEDULES[c.model.schedule](stages, micro)
-  except ValueError as e:
-    raise ValueError(f"config.model.schedule: {e}") from None
-  model = models.TransformerLM(**sizes)
-  staged = init(lambda k, t: models.lm_stage_params(model.init(k, t), stages))(key, tokens)
-  return dict(model=model, loss_fn=models.lm_loss_pipeline(model, schedule), has_aux=False,
-              params=staged, batches=batches, specs=models.lm_stage_specs(staged))

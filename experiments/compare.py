@@ -1,61 +1,80 @@
-r"""On my link, which method reaches the loss first, and how much sooner than exact DP?
+r"""On my link, which method reaches the held-out loss first, and how much sooner than a
+strong data-parallel reference? A benchmark protocol after MLCommons AlgoPerf.
 
-  python -m experiments.compare --workdir=runs/compare          # `make run`: minutes
+  python -m experiments.compare --workdir=runs/compare          # `make run`
+  python -m experiments.compare --ruleset=tuned --seeds=3       # each method's best setting
   python -m experiments.compare --links=wan,internet --link=office:gbit=0.5,latency_ms=40
-  python -m experiments.compare --methods=dp,diloco_h10,/path/to/my_method.py --budget=2
+  python -m experiments.compare --methods=dp_bf16,diloco_h10,/path/to/my_method.py
   python -m experiments.compare --config=experiments/configs/compare.py:long  # larger, longer
 
-Every method trains the same byte-level transformer LM on the embedded pydoc corpus, on 8
-emulated CPU devices, from the same parameters and batches. A method's loss per step does
-not depend on the network; only its clock does. So each method trains once, and every
-link's clock is read off the same run (`jaxcomm.sim`): one worker's compute per step,
-measured on this machine (the method built for one device, timed round-robin with the
-others), plus the communication its compiled step's collectives cost on the link
-(`comm.inspect`, `comm.cost`) that its schedule cannot hide (a method module's
-`overlap_steps`). A step's loss counts from when its result is known
-(`sim.Timeline.known`).
+Every method trains the same byte-level transformer LM on the train split of the embedded
+pydoc corpus, on 8 emulated CPU devices. A trial is one method at one setting and one seed
+(the seed sets the initial parameters, the batches and the codecs' keys). A trial's losses
+do not depend on the network, only its clock does, so each trial trains once and every
+link's clock is read off it (`jaxcomm.sim`): one measured compute figure per local step
+(`experiments/_compare_clock.py`: methods with the same local step share it) plus the
+communication of the method's compiled step on the link (`comm.inspect`, `comm.cost`) that
+its schedule cannot hide: a method module's `overlap_steps` (later steps overlap a sync) or
+`overlap_backward` (the all-reduce overlaps the backward pass bucket by bucket,
+`sim.backward_overlap`).
 
-Equal time, not equal steps: on each link the budget is the reference's (exact DP's)
-simulated time for its `config.steps` steps (times `--budget`), and each method gets the
-inner steps that fit in that budget on that link, up to `--max_steps`. A method trains as
-many steps as its most generous link allows. The target loss is the reference's smoothed
-loss at `target_fraction` of its run (or `target_loss`). For every method and link the
-table gives the time to the target, the speed-up over the reference, the steps the budget
-allowed and how the method ended: "reached" (at a step), "budget spent" or "step cap" (the
-budget was not spent when --max_steps stopped it: never a failure to learn). One verdict
-line per link follows. Written into --workdir:
-* `report.md`: the tables, verdicts, links and their sources, settings and figures;
-* `results.json`: every number (settings, budgets, per-method curves and per-link clocks);
-* `loss_vs_time.png`: loss against simulated time, one panel per link, target and budget
-  marked; `loss_vs_bytes.png`: loss against cumulative wire bytes per device.
+* Reference: `config.compare.reference`, bf16 data parallelism with its all-reduce
+  overlapped with the backward pass (`dp_bf16`); f32 DP (`dp`) is overlapped the same way.
+* Target: the held-out loss (the test split, evaluated every `eval_every` steps, untimed) that
+  the reference reaches: the median over seeds of its best held-out loss in `config.steps`
+  steps at its tuned setting (the higher middle value for an even number of seeds, so that
+  most seeds reach it); `--target_loss` overrides it.
+* Budget per link: `budget` times the reference's median time to the target there (2 by
+  default, not AlgoPerf's 4/3: local-update methods learn less per step, and twice the
+  reference's time still times a method half as fast instead of calling it a miss).
+  A trial trains until it has reached the target or spent the budget on every link, or
+  `max_steps`.
+* A method's time on a link is the median over seeds of its time to the target (a miss
+  counts as infinity); its speed-up over the reference comes with a 95 % interval over the
+  seeds (`experiments/_compare_stats.py`: exact over all paired resamples for S <= 6, else a
+  paired bootstrap), and it is called faster only when the interval excludes 1.
+* `--ruleset=default`: each method's settings as `METHODS` has them, S seeds.
+  `--ruleset=tuned`: each method module's `tuning()` list (at most 5 settings, the same on
+  every link), S studies; per study and link the fastest setting's time, then the median
+  over studies.
 
-Methods: `METHODS` (labels), any method of experiments/methods/ by name, or a method module
-of your own as a dotted module path or a `.py` file (`--methods=dp,/path/my_method.py`; its
-label is the module's name). A method module's optional `overlap_steps(settings)` puts its
-overlap on the clock.
+Written into --workdir: `report.md` (verdicts with intervals and seed counts, a table per
+link, per-seed times, the compute figures with their spread, a sensitivity line per link at
+compute +-20 %, the performance profile's area and the geometric-mean speed-up),
+`results.json` (every number), `loss_vs_time.png`, `loss_vs_bytes.png` and `profile.png`.
+
+Methods: `METHODS` (labels; `MORE_METHODS` only when named), any method of
+experiments/methods/ by name, or a method module of your own as a dotted module path or a
+`.py` file (`--methods=dp_bf16,/path/my_method.py`; its label is the module's name).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
 from absl import app
 from absl import flags
 
+from experiments import _compare_clock as _clock
+from experiments import _compare_stats as stats
 from experiments import config as _config
 
 # label -> the method and its settings (experiments/methods/<method>.py; every setting not
 # named keeps the library factory's default), and optionally "optimizer" overrides.
 # Local-update methods sync every H = 10 inner steps; a schedule that overlaps communication
 # with compute gets its overlap on the simulated clock from its method module's
-# `overlap_steps`.
+# `overlap_steps` / `overlap_backward`.
 METHODS: dict[str, dict] = {
+    # Exact (f32) data parallelism, its all-reduce overlapped with the backward pass.
     "dp": {"method": "dp"},
+    # The reference (config.compare.reference): bf16 data parallelism, overlapped the same way.
     "dp_bf16": {"method": "dp", "dtype": "bfloat16"},
     # PowerSGD rank 4 with error feedback, from the first step (arXiv 1905.13727).
     "powersgd_r4": {"method": "powersgd", "rank": 4},
@@ -78,8 +97,20 @@ METHODS: dict[str, dict] = {
     "acco": {"method": "acco"},
 }
 
+# Labels `--methods` may name that a plain `make run` does not run (the methods of
+# arXiv 2502.12996, 2505.22549 and 2506.10911 at H = K_x = 10; Local Adam is DES-LOC with
+# every period K_x).
+MORE_METHODS: dict[str, dict] = {
+    "diloco_h10_eager": {"method": "diloco", "sync_every": 10, "eager": True},
+    "des_loc_k10": {"method": "des_loc", "sync_every": 10},
+    "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
+    "noloco_h10": {"method": "noloco", "sync_every": 10},
+}
+
 # How each method ended on a link (besides reaching the target).
 REACHED, BUDGET, CAP = "reached", "budget spent", "step cap"
+RULESETS = ("default", "tuned")
+MAX_SETTINGS = 5  # the most settings a method's tuning() list may hold
 
 # The flags exist only when this module runs as a program: importing it (tests do)
 # registers nothing that could clash with another program's flags.
@@ -94,7 +125,15 @@ if __name__ == "__main__":
   _LINK = flags.DEFINE_multi_string("link", [], "A link of your own, added to the others: "
                                     "name:gbit=G,latency_ms=L (repeatable).")
   _BUDGET = flags.DEFINE_float("budget", None, "Each link's time budget as a multiple of the "
-                               "reference's run there (default: config.compare.budget).")
+                               "reference's median time to the target there (default: "
+                               "config.compare.budget).")
+  _RULESET = flags.DEFINE_enum("ruleset", None, list(RULESETS), "default: each method's "
+                               "settings, S seeds; tuned: each method module's tuning() list, "
+                               "S studies (default: config.compare.ruleset).")
+  _SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (studies) S (default: "
+                                "config.compare.seeds).")
+  _TARGET = flags.DEFINE_float("target_loss", None, "The held-out loss to reach (default: "
+                               "the reference's, see the module docstring).")
   _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "The most inner steps any method trains "
                                     "(default: config.compare.max_steps).")
   _CONFIG = _config.define_config_flag(
@@ -109,15 +148,15 @@ def check(config) -> None:
   """The comparison's own settings (config.compare); the rest is experiments.config.check."""
   _config.check(config)
   c = config.compare
-  for name in ("smooth", "compute_repeats", "max_steps"):
+  for name in ("smooth", "compute_repeats", "max_steps", "seeds", "eval_every", "eval_batch"):
     _config.int_at_least(config, f"compare.{name}", 1)
+  if c.ruleset not in RULESETS:
+    raise ValueError(f"config.compare.ruleset must be one of {', '.join(RULESETS)}, got "
+                     f"{c.ruleset!r}.")
   if c.max_steps < config.steps:
     raise ValueError(f"config.compare.max_steps ({c.max_steps}) must be >= config.steps "
                      f"({config.steps}): the reference trains config.steps to set the budget.")
-  _config.number_in(config, "compare.budget", 0, math.inf, True, "a finite number > 0")
-  if not 0 < c.target_fraction <= 1:
-    raise ValueError(f"config.compare.target_fraction must be in (0, 1], got "
-                     f"{c.target_fraction}.")
+  _config.number_in(config, "compare.budget", 1, math.inf, False, "a finite number >= 1")
   if c.target_loss is not None and not math.isfinite(c.target_loss):
     raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
   links(config)
@@ -137,8 +176,10 @@ def links(config) -> dict:
   return out
 
 
-def with_flags(config, links_=None, custom=(), budget=None, max_steps=None):
-  """`config` with the command line's --links, --link, --budget and --max_steps."""
+def with_flags(config, links_=None, custom=(), budget=None, max_steps=None, *,
+               ruleset=None, seeds=None, target_loss=None):
+  """`config` with the command line's --links, --link, --budget, --max_steps, --ruleset,
+  --seeds and --target_loss."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
     if links_ is not None or custom:
@@ -147,6 +188,12 @@ def with_flags(config, links_=None, custom=(), budget=None, max_steps=None):
       c.compare.budget = float(budget)
     if max_steps is not None:
       c.compare.max_steps = int(max_steps)
+    if ruleset is not None:
+      c.compare.ruleset = ruleset
+    if seeds is not None:
+      c.compare.seeds = int(seeds)
+    if target_loss is not None:
+      c.compare.target_loss = float(target_loss)
   return c
 
 
@@ -162,11 +209,12 @@ def method_config(config, entry: dict):
 
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,
-                    reference: str = "dp") -> dict:
+                    reference: str = "dp_bf16") -> dict:
   """{label: entry} to run, the reference first. A name that is not a catalog label may be a
   method of experiments/methods/, a dotted module path or a `.py` file (a plugin: its label
   is the module's name); anything else is an error naming the allowed values."""
   from experiments import build  # pylint: disable=import-outside-toplevel
+  known = {**METHODS, **MORE_METHODS} if catalog is None else catalog
   catalog = METHODS if catalog is None else catalog
   if reference not in catalog:
     raise ValueError(f"config.compare.reference {reference!r} is not a method label; "
@@ -174,8 +222,8 @@ def resolve_methods(labels: list | None, catalog: dict | None = None,
   labels = list(catalog) if labels is None else list(labels)
   chosen = {reference: catalog[reference]}
   for name in labels:
-    if name in catalog:
-      label, entry = name, catalog[name]
+    if name in known:
+      label, entry = name, known[name]
     elif name.endswith(".py") or "." in name or name in build.available_methods():
       build.load_method(name)  # a missing file or module fails here, naming it
       label = os.path.splitext(os.path.basename(name))[0].rsplit(".", 1)[-1]
@@ -190,84 +238,58 @@ def resolve_methods(labels: list | None, catalog: dict | None = None,
   return chosen
 
 
-# ---------------------------------------------------------------- compute per step
-def _local_step(config, loss_fn, params, batch):
-  """One worker's step (gradient, transform, update) with no communication: the method
-  built for one device (axis_name=None), as a jitted function and its arguments."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
+def settings_list(label: str, entry: dict, ruleset: str) -> list:
+  """The METHODS-style entries a method runs under `ruleset`: its own entry (default), or
+  its module's `tuning()` list applied to it (tuned; at most MAX_SETTINGS, the same list on
+  every link). A tuning item sets method settings by name and the optimizer's by
+  `optimizer.<name>`; a module without `tuning()` runs its own entry only."""
   from experiments import build  # pylint: disable=import-outside-toplevel
-
-  ctx = build.local_context(config)
-  tx = build.make_optimizer(config, ctx)
-  loss_fn = build.task_loss(config, loss_fn, ctx)
-
-  def step(p, s, b):
-    g = jax.grad(loss_fn)(p, b)
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
-  return jax.jit(step), (params, tx.init(params), batch)
-
-
-def compile_local_step(fn, args) -> tuple:
-  """Compiles (by a first call) and returns `(fn, args)`: run in a background thread while
-  a method trains, so that XLA's (single-threaded) compile uses the other core."""
-  import jax  # pylint: disable=import-outside-toplevel
-  jax.block_until_ready(fn(*args))
-  return fn, args
+  if ruleset == "default":
+    return [dict(entry)]
+  fn = getattr(build.load_method(entry["method"]), "tuning", None)
+  items = list(fn()) if fn else [{}]
+  if not 1 <= len(items) <= MAX_SETTINGS:
+    raise ValueError(f"{label}: the method module's tuning() lists {len(items)} settings; "
+                     f"allowed: 1 to {MAX_SETTINGS}.")
+  out = []
+  for item in items:
+    e = {**entry, "optimizer": dict(entry.get("optimizer", {}))}
+    for key, value in item.items():
+      if key.startswith("optimizer."):
+        e["optimizer"][key.split(".", 1)[1]] = value
+      else:
+        e[key] = value
+    out.append(e)
+  return out
 
 
-def measure_compute(steps: dict, repeats: int) -> dict:
-  """Seconds per call of each method's local step, timed round-robin across methods and
-  taking each one's fastest call: every method sees the same load on a shared machine, and
-  the fastest call is the least disturbed by other programs.
+# ---------------------------------------------------------------- the accounting of one trial
+def account(eval_steps, eval_losses, known, target: float, budget: float,
+            max_steps: int) -> dict:
+  """How a trial did on one link, from its held-out evaluations and its clock.
 
-  `steps` maps labels to (fn, args), or to a future of them (`compile_local_step`)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
-  steps = {label: s.result() if hasattr(s, "result") else s for label, s in steps.items()}
-  for fn, args in steps.values():  # warm up
-    jax.block_until_ready(fn(*args))
-  best = {label: float("inf") for label in steps}
-  for _ in range(repeats):
-    for label, (fn, args) in steps.items():
-      best[label] = min(best[label], sim.measure_seconds(fn, *args, repeats=1, warmup=0))
-  return best
-
-
-# ---------------------------------------------------------------- the clock and the budget
-def clock(compute: float, step_bytes, comm_cost, overlap_steps: int):
-  """The simulated timeline of a run on one link (`sim.simulate`): each step's compute plus
-  the communication its counted bytes cost (`sim.comm_seconds_per_step`)."""
-  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
-  comm_s = sim.comm_seconds_per_step(step_bytes, comm_cost)
-  return sim.simulate(np.full(len(comm_s), compute), comm_s, overlap_steps=overlap_steps)
-
-
-def account(smoothed, known, target: float, budget: float, max_steps: int) -> dict:
-  """How a run did on one link, from its smoothed loss and its clock (`Timeline.known`).
-
-  The link allows the most steps whose clock fits the budget; within them the time to the
-  target is the clock at the first step whose smoothed loss is at or below the target.
-  A run that never gets there ended by "budget spent", or by "step cap" when every step it
-  trained (`max_steps`) fitted in the budget.
+  The link allows the steps whose clock (`Timeline.known`) fits the budget; within them the
+  time to the target is the clock at the first evaluation whose held-out loss is at or below
+  the target. A trial that does not get there ended by "budget spent", or by "step cap" when
+  every step it trained (`max_steps`) fitted in the budget.
 
   Returns:
-    {"steps": steps allowed, "seconds": their clock, "time_to_target", "steps_to_target"
-    (None when not reached), "stopped": "reached" | "budget spent" | "step cap"}.
+    {"steps": steps in the budget (of those trained), "seconds": their clock,
+    "time_to_target", "steps_to_target" (None when not reached), "stopped"}.
   """
   from jaxcomm import sim  # pylint: disable=import-outside-toplevel
-  smoothed, known = np.asarray(smoothed, np.float64), np.asarray(known, np.float64)
-  if smoothed.shape != known.shape:
-    raise ValueError(f"smoothed has {smoothed.size} steps but known has {known.size}.")
+  known = np.asarray(known, np.float64)
+  eval_steps = np.asarray(eval_steps, np.int64)
+  eval_losses = np.asarray(eval_losses, np.float64)
+  if eval_steps.shape != eval_losses.shape:
+    raise ValueError(f"{eval_steps.size} evaluation steps but {eval_losses.size} losses.")
   steps = sim.steps_within(known, budget)
-  hit = np.flatnonzero(smoothed[:steps] <= target)
+  hit = np.flatnonzero((eval_steps <= steps) & (eval_losses <= target))
   out = {"steps": steps, "seconds": float(known[steps - 1]) if steps else 0.0,
          "time_to_target": None, "steps_to_target": None}
   if hit.size:
-    out.update(time_to_target=float(known[hit[0]]), steps_to_target=int(hit[0]) + 1,
-               stopped=REACHED)
+    at = int(eval_steps[hit[0]])
+    out.update(time_to_target=float(known[at - 1]), steps_to_target=at, stopped=REACHED)
   else:
     out["stopped"] = CAP if steps >= max_steps else BUDGET
   return out
@@ -282,124 +304,267 @@ def _steps_to_try(known: np.ndarray, budget: float, cap: int) -> int:
   return min(cap, trained + max(more, 1))
 
 
-# ---------------------------------------------------------------- one method
-class _Method:
-  """One method's run: built and compiled once, trained in chunks until every link's budget
-  is spent (or the step cap), its clock re-read after each chunk."""
+class Population:
+  """The trials of one method at one setting, one per seed (`configs[s]`), built and
+  compiled once and trained together in chunks, their held-out loss evaluated every
+  `eval_every` steps (untimed). With `together`, one program: `Trainer(trials=S)` (a leading
+  trial axis on parameters, state and batch, the local step vmapped; each trial's codec keys
+  folded with its seed); otherwise the seeds one after the other, each its own run (the
+  fallback for a method whose step cannot be vmapped, and for one seed)."""
 
-  def __init__(self, label: str, config, links_: dict):
+  def __init__(self, label: str, setting: int, configs: list, links_: dict, heldout,
+               together: bool):
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
     from experiments import build  # pylint: disable=import-outside-toplevel
-    from jaxcomm import comm  # pylint: disable=import-outside-toplevel
-    self.label, self.config = label, config
-    self.run = build.build(config)
-    self.trainer = self.run.trainer()
-    self.state = self.trainer.init(self.run.params)
-    batch0 = self.trainer.shard_batch(self.run.batches(0))
-    self.report = comm.inspect(self.trainer.step_fn(self.state, batch0), self.state, batch0)
-    self.costs = {name: comm.cost(self.report, link) for name, link in links_.items()}
-    self.overlap = build.overlap_steps(config.method)
-    self.history, self.seconds = [], 0.0
+    from jaxcomm import comm, train  # pylint: disable=import-outside-toplevel
+    self.label, self.setting, self.configs, self.heldout = label, setting, configs, heldout
+    self.runs = [build.build(c) for c in configs]
+    r = self.runs[0]
+    size = len(configs) if together else None
+    self.trainers = [train.Trainer(
+        r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name, param_specs=r.specs,
+        has_aux=r.has_aux, batch_specs=r.batch_specs, mutable=r.config.model.mutable,
+        trials=size) for r in (self.runs[:1] if together else self.runs)]
+    if together:
+      params = jax.tree.map(lambda *x: jnp.stack(x), *[run.params for run in self.runs])
+      state = self.trainers[0].init(params)
+      seeds = jnp.array([c.seed for c in configs])
+      self.states = [state._replace(opt_state=train.fold_in_trials(state.opt_state, seeds))]
+    else:
+      self.states = [t.init(run.params) for t, run in zip(self.trainers, self.runs)]
+    if together:
+      # One trial's program, for its collectives: under vmap a schedule's "sync this step?"
+      # on a per-trial counter becomes a select, so the population's program runs every
+      # branch's collectives on every step (its counted bytes stay exact per trial).
+      one = train.Trainer(r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name,
+                          param_specs=r.specs, has_aux=r.has_aux, batch_specs=r.batch_specs,
+                          mutable=r.config.model.mutable)
+      state, batch = one.init(r.params), one.shard_batch(r.batches(0))
+      report = comm.inspect(one.step_fn(state, batch), state, batch)
+    else:
+      batch = self._batch(0, 0)
+      report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
+                            batch)
+    self.together = together
+    self.report = report
+    self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
+    self.overlap = build.overlap_steps(r.config.method)
+    fn = getattr(r.method, "overlap_backward", None)
+    self.overlap_backward = bool(fn(r.config.method)) if fn else False
+    self.trials = [Trial(self, s) for s in range(len(configs))]
+    self.seconds = 0.0
+
+  @property
+  def trained(self) -> int:
+    return len(self.trials[0].history)
+
+  def _batch(self, k: int, step: int):
+    """Global batch `step` of trainer k (all trials stacked when together)."""
+    import numpy as np_  # pylint: disable=import-outside-toplevel
+    if len(self.trainers) == 1 and len(self.runs) > 1:
+      local = {key: np_.stack([run.batches(step)[key] for run in self.runs])
+               for key in self.runs[0].batches(step)}
+    else:
+      local = self.runs[k].batches(step)
+    return self.trainers[k].shard_batch(local)
+
+  def _evaluate(self, k: int) -> list:
+    """Held-out losses of trainer k's trials: the parameters averaged over workers."""
+    import jax  # pylint: disable=import-outside-toplevel
+    trainer, state = self.trainers[k], self.states[k]
+    lead = 1 if trainer.trials else 0
+    params = jax.tree.map(lambda x: np.asarray(x), state.params)
+    views = [jax.tree.map(lambda x, t=t: x[t], params) for t in range(trainer.trials)] \
+        if lead else [params]
+    return [float(self.heldout(jax.tree.map(lambda pw, x: x.mean(0) if pw else x,
+                                            trainer.layout.params, v))) for v in views]
+
+  def train_to(self, steps: int) -> None:
+    start = time.perf_counter()
+    for step in range(self.trained, steps):
+      for k, trainer in enumerate(self.trainers):
+        self.states[k], m = trainer.step(self.states[k], self._batch(k, step))
+        loss, sent = np.atleast_1d(m["loss"]), np.atleast_1d(m["wire_bytes"])
+        owned = self.trials if trainer.trials else [self.trials[k]]
+        for t, trial in enumerate(owned):
+          trial.history.append({"step": step + 1, "loss": float(loss[t]),
+                                "wire_bytes": float(sent[t])})
+        if (step + 1) % self.configs[0].compare.eval_every == 0:
+          for trial, value in zip(owned, self._evaluate(k)):
+            trial.evals.append((step + 1, value))
+    self.seconds += time.perf_counter() - start
+
+  def train_within(self, clock, budgets: dict, target: float, cap: int, chunk: int) -> None:
+    """Trains until every trial has reached the target or spent its budget on every link,
+    or to `cap` steps."""
+    while self.trained < cap:
+      goals = [g for g in (t.goal(clock, budgets, target, cap) for t in self.trials) if g]
+      if not goals:
+        return
+      self.train_to(min(max(goals), self.trained + chunk, cap))
+
+
+class Trial:
+  """One method at one setting and one seed: its curve, held-out evaluations and clocks
+  (its population trains it)."""
+
+  def __init__(self, population: Population, seed: int):
+    self.population, self.seed = population, seed
+    self.history, self.evals = [], []
+
+  def __getattr__(self, name):  # label, setting, report, costs, overlap, overlap_backward
+    return getattr(self.__dict__["population"], name)
+
+  @property
+  def config(self):
+    return self.population.configs[self.seed]
+
+  @property
+  def trainer(self):
+    return self.population.trainers[0]
 
   @property
   def step_bytes(self) -> np.ndarray:
     return np.array([row["wire_bytes"] for row in self.history], dtype=np.float64)
 
-  def train_to(self, steps: int) -> None:
-    from jaxcomm import train  # pylint: disable=import-outside-toplevel
-    start = time.perf_counter()
-    self.state, history = train.fit(self.trainer, self.state, self.run.batches, steps,
-                                    log_every=1, progress=False)
-    self.seconds += time.perf_counter() - start
-    self.history += history
+  def clocks(self, clock) -> dict:
+    """{link: Timeline} of the steps trained; `clock(trial, link)` gives (compute, exposed)."""
+    out = {}
+    for name, cost in self.costs.items():
+      compute, exposed = clock(self, name)
+      out[name] = _clock.timeline(compute, self.step_bytes, cost, self.overlap, exposed)
+    return out
 
-  def clocks(self, compute: float) -> dict:
-    return {name: clock(compute, self.step_bytes, cost, self.overlap)
-            for name, cost in self.costs.items()}
+  def accounts(self, clock, budgets: dict, target: float, cap: int) -> dict:
+    steps, losses = (np.array(v) for v in zip(*self.evals)) if self.evals else ([], [])
+    return {n: account(steps, losses, t.known, target, budgets[n], cap)
+            for n, t in self.clocks(clock).items()}
 
-  def train_within(self, compute: float, budgets: dict, cap: int, first: int) -> None:
-    """Trains until the clock of every link passes its budget, or to `cap` steps."""
-    target = min(first, cap)
-    while True:
-      if target > len(self.history):
-        self.train_to(target)
-      trained = len(self.history)
-      if trained >= cap:
-        return
-      known = {n: t.known for n, t in self.clocks(compute).items()}
-      open_links = [n for n in known if known[n][-1] <= budgets[n]]
-      if not open_links:
-        return
-      target = max(_steps_to_try(known[n], budgets[n], cap) for n in open_links)
+  def goal(self, clock, budgets: dict, target: float, cap: int) -> int | None:
+    """The steps to train to for the links still open (not reached, budget left), or None."""
+    timelines = self.clocks(clock)
+    done = self.accounts(clock, budgets, target, cap)
+    open_links = [n for n, t in timelines.items() if done[n]["stopped"] != REACHED
+                  and t.known[-1] <= budgets[n]]
+    if not open_links:
+      return None
+    return max(_steps_to_try(timelines[n].known, budgets[n], cap) for n in open_links)
 
 
-# ---------------------------------------------------------------- results
-def _record(m: _Method, compute: float, budgets: dict, target: float, cap: int) -> dict:
-  """A method's results: its curve up to the steps its most generous link allowed, and per
-  link its clock, budget, steps and time to the target."""
-  from jaxcomm import comm, sim  # pylint: disable=import-outside-toplevel
-  config, smooth = m.config, m.config.compare.smooth
-  losses = np.array([row["loss"] for row in m.history])
-  smoothed = sim.smooth(losses, smooth)
-  timelines = m.clocks(compute)
-  per_link = {n: account(smoothed, t.known, target, budgets[n], cap)
-              for n, t in timelines.items()}
-  steps = max(a["steps"] for a in per_link.values())
-  step_bytes = m.step_bytes[:steps]
-  dp_bytes = comm.allreduce_bytes(comm.tree_bytes(m.run.params), m.trainer.num_workers)
-  per_step = float(step_bytes.mean()) if steps else 0.0
-  record = {
-      "method": m.label, "algo": config.method.name, "settings": config.method.to_dict(),
-      "optimizer": config.optimizer.to_dict(), "workers": m.trainer.num_workers,
-      "overlap_steps": m.overlap, "compute_seconds_per_step": compute,
-      "trained_steps": len(m.history), "steps": steps,
-      "final_loss": float(smoothed[steps - 1]) if steps else None,
-      "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
-      "compression_ratio": dp_bytes / per_step if per_step else None,
-      "inspected_wire_bytes": {"every_step": m.report.wire_bytes(conditional=False),
-                               "conditional": m.report.wire_bytes(conditional=True)},
-      "train_seconds_emulated": m.seconds,
-      "curve": {"step": [row["step"] for row in m.history[:steps]],
-                "loss": losses[:steps].tolist(), "smoothed_loss": smoothed[:steps].tolist(),
-                "wire_bytes": step_bytes.tolist(),
-                "cumulative_wire_bytes": np.cumsum(step_bytes).tolist()},
-      "links": {},
-  }
-  for name, timeline in timelines.items():
-    a = per_link[name]
-    n = a["steps"]
-    serial = sim.simulate(timeline.compute_seconds[:n], timeline.comm_seconds[:n]).total
-    record["links"][name] = {
-        **a, "budget_seconds": budgets[name],
-        "final_loss": float(smoothed[n - 1]) if n else None,
-        "seconds_without_overlap": serial,
-        "exposed_comm_seconds": a["seconds"] - compute * n,
-        "comm_seconds_per_step": float(timeline.comm_seconds[:n].mean()) if n else 0.0,
-        # The clock of every step of the curve (the steps beyond n exceed this budget).
-        "comm_seconds": timeline.comm_seconds[:steps].tolist(),
-        "time": timeline.known[:steps].tolist()}
-  return record
+# ---------------------------------------------------------------- trials of a population
+def train_population(label: str, setting: int, configs: list, links_: dict, heldout,
+                     steps: int, together: bool = True) -> Population:
+  """The trials of one method at one setting, one per seed, trained to `steps`: as one
+  program when `together` and there are several seeds, else one after the other; a method
+  whose step cannot be vmapped (a ValueError, TypeError or NotImplementedError while it is
+  built or traced) falls back to one after the other, and says so on stderr."""
+  together = together and len(configs) > 1
+  try:
+    pop = Population(label, setting, configs, links_, heldout, together)
+    pop.train_to(steps)
+  except (ValueError, TypeError, NotImplementedError) as e:
+    if not together:
+      raise
+    print(f"  {label}: no population in one program ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:200]}); its seeds run one after the other.",
+          file=sys.stderr, flush=True)
+    pop = Population(label, setting, configs, links_, heldout, False)
+    pop.train_to(steps)
+  return pop
 
 
-def pick_target(losses, config) -> tuple[float, str]:
-  """The target loss: config.compare.target_loss, or the reference's smoothed loss at
-  target_fraction of its config.steps."""
-  from jaxcomm import sim  # pylint: disable=import-outside-toplevel
+def _heldout_fn(config):
+  """`params -> held-out loss` on a fixed batch of the test split (the same for every trial:
+  one compiled function)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  from jaxcomm import data  # pylint: disable=import-outside-toplevel
+  _, loss_fn, has_aux, _, _ = build.model_task(config)
+  test = data.load(config.data.name).split()[1]
+  batch = test.batch(0, config.compare.eval_batch, seq_len=config.data.seq_len, seed=12345)
+  fn = jax.jit(lambda p: loss_fn(p, batch)[0] if has_aux else loss_fn(p, batch))
+  return fn
+
+
+def exact_dp_bytes(config, trials: dict) -> float:
+  """Wire bytes per step of exact (f32) DP on this mesh, read from its compiled step: the
+  trained `dp` trial's, or a DP step compiled for the purpose."""
+  for ts in trials.values():
+    t = ts[0][0]
+    if t.config.method.name == "dp" and not t.config.method.get("dtype"):
+      return float(t.report.wire_bytes(conditional=False))
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  from jaxcomm import comm  # pylint: disable=import-outside-toplevel
+  run = build.build(method_config(config, {"method": "dp"}))
+  trainer = run.trainer()
+  state = trainer.init(run.params)
+  batch = trainer.shard_batch(run.batches(0))
+  return float(comm.inspect(trainer.step_fn(state, batch), state, batch).wire_bytes())
+
+
+# ---------------------------------------------------------------- reading all trials
+class Clock:
+  """Per trial and link: the compute figure of its local step (times `scale`) and, for a
+  method overlapped with the backward pass, its exposed communication (cached)."""
+
+  def __init__(self, compute: dict, keys: dict, shares: dict, buckets, links_: dict,
+               scale: float = 1.0):
+    self.compute, self.keys, self.shares, self.buckets = compute, keys, shares, buckets
+    self.links, self.scale, self._exposed = links_, scale, {}
+
+  def seconds(self, trial) -> float:
+    return self.compute[self.keys[(trial.label, trial.setting)]]["seconds"] * self.scale
+
+  def __call__(self, trial, link: str):
+    compute = self.seconds(trial)
+    if not trial.overlap_backward:
+      return compute, None
+    k = (trial.label, trial.setting, link)
+    if k not in self._exposed:
+      share = self.shares[self.keys[(trial.label, trial.setting)]]
+      self._exposed[k] = _clock.overlapped_comm(trial.report, self.links[link], compute,
+                                                share, self.buckets)
+    return compute, self._exposed[k]
+
+
+def reference_setting(trials: list, steps: int) -> tuple[int, list]:
+  """The reference's tuned setting (the lowest median over seeds of its best held-out loss
+  in `steps` steps) and that setting's best held-out loss per seed."""
+  bests = [[min(loss for s, loss in t.evals if s <= steps) for t in seeds] for seeds in trials]
+  k = int(np.argmin([np.median(b) for b in bests]))
+  return k, bests[k]
+
+
+def summarise(trials: dict, clock: Clock, target: float, config, budgets=None) -> tuple:
+  """(budgets, per-method summary): per link each method's per-study times (the fastest
+  setting per study), median, speed-up over the reference with its interval and verdict."""
   c = config.compare
-  if c.target_loss is not None:
-    return float(c.target_loss), "given by config.compare.target_loss"
-  idx = max(int(math.ceil(c.target_fraction * config.steps)) - 1, 0)
-  smoothed = sim.smooth(losses[:config.steps], c.smooth)
-  return (float(smoothed[idx]),
-          f"{c.reference}'s smoothed loss at step {idx + 1} of its {config.steps}")
-
-
-def add_speedups(results: list, reference: str) -> None:
-  """Each method's time to the target on a link, as a speed-up over the reference's."""
-  ref = next(r for r in results if r["method"] == reference)
-  for r in results:
-    for name, link in r["links"].items():
-      base, mine = ref["links"][name]["time_to_target"], link["time_to_target"]
-      link["speedup"] = base / mine if base and mine else None
+  ref_k = reference_setting(trials[c.reference], config.steps)[0]
+  if budgets is None:
+    times = {n: [t.accounts(clock, {m: math.inf for m in clock.links}, target,
+                            c.max_steps)[n]["time_to_target"]
+                 for t in trials[c.reference][ref_k]] for n in clock.links}
+    budgets = {n: c.budget * stats.median_time(v) for n, v in times.items()}
+  accounts = {label: [[t.accounts(clock, budgets, target, c.max_steps) for t in seeds]
+                      for seeds in ts] for label, ts in trials.items()}
+  out = {}
+  for label, per_setting in accounts.items():
+    out[label] = {}
+    for n in clock.links:
+      best, chosen = stats.best_per_study([[a[n]["time_to_target"] for a in seeds]
+                                           for seeds in per_setting])
+      out[label][n] = {"study_times": [None if math.isinf(x) else float(x) for x in best],
+                       "chosen_setting": chosen.tolist(), "median": stats.median_time(best),
+                       "reached": int(np.isfinite(best).sum())}
+  for label in out:
+    for n in clock.links:
+      s, lo, hi, how = stats.speedup_interval(out[c.reference][n]["study_times"],
+                                              out[label][n]["study_times"])
+      out[label][n].update(speedup=s, low=lo, high=hi, interval=how,
+                           verdict="reference" if label == c.reference
+                           else stats.classify(lo, hi))
+  return budgets, out, accounts
 
 
 # ---------------------------------------------------------------- the program
@@ -415,71 +580,142 @@ def _log(verbose: bool, text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _compile_cache():
+  """A persistent compilation cache for the run (unless the user has one): the trials of one
+  method at one setting differ only in array values (the seed), so every seed after the
+  first loads the first one's compiled programs instead of compiling them again."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax.experimental.compilation_cache import compilation_cache as cc
+  if jax.config.jax_compilation_cache_dir:
+    yield
+    return
+  saved = jax.config.jax_persistent_cache_min_compile_time_secs
+  with tempfile.TemporaryDirectory(prefix="compare_xla_") as path:
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    cc.reset_cache()
+    try:
+      yield
+    finally:
+      jax.config.update("jax_compilation_cache_dir", None)
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", saved)
+      cc.reset_cache()
+
+
+def _seeded(config, seed: int):
+  c = config.copy_and_resolve_references()
+  c.seed = config.seed + seed
+  return c
+
+
+def _local_steps(config, configs: dict, compiler) -> tuple[dict, dict]:
+  """The local step of each compute key, compiling in the background, and each trial's key."""
+  from experiments import build  # pylint: disable=import-outside-toplevel
+  _, loss_fn, _, params, batches = build.model_task(config)
+  batch = {k: v[:config.data.batch_size // _workers(config)] for k, v in batches(0).items()}
+  keys, steps = {}, {}
+  for (label, k), cfg in configs.items():
+    key = keys[(label, k)] = _clock.local_step_key(label, cfg)
+    if key not in steps:
+      fn, args = _clock.local_step(cfg, loss_fn, params, batch, key == _clock.INNER)
+      steps[key] = (fn, args, compiler.submit(_clock.compile_step, fn, args))
+  return keys, steps, loss_fn, params
+
+
 def run(config, workdir: str, methods: list | None = None, *,
         verbose: bool = True, catalog: dict | None = None, command: str | None = None) -> dict:
-  """Runs the comparison, prints the tables and verdicts, writes the report, results.json
-  and the plots.
+  """Runs the comparison (module docstring), prints the tables and verdicts, writes the
+  report, results.json and the figures.
 
   Args:
     config: what every method shares (model, data, optimizer, the reference's steps;
       experiments/config.py) and how results are read (config.compare); its method is
       replaced by each entry's.
-    workdir: where report.md, results.json and the plots go.
+    workdir: where report.md, results.json and the figures go.
     methods: names to run (default: every label of the catalog; see `resolve_methods`).
     verbose: print progress, the tables and the verdicts.
     catalog: label -> METHODS-style entry; default `METHODS`.
     command: the command line, for the report.
   """
+  check(config)
+  with _compile_cache():
+    return _run(config, workdir, methods, verbose, catalog, command)
+
+
+def _run(config, workdir, methods, verbose, catalog, command) -> dict:
+  """`run` inside its compilation cache."""
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import _compare_report as report  # pylint: disable=import-outside-toplevel
-  from experiments import build  # pylint: disable=import-outside-toplevel
-
-  check(config)
   links_ = links(config)
   c = config.compare
   entries = resolve_methods(methods, catalog, c.reference)
-  configs = {label: method_config(config, entry) for label, entry in entries.items()}
-  # Each method's own compute, built now (a bad setting fails before anything trains) and
-  # compiled in the background while the reference trains.
-  _, loss_fn, _, params, batches = build.model_task(config)
-  local_batch = {k: v[:config.data.batch_size // _workers(config)]
-                 for k, v in batches(0).items()}
+  settings = {label: settings_list(label, e, c.ruleset) for label, e in entries.items()}
+  configs = {(label, k): method_config(config, e) for label, es in settings.items()
+             for k, e in enumerate(es)}  # a bad setting fails here, before anything trains
+  start_all = time.perf_counter()
   compiler = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  local = {label: compiler.submit(compile_local_step, *_local_step(cfg, loss_fn, params,
-                                                                    local_batch))
-           for label, cfg in configs.items()}
+  keys, local, loss_fn, params = _local_steps(config, configs, compiler)
+  heldout = _heldout_fn(config)
 
-  # The reference's config.steps set each link's budget; then every method (the reference
-  # too, when --budget > 1) trains what its most generous link allows.
-  labels = list(configs)
-  runs, compute, budgets = {}, None, None
-  for label in labels:
-    start = time.perf_counter()
-    _log(verbose, f"training {label} on {jax.device_count()} devices...")
-    m = runs[label] = _Method(label, configs[label], links_)
-    if compute is None:
-      m.train_to(config.steps)
-      _log(verbose, "measuring compute per step...")
-      compute = measure_compute(local, c.compute_repeats)
-      compiler.shutdown()
-      budgets = {n: c.budget * t.known[config.steps - 1]
-                 for n, t in m.clocks(compute[label]).items()}
-    m.train_within(compute[label], budgets, c.max_steps, first=max(config.steps // 4, 1))
-    _log(verbose, f"  {label}: {len(m.history)} steps, loss "
-                  f"{np.mean([r['loss'] for r in m.history[-c.smooth:]]):.4f} after "
-                  f"{time.perf_counter() - start:.1f} s (compiles included)")
-  ref = runs[c.reference]
-  target, target_source = pick_target([row["loss"] for row in ref.history], config)
-  results = [_record(runs[label], compute[label], budgets, target, c.max_steps)
-             for label in labels]
-  add_speedups(results, c.reference)
-  summary = report.write(config, workdir, links_, budgets, target, target_source, results,
-                         command)
+  def population(label, k, steps):
+    t0 = time.perf_counter()
+    seeds = [_seeded(configs[(label, k)], s) for s in range(c.seeds)]
+    pop = train_population(label, k, seeds, links_, heldout, steps, c.population)
+    _log(verbose, f"  {label}" + (f" setting {k}" if len(settings[label]) > 1 else "") +
+         f": {c.seeds} seeds to step {steps} in {time.perf_counter() - t0:.1f} s"
+         f"{' (one program)' if pop.together else ''}")
+    return pop
+
+  # The reference's trials set the target and the budgets; then every trial (the
+  # reference's too) trains until it reaches the target or spends the budget on every link.
+  _log(verbose, f"training on {jax.device_count()} devices ({c.ruleset} ruleset, "
+                f"{c.seeds} seeds)...")
+  pops = {c.reference: [population(c.reference, k, config.steps)
+                        for k in range(len(settings[c.reference]))]}
+  trials = {c.reference: [p.trials for p in pops[c.reference]]}
+  _log(verbose, "measuring compute per local step...")
+  compute = _clock.measure({key: f for key, (_, _, f) in local.items()}, c.compute_repeats)
+  compiler.shutdown()
+  shares = {key: _clock.shares(loss_fn, fn, args) for key, (fn, args, _) in local.items()}
+  clock = Clock(compute, keys, shares, _clock.buckets(params), links_)
+  ref_k, bests = reference_setting(trials[c.reference], config.steps)
+  if c.target_loss is not None:
+    target, source = float(c.target_loss), "given by --target_loss"
+  else:
+    target = stats.higher_median(bests)
+    source = (f"{c.reference}'s best held-out loss in {config.steps} steps, median of "
+              f"{c.seeds} seeds")
+  budgets, _, _ = summarise({c.reference: trials[c.reference]}, clock, target, config)
+  chunk = max(c.eval_every, config.steps // 5)
+  for label in entries:
+    if label != c.reference:
+      pops[label] = [population(label, k, min(chunk, c.max_steps))
+                     for k in range(len(settings[label]))]
+    for pop in pops[label]:
+      pop.train_within(clock, budgets, target, c.max_steps, chunk)
+    trials[label] = [p.trials for p in pops[label]]
+  _, summary, accounts = summarise(trials, clock, target, config, budgets)
+  sensitivity = {scale: summarise(trials, Clock(compute, keys, shares, clock.buckets, links_,
+                                                scale), target, config)[1]
+                 for scale in (0.8, 1.2)}
+  dp_bytes = exact_dp_bytes(config, trials)
+  records = [report.record(label, settings[label], entries[label], trials[label],
+                           accounts[label], summary[label], clock, dp_bytes)
+             for label in entries]
+  out = report.write(config, workdir, links_, budgets, target, source, records,
+                     {"compute": compute, "shares": shares, "keys": _keys_by_label(keys),
+                      "sensitivity": sensitivity, "reference_setting": ref_k,
+                      "wall_seconds": time.perf_counter() - start_all}, command)
   if verbose:
-    print(summary["text"])
-    print(f"\nwrote {summary['report']}, {os.path.join(workdir, 'results.json')} and "
-          f"{', '.join(summary['plots'])}")
-  return summary
+    print(out["text"])
+    print(f"\nwrote {out['report']}, {os.path.join(workdir, 'results.json')} and "
+          f"{', '.join(out['plots'])}")
+  return out
+
+
+def _keys_by_label(keys: dict) -> dict:
+  return {f"{label}#{k}": key for (label, k), key in keys.items()}
 
 
 def main(argv):
@@ -488,7 +724,8 @@ def main(argv):
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   try:
     config = with_flags(_CONFIG.value, _LINKS.value, _LINK.value, _BUDGET.value,
-                        _MAX_STEPS.value)
+                        _MAX_STEPS.value, ruleset=_RULESET.value, seeds=_SEEDS.value,
+                        target_loss=_TARGET.value)
     run(config, _WORKDIR.value, _METHODS.value,
         command=" ".join(["python -m experiments.compare"] + sys.argv[1:]))
   except ValueError as e:  # a user's mistake: one line, no traceback

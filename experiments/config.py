@@ -5,12 +5,15 @@ A run's settings form one tree (`base_config`):
   seed, steps, log_every, checkpoint_every, keep, skip_nonfinite
   mesh          "data=8", "data=2,fsdp=2,tensor=2", "replica=2,data=4" ("" = data over all
                 devices)
-  model         name (lm | mlp | nnx_lm | nnx_mlp | resnet18 | resnet50) and its sizes and
-                layout options
+  model         name (a module of experiments/models/: lm, mlp, nnx_lm, nnx_mlp, resnet18,
+                resnet50; or a .py file of your own) and the models' settings
   data          name (pydoc | stdlib | digits | text:<path> | synthetic:imagenet |
                 synthetic:cifar10), batch_size, seq_len, label_skew
   optimizer     the inner optimiser: name (adamw | adam | sgd | momentum), lr, weight_decay
   method        name, and the method's own settings (see experiments/methods/)
+  elastic       enabled (train with jaxcomm.elastic: processes may die, hang and rejoin),
+                the failure detection (heartbeat, collective timeout, progress deadline)
+                and the quorum rules (jaxcomm.elastic.Quorum)
 
 A method's settings are *read* from its library factory's signature (`from_factory`), so a
 default lives in one place, the factory; a config file only sets what an experiment chooses.
@@ -36,9 +39,8 @@ import numpy as np
 from ml_collections import config_dict
 
 from experiments import methods
+from experiments import models
 
-MODELS = ("lm", "mlp", "nnx_lm", "nnx_mlp", "resnet18", "resnet50")
-MUTABLE = ("per_worker", "mean")
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
 SPLITS = ("all", "train", "test")
@@ -99,19 +101,12 @@ def from_factory(factory: Callable, *, skip: tuple = (), types: dict | None = No
   return cfg
 
 
-def factory_defaults(factory: Callable) -> dict:
-  """{parameter: default} of a factory's keyword defaults (for tests and docs)."""
-  return {n: p.default for n, p in inspect.signature(factory).parameters.items()
-          if p.default is not inspect.Parameter.empty}
-
-
 # ---------------------------------------------------------------- the whole tree
 def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.ConfigDict:
   """Every setting of a run, with `method`'s settings (its defaults, then `method_settings`).
 
   `method` is a name in experiments/methods/, a dotted module path or a `.py` file path (a
-  method of your own: experiments/methods/README in the module docstring of
-  `experiments.build.load_method`).
+  method of your own: the contract is in experiments/build.py's module docstring).
   """
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -121,15 +116,10 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   c.keep = 3                 # checkpoints kept
   c.skip_nonfinite = False   # skip steps whose gradient is not finite on any worker
   c.mesh = ""                # "" = one data axis over every device
-  c.model = ml_collections.ConfigDict(dict(
-      name="lm", d_model=64, num_layers=2, num_heads=4, d_ff=256, hidden=(64,),
-      vocab_size=256,        # the LM's vocabulary (>= the byte-level corpora's 256)
-      # Layouts of the LM on a mesh with tensor / sequence / pipeline axes.
-      sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
-      microbatches=0,        # pipeline micro-batches per worker (0: one per stage)
-      # NNX models (nnx_lm, nnx_mlp): dropout rate, BatchNorm (nnx_mlp), and how mutable
-      # variables (BatchNorm statistics) are kept: per_worker or mean over the data axes.
-      dropout=0.0, batch_norm=False, mutable="per_worker"))
+  # Every shipped model's settings (experiments/models/<name>.py's defaults()), so that the
+  # command line can switch the model and set its settings; each model reads its own.
+  c.model = models.shared_fields()
+  c.model.name = "lm"
   c.data = ml_collections.ConfigDict(dict(
       name="pydoc", batch_size=32, seq_len=64,
       split="all",           # all | train | test (the dataset's own held-out split)
@@ -141,7 +131,22 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
   c.method = methods.method_defaults(method)
   c.method.name = method
   c.method.update(method_settings)
+  c.elastic = elastic_defaults()
   return c
+
+
+def elastic_defaults() -> ml_collections.ConfigDict:
+  """The elastic settings (`jaxcomm.elastic`; used when `enabled`), one home."""
+  return ml_collections.ConfigDict(dict(
+      enabled=False,
+      heartbeat_timeout_s=10,     # a silent process is declared dead (coordination service)
+      collective_timeout_s=30,    # a cross-process collective fails after this (XLA:CPU)
+      deadline_s=0.0,             # progress deadline for a missing vote (0: 3x median round)
+      min_workers="1",            # processes a round needs: "N", or "N@T,..." from step T
+      majority=True,              # a new quorum holds a majority of the last one
+      shrink_only=False,          # joiners admitted only at checkpoint steps
+      join_window_s=0.0,          # joiners wait this long so a burst forms one quorum
+      quorum_timeout_s=60.0))     # below quorum this long: stop (exit status 69)
 
 
 def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
@@ -315,7 +320,8 @@ def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed:
                        setting: str = "method.participation"):
   """A bool[num_syncs, W] mask from its spec, or None (every worker takes part).
 
-  `drop:2,5@3,4` drops workers 2 and 5 at syncs 3 and 4 (`drop:2` at every sync);
+  `drop:2,5@3,4` drops workers 2 and 5 at syncs 3 and 4 (`drop:2` at every sync;
+  `drop:0@3;1@6` worker 0 at sync 3 and worker 1 at sync 6);
   `random:0.25` drops each worker with probability 0.25 at each sync (seeded; at least one
   worker stays live).
 
@@ -327,17 +333,18 @@ def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed:
   kind, _, arg = spec.partition(":")
   mask = np.ones((max(num_syncs, 1), num_workers), bool)
   if kind == "drop":
-    workers, _, syncs = arg.partition("@")
-    try:
-      workers = [int(w) for w in workers.split(",")]
-      syncs = [int(k) for k in syncs.split(",")] if syncs else list(range(len(mask)))
-    except ValueError:
-      raise ValueError(f"{setting} {spec!r}: expected drop:W1,W2@K1,K2.") from None
-    if not all(0 <= w < num_workers for w in workers):
-      raise ValueError(f"{setting} {spec!r}: workers must be in [0, {num_workers}).")
-    for k in syncs:
-      if 0 <= k < len(mask):
-        mask[k, workers] = False
+    for group in arg.split(";"):
+      workers, _, syncs = group.partition("@")
+      try:
+        workers = [int(w) for w in workers.split(",")]
+        syncs = [int(k) for k in syncs.split(",")] if syncs else list(range(len(mask)))
+      except ValueError:
+        raise ValueError(f"{setting} {spec!r}: expected drop:W1,W2@K1,K2.") from None
+      if not all(0 <= w < num_workers for w in workers):
+        raise ValueError(f"{setting} {spec!r}: workers must be in [0, {num_workers}).")
+      for k in syncs:
+        if 0 <= k < len(mask):
+          mask[k, workers] = False
     return mask
   if kind == "random":
     try:
@@ -388,33 +395,55 @@ def check(c: ml_collections.ConfigDict) -> None:
     ValueError: naming the first setting that is out of range, with the allowed range.
   """
   for path, low in (("steps", 1), ("log_every", 1), ("checkpoint_every", 0), ("keep", 1),
-                    ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1),
-                    ("model.d_model", 1), ("model.num_layers", 1), ("model.num_heads", 1),
-                    ("model.d_ff", 1), ("model.vocab_size", 1), ("model.microbatches", 0)):
+                    ("seed", 0), ("data.batch_size", 1), ("data.seq_len", 1)):
     int_at_least(c, path, low)
-  for path, allowed in (("model.name", MODELS), ("model.mutable", MUTABLE),
-                        ("data.pipeline", PIPELINES), ("data.split", SPLITS),
+  models.check(c.model)  # each model's module checks its own settings
+  for path, allowed in (("data.pipeline", PIPELINES), ("data.split", SPLITS),
                         ("optimizer.name", OPTIMIZERS)):
     _one_of(c, path, allowed)
   for path, low, high, low_open, what in (
-      ("model.dropout", 0, 1, False, "in [0, 1)"),
       ("optimizer.lr", 0, math.inf, True, "a finite number > 0"),
       ("optimizer.weight_decay", 0, math.inf, False, "a finite number >= 0"),
       ("data.label_skew", 0, math.inf, False, "0 (iid) or a Dirichlet alpha > 0")):
     number_in(c, path, low, high, low_open, what)
-  if not all(isinstance(h, int) and h >= 1 for h in c.model.hidden):
-    raise ValueError(f"config.model.hidden must be widths >= 1, got {c.model.hidden!r}.")
-  if c.model.d_model % c.model.num_heads:
-    raise ValueError(f"config.model.d_model ({c.model.d_model}) must be divisible by "
-                     f"config.model.num_heads ({c.model.num_heads}).")
   if c.data.name.startswith("folder:") and c.data.pipeline != "grain":
     raise ValueError(f"config.data.name {c.data.name!r} (a folder of text files) is read by "
                      "the grain pipeline: set config.data.pipeline = 'grain'.")
   if not isinstance(c.mesh, str):
     raise ValueError(f"config.mesh must be text like 'data=8' or 'data=2,tensor=4', got "
                      f"{c.mesh!r}.")
+  if "elastic" in c:
+    check_elastic(c)
   if not isinstance(c.method.name, str) or not c.method.name:
     raise ValueError(f"config.method.name must name a method, got {c.method.name!r}.")
+
+
+def min_workers(spec: str) -> Callable[[int], int]:
+  """`step -> processes a round needs` from "N" or "N@T,...": N from step T on (until
+  the next rule's step).
+
+  >>> f = min_workers("2,3@40,1@50")
+  >>> f(39), f(40), f(50)
+  (2, 3, 1)
+  """
+  rules = []
+  for rule in (r.strip() for r in str(spec).split(",") if r.strip()):
+    n, _, t = rule.partition("@")
+    if not (n.isdigit() and int(n) >= 1 and (not t or t.isdigit())):
+      raise ValueError(f"config.elastic.min_workers must be 'N' or 'N@T,...' (N >= 1 "
+                       f"processes from step T), got {spec!r}.")
+    rules.append((int(t or 0), int(n)))
+  rules.sort()
+  return lambda step: ([n for t, n in rules if step >= t] or [1])[-1]
+
+
+def check_elastic(c: ml_collections.ConfigDict) -> None:
+  """Checks config.elastic (ValueError naming the setting)."""
+  for path in ("elastic.heartbeat_timeout_s", "elastic.collective_timeout_s"):
+    int_at_least(c, path, 1)
+  for path in ("elastic.deadline_s", "elastic.join_window_s", "elastic.quorum_timeout_s"):
+    number_in(c, path, 0, math.inf, False, "a finite number >= 0")
+  min_workers(c.elastic.min_workers)
 
 
 def to_dict(c: ml_collections.ConfigDict) -> dict:

@@ -1,19 +1,25 @@
-"""experiments/train.py on islands that die and rejoin (`jaxcomm.elastic`).
+"""experiments/train.py on islands that die, hang and rejoin (`jaxcomm.elastic`).
 
-`experiments.launch_local --elastic` (or --kill / --restart) starts the processes with
-JAXCOMM_ELASTIC=1 in their environment; train.py then starts `jax.distributed` with
-`jaxcomm.elastic.start_distributed` and trains with `jaxcomm.elastic.fit` through `run`
-below. The same environment arms the failure schedule: JAXCOMM_KILL_AT=T makes this process
-SIGKILL itself when it is about to take step T, and each committed step is written to the
-file JAXCOMM_PROGRESS (the launcher restarts processes from it). JAXCOMM_MIN_ISLANDS=N@T
-makes rounds from step T on wait until N islands are live (a quorum; e.g. to hold the
-survivors until a restarted process is back).
+Elastic mode is a setting: `--config.elastic.enabled=True` (`experiments.launch_local
+--elastic`, --kill, --stop or --restart set it, and start the coordination service in a
+process of its own). train.py then joins the run with `jaxcomm.elastic.start_distributed`
+and trains with `jaxcomm.elastic.fit` through `run` below, with the failure detection and
+quorum rules of `config.elastic`.
 
-What an elastic run writes in --workdir (process 0): `metrics.jsonl` (rows of process 0's
-workers, with the live processes), checkpoints of the live islands' whole state (restorable
-by a Trainer with as many workers; `info["islands"]` maps worker rows to processes; an
-elastic run does not resume from them) and `elastic.json`: the membership events, rounds
-committed and discarded, steps redone, the wall time and the goodput (steps per second).
+Faults for tests and measurements come as train.py's `--fault` flag (the launcher passes
+each process its own): `kill@T` (SIGKILL itself when about to take step T), `stop@T`
+(SIGSTOP itself then; the launcher sends SIGCONT later), `hang@T` (its main thread sleeps
+there while its other threads, heartbeats included, run on), `partition=0+1|2+3@T` (from
+step T each process sees only the live processes of its own group: a network partition
+seen by the membership layer). `--progress_file` is where each committed step is written
+(the launcher restarts processes from it).
+
+What an elastic run writes in --workdir (the leader of each generation): `metrics.jsonl`
+(rows of the leader's workers, with the live processes), checkpoints of the live islands'
+whole state (restorable by a Trainer with as many workers; `info["islands"]` maps worker
+rows to processes; an elastic run does not resume from them) and `elastic.json`: the
+membership events, rounds committed and discarded, steps redone, the wall time and the
+goodput (steps per second).
 """
 
 from __future__ import annotations
@@ -25,22 +31,13 @@ import sys
 import time
 from typing import Callable
 
+from experiments import config as _config
+
 # Methods whose sync period is `sync_every` (rounds end at their syncs, so a process that
 # joins takes part from the next outer sync); every other method syncs each step.
 PERIODIC = ("diloco", "local_sgd", "sparseloco", "streaming_diloco")
-
-
-def requested() -> bool:
-  """Whether this process was started as part of an elastic run."""
-  return os.environ.get("JAXCOMM_ELASTIC") == "1"
-
-
-def collective_timeout_s(default: int = 30) -> int:
-  """The CPU collective timeout the launcher put in XLA_FLAGS (or `default`)."""
-  for flag in os.environ.get("XLA_FLAGS", "").split():
-    if flag.startswith("--xla_cpu_collective_timeout_seconds="):
-      return int(flag.split("=", 1)[1])
-  return default
+FAULTS = ("kill", "stop", "hang", "partition")
+NO_QUORUM = 69  # exit status when no valid quorum formed (EX_UNAVAILABLE)
 
 
 def round_steps(algo: str, sync_every: int) -> int:
@@ -52,61 +49,112 @@ def round_steps(algo: str, sync_every: int) -> int:
   return sync_every if algo in PERIODIC else 1
 
 
-def with_kill_switch(batch_fn: Callable[[int], dict]) -> Callable[[int], dict]:
-  """`batch_fn` that SIGKILLs this process when asked for step JAXCOMM_KILL_AT."""
-  at = os.environ.get("JAXCOMM_KILL_AT")
-  if at is None:
-    return batch_fn
+def parse_faults(specs: list[str]) -> dict:
+  """{kind: (step, argument)} from `--fault` values; ValueError naming the flag otherwise.
 
-  def batch_fn_killing(step):
-    if step == int(at):
-      print(f"elastic_run: SIGKILL before step {step}", file=sys.stderr, flush=True)
-      os.kill(os.getpid(), signal.SIGKILL)
+  >>> parse_faults(["kill@7", "partition=0+1|2+3@10"])
+  {'kill': (7, None), 'partition': (10, [[0, 1], [2, 3]])}
+  """
+  out = {}
+  for spec in specs:
+    head, _, at = spec.rpartition("@")
+    kind, _, arg = head.partition("=")
+    try:
+      step = int(at)
+      groups = [[int(p) for p in g.split("+")] for g in arg.split("|")] if arg else None
+    except ValueError:
+      step = -1
+    if kind not in FAULTS or step < 0 or (kind == "partition") != (groups is not None):
+      raise ValueError(f"--fault: expected kill@T, stop@T, hang@T or partition=P+..|P+..@T, "
+                       f"got {spec!r}.")
+    out[kind] = (step, groups)
+  return out
+
+
+def with_faults(batch_fn: Callable[[int], dict], faults: dict) -> Callable[[int], dict]:
+  """`batch_fn` that kills, stops or hangs this process when asked for the fault's step."""
+  acts = {k: faults[k][0] for k in ("kill", "stop", "hang") if k in faults}
+  if not acts:
+    return batch_fn
+  done = set()
+
+  def batch_fn_faulty(step):
+    for kind, at in acts.items():
+      if step == at and kind not in done:
+        done.add(kind)
+        print(f"elastic_run: {kind} before step {step} [t={time.time():.3f}]",
+              file=sys.stderr, flush=True)
+        if kind == "kill":
+          os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "stop":
+          os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+          time.sleep(3600)
     return batch_fn(step)
 
-  return batch_fn_killing
+  return batch_fn_faulty
 
 
-def min_islands(spec: str | None) -> Callable[[int], int]:
-  """`step -> islands a round needs`, from JAXCOMM_MIN_ISLANDS="N@T,...": N from step T on.
+def partition_view(faults: dict):
+  """The membership fault hook of a `partition` fault (None without one)."""
+  if "partition" not in faults:
+    return None
+  at, groups = faults["partition"]
 
-  >>> f = min_islands("3@40")
-  >>> f(39), f(40)
-  (1, 3)
-  """
-  rules = sorted((int(t), int(n)) for n, t in (r.split("@") for r in (spec or "").split(",")
-                                               if r))
-  return lambda step: max([n for t, n in rules if step >= t] or [1])
+  def view(step, live):
+    import jax  # pylint: disable=import-outside-toplevel
+    if step < at:
+      return live
+    mine = next(g for g in groups if jax.process_index() in g)
+    return tuple(x for x in live if x[0] in mine)
+
+  return view
 
 
-def report_progress(step: int) -> None:
-  """Writes the committed step to JAXCOMM_PROGRESS (atomically)."""
-  path = os.environ.get("JAXCOMM_PROGRESS")
+def progress_writer(path: str | None) -> Callable[[int], None] | None:
+  """`step -> None` writing the committed step to `path` (atomically)."""
   if not path:
-    return
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(str(step))
-  os.replace(path + ".tmp", path)
+    return None
+
+  def report(step: int) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.write(str(step))
+    os.replace(path + ".tmp", path)
+
+  return report
 
 
-def run(make_trainer, params, batch_fn, *, steps: int, round_steps: int, workdir: str,
-        checkpoint_every: int, keep: int, log_every: int) -> dict:
-  """Trains with `jaxcomm.elastic.fit`; returns (and on process 0 writes) the summary."""
+def quorum(c):
+  """`jaxcomm.elastic.Quorum` of config.elastic."""
+  from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
+  e = c.elastic
+  return elastic.Quorum(min_workers=_config.min_workers(e.min_workers), majority=e.majority,
+                        timeout_s=e.quorum_timeout_s, join_window_s=e.join_window_s,
+                        shrink_only=e.shrink_only)
+
+
+def run(make_trainer, params, batch_fn, c, *, steps: int, round_steps: int, workdir: str,
+        faults: dict, progress_file: str | None) -> dict:
+  """Trains with `jaxcomm.elastic.fit`; returns (and, on the last leader, writes) the
+  summary. Exits with status NO_QUORUM when no valid quorum formed."""
   import jax  # pylint: disable=import-outside-toplevel
-  from jaxcomm import elastic, train  # pylint: disable=import-outside-toplevel
-  checkpointer = None
-  if checkpoint_every and jax.process_index() == 0:
-    checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                      every=checkpoint_every, keep=keep, processes={0})
+  from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
   began = time.perf_counter()
-  result = elastic.fit(make_trainer, params, batch_fn, steps,
-                       round_steps=round_steps, log_every=log_every, workdir=workdir,
-                       checkpoint_every=checkpoint_every, checkpointer=checkpointer,
-                       timeout_s=2 * collective_timeout_s(), on_commit=report_progress,
-                       min_islands=min_islands(os.environ.get("JAXCOMM_MIN_ISLANDS")))
+  try:
+    result = elastic.fit(
+        make_trainer, params, with_faults(batch_fn, faults), steps, round_steps=round_steps,
+        log_every=c.log_every, workdir=workdir, checkpoint_every=c.checkpoint_every,
+        checkpoint_dir=os.path.join(workdir, "checkpoints"), keep=c.keep,
+        timeout_s=2 * c.elastic.collective_timeout_s, quorum=quorum(c),
+        deadline_s=c.elastic.deadline_s or None, view=partition_view(faults),
+        on_commit=progress_writer(progress_file))
+  except elastic.QuorumLost as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(NO_QUORUM)
+  except elastic.Evicted as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(elastic.EVICTED)
   seconds = time.perf_counter() - began
-  if checkpointer is not None:
-    checkpointer.close()
   last = result.history[-1] if result.history else {}
   summary = {
       "process": jax.process_index(), "steps": steps, "final_loss": last.get("loss"),
@@ -114,7 +162,7 @@ def run(make_trainer, params, batch_fn, *, steps: int, round_steps: int, workdir
       "failed_rounds": result.failed_rounds, "steps_redone": result.steps_redone,
       "seconds": seconds, "steps_per_second": steps / seconds if seconds else None,
       "events": [e.__dict__ for e in result.events]}
-  if jax.process_index() == 0:
+  if result.led:
     with open(os.path.join(workdir, "elastic.json"), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=1, default=list)
     print("elastic: " + json.dumps({k: v for k, v in summary.items() if k != "events"}),

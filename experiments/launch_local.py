@@ -16,8 +16,10 @@ process's status and prints one line `launch_local: {json}` with every process's
 status and how long after the first failure each one ended.
 
 Elastic runs (`jaxcomm.elastic`): with --elastic, or a failure schedule, the processes do
-not share fate; the others train on when one dies (--noelastic --kill=... kills a process
-of an ordinary run, which then fails as a whole).
+not share fate; the others train on when one dies or hangs, process 0 included: the
+launcher first starts JAX's coordination service in a process of its own (`python -m
+jaxcomm.elastic.coordinator`), which it stops at the end (--noelastic --kill=... kills a
+process of an ordinary run, which then fails as a whole).
 
   python -m experiments.launch_local --processes=3 --devices=3 --heartbeat_timeout=5 \\
       --kill=2@40 --restart=2@80 \\
@@ -26,14 +28,20 @@ of an ordinary run, which then fails as a whole).
       --config.steps=400 --workdir=runs/elastic
 
 --kill=P@T arms process P to SIGKILL itself when it is about to take step T (exactly then,
-so runs are reproducible); --restart=P@T starts P again, with the same command line, once P
-is dead and process 0 has committed step T. Both take comma-separated lists. The program
-learns it is elastic from the environment (JAXCOMM_ELASTIC=1; JAXCOMM_KILL_AT=T on a
-process to kill; JAXCOMM_PROGRESS, a file where it writes each step it commits) and gets
---collective_timeout as XLA's CPU collective timeout. The run ends when process 0 ends (the
-others get --grace seconds more); the launcher exits with status 0 when every process's
-last incarnation exited 0, or, for a process on the kill schedule, ended by SIGKILL (the
-schedule's, or the launcher's when it was restarted too late to join).
+so runs are reproducible); --hang=P@T to hang there (its main thread sleeps, its
+heartbeats go on); --stop=P@T to SIGSTOP itself then, and --cont=P@T sends it
+SIGCONT once a live process has committed step T; --restart=P@T starts P again, with the
+same command line, once P is dead and a live process has committed step T; --partition=
+0+1|2+3@T splits the processes' view of each other from step T. Each takes a
+comma-separated list (--partition one spec). The program gets elastic mode and its
+failure detection as settings (`--config.elastic.enabled=True`,
+`--config.elastic.heartbeat_timeout_s`, `--config.elastic.collective_timeout_s`), its
+faults as `--fault=kill@T` (first incarnation only), and `--progress_file`, where it writes
+each step it commits. The run ends once every process has ended (after the first one that
+finished, the others get --grace seconds); the launcher exits with status 0 when every
+process's last incarnation exited 0, or, for a process on the kill or stop schedule, ended
+by SIGKILL, SIGABRT or eviction (the schedule's, or the launcher's when it was restarted
+too late to join); otherwise with the first other status.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ import time
 from absl import app
 from absl import flags
 
+EVICTED = 75  # exit status of a process the others evicted (jaxcomm.elastic.EVICTED)
+
 # The flags exist only when this module runs as a program: importing it (tests do)
 # registers nothing that could clash with another program's flags.
 if __name__ == "__main__":
@@ -65,9 +75,17 @@ if __name__ == "__main__":
       "elastic", None, "Processes do not share fate (jaxcomm.elastic); on by default with "
       "--kill or --restart (--noelastic: a kill brings every process down, as without it).")
   _KILL = flags.DEFINE_list("kill", [], "P@T,...: process P SIGKILLs itself before step T.")
+  _STOP = flags.DEFINE_list("stop", [], "P@T,...: process P SIGSTOPs itself before step T.")
+  _HANG = flags.DEFINE_list("hang", [], "P@T,...: process P's main thread hangs before step T "
+                            "(its heartbeats go on).")
+  _CONT = flags.DEFINE_list("cont", [], "P@T,...: SIGCONT process P once a live process has "
+                            "committed step T.")
   _RESTART = flags.DEFINE_list(
-      "restart", [], "P@T,...: start process P again once it is dead and process 0 has "
+      "restart", [], "P@T,...: start process P again once it is dead and a live process has "
       "committed step T.")
+  _PARTITION = flags.DEFINE_string(
+      "partition", None, "G|G@T (G: processes joined by +, e.g. 0+1|2+3@10): from step T "
+      "each group sees only its own processes (a fault hook in the membership layer).")
   _COLLECTIVE_TIMEOUT = flags.DEFINE_integer(
       "collective_timeout", 30, "Elastic runs: seconds a cross-process collective waits for a "
       "peer before it fails (XLA:CPU).")
@@ -93,8 +111,8 @@ def commands(program: str, program_flags: list[str], processes: int, devices: in
 def schedule(name: str, specs: list[str], processes: int) -> list[tuple[int, int]]:
   """[(process, step), ...] from `P@T` strings; ValueError naming the flag otherwise.
 
-  >>> schedule("kill", ["2@40", "1@7"], 3)
-  [(2, 40), (1, 7)]
+  >>> schedule("kill", ["2@40", "0@7"], 3)
+  [(2, 40), (0, 7)]
   """
   out = []
   for spec in specs:
@@ -102,32 +120,34 @@ def schedule(name: str, specs: list[str], processes: int) -> list[tuple[int, int
       p, t = (int(x) for x in spec.split("@"))
     except ValueError:
       raise ValueError(f"--{name}: expected P@T (process@step), got {spec!r}.") from None
-    if not 1 <= p < processes or t < 0:
-      raise ValueError(f"--{name}: process must be in [1, {processes}) (process 0 hosts the "
-                       f"coordination service and cannot be lost) and step >= 0; got {spec!r}.")
+    if not 0 <= p < processes or t < 0:
+      raise ValueError(f"--{name}: process must be in [0, {processes}) and step >= 0; got "
+                       f"{spec!r}.")
     out.append((p, t))
   return out
 
 
-def kill_env(base: dict, i: int, kills: list, killable: bool = True) -> dict:
-  """`base` with JAXCOMM_KILL_AT set for process i if the schedule kills it."""
-  env = dict(base)
-  env.pop("JAXCOMM_KILL_AT", None)
-  at = [t for p, t in kills if p == i]
-  if killable and at:
-    env["JAXCOMM_KILL_AT"] = str(min(at))
-  return env
+def fault_flags(i: int, faults: dict, first: bool = True, partition: str | None = None
+                ) -> list[str]:
+  """The program's `--fault` flags for process i: {kind: [(process, step), ...]}; kills
+  and stops arm only a process's first incarnation; a partition reaches every process.
+
+  >>> fault_flags(2, {"kill": [(2, 40)], "stop": [(1, 9)]})
+  ['--fault=kill@40']
+  """
+  out = [f"--fault={kind}@{min(t for p, t in specs if p == i)}"
+         for kind, specs in faults.items() if first and any(p == i for p, _ in specs)]
+  return out + ([f"--fault=partition={partition}"] if partition else [])
 
 
-def elastic_env(base: dict, i: int, progress_dir: str, kills: list, collective_timeout: int,
-                killable: bool = True) -> dict:
-  """The environment of process i of an elastic run."""
-  env = dict(kill_env(base, i, kills, killable), JAXCOMM_ELASTIC="1",
-             JAXCOMM_PROGRESS=os.path.join(progress_dir, f"progress.{i}"))
-  flag = "--xla_cpu_collective_timeout_seconds"
-  if flag not in env.get("XLA_FLAGS", ""):
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}={collective_timeout}".strip()
-  return env
+def elastic_flags(i: int, progress_dir: str, heartbeat_timeout: int,
+                  collective_timeout: int) -> list[str]:
+  """The settings that make process i's program elastic (config.elastic) and its
+  progress file."""
+  return ["--config.elastic.enabled=True",
+          f"--config.elastic.heartbeat_timeout_s={heartbeat_timeout}",
+          f"--config.elastic.collective_timeout_s={collective_timeout}",
+          f"--progress_file={os.path.join(progress_dir, f'progress.{i}')}"]
 
 
 def read_progress(path: str) -> int:
@@ -140,48 +160,54 @@ def read_progress(path: str) -> int:
 
 
 def supervise_elastic(start, n: int, restarts: list[tuple[int, int]], progress_dir: str,
-                      grace_s: float) -> dict:
-  """Runs an elastic job: restarts processes on schedule; ends when process 0 has ended.
+                      grace_s: float, conts: list[tuple[int, int]] = ()) -> dict:
+  """Runs an elastic job: restarts and resumes processes on schedule; ends once every
+  process has ended (the others get `grace_s` after the first that finished with 0).
 
   `start(i, first)` starts incarnation `first` (True for the first) of process i. Returns
   {"returncodes": [each process's last status], "incarnations": [[statuses], ...],
-  "restarted": [[process, step], ...], "killed_by_launcher": [...]}.
+  "restarted": [[process, step], ...], "not_restarted": [...], "continued": [...],
+  "killed_by_launcher": [...]}.
   """
   procs = [start(i, True) for i in range(n)]
   history = [[] for _ in range(n)]
-  pending = list(restarts)
-  restarted, killed = [], []
-  ended0 = None
-  while True:
+  pending, waking = list(restarts), list(conts)
+  restarted, continued, killed = [], [], []
+  finished = None  # when the first process ended with status 0 (the run is over)
+  while any(p is not None for p in procs):
     for i, p in enumerate(procs):
       if p is not None and p.poll() is not None:
         history[i].append(p.returncode)
         procs[i] = None
-        if i == 0:
-          ended0 = time.monotonic()
-    if ended0 is not None:
-      if all(p is None for p in procs):
-        break
-      if time.monotonic() - ended0 > grace_s:
-        for i, p in enumerate(procs):
-          if p is not None:
-            p.kill()
-            p.wait()
-            history[i].append(p.returncode)
-            procs[i] = None
-            killed.append(i)
-        break
-    committed = read_progress(os.path.join(progress_dir, "progress.0"))
+        if p.returncode == 0 and finished is None:
+          finished = time.monotonic()
+    if finished is not None and time.monotonic() - finished > grace_s:
+      for i, p in enumerate(procs):
+        if p is not None:
+          p.kill()
+          p.wait()
+          history[i].append(p.returncode)
+          procs[i] = None
+          killed.append(i)
+      break
+    committed = max(read_progress(os.path.join(progress_dir, f"progress.{i}"))
+                    for i in range(n))
+    for item in list(waking):
+      i, step = item
+      if procs[i] is not None and committed >= step:
+        procs[i].send_signal(signal.SIGCONT)
+        continued.append([i, step])
+        waking.remove(item)
     for item in list(pending):
       i, step = item
-      if procs[i] is None and history[i] and committed >= step and ended0 is None:
+      if procs[i] is None and history[i] and committed >= step and finished is None:
         procs[i] = start(i, False)
         restarted.append([i, step])
         pending.remove(item)
     time.sleep(0.05)
   return {"returncodes": [h[-1] if h else None for h in history], "incarnations": history,
           "restarted": restarted, "not_restarted": [list(x) for x in pending],
-          "killed_by_launcher": killed}
+          "continued": continued, "killed_by_launcher": killed}
 
 
 def supervise(procs: list[subprocess.Popen], deadline_after_failure: float) -> dict:
@@ -214,35 +240,49 @@ def supervise(procs: list[subprocess.Popen], deadline_after_failure: float) -> d
           "exit_after_failure_s": after, "killed_by_launcher": killed}
 
 
-def main_elastic(cmds: list[list[str]], env: dict) -> None:
+def start_coordinator(port: int, processes: int, heartbeat_timeout: int) -> subprocess.Popen:
+  """JAX's coordination service in a process of its own (no worker hosts it)."""
+  return subprocess.Popen([sys.executable, "-m", "jaxcomm.elastic.coordinator",
+                           f"--address=127.0.0.1:{port}", f"--num_processes={processes}",
+                           f"--heartbeat_timeout={heartbeat_timeout}"])
+
+
+def main_elastic(cmds: list[list[str]], env: dict, port: int) -> None:
   n = len(cmds)
   try:
-    kills = schedule("kill", _KILL.value, n)
+    faults = {"kill": schedule("kill", _KILL.value, n), "stop": schedule("stop", _STOP.value, n),
+              "hang": schedule("hang", _HANG.value, n)}
     restarts = schedule("restart", _RESTART.value, n)
+    conts = schedule("cont", _CONT.value, n)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   with tempfile.TemporaryDirectory(prefix="launch_local_") as progress_dir:
-    live = []
+    live = [start_coordinator(port, n, _HEARTBEAT.value)]
 
     def start(i, first):
-      proc = subprocess.Popen(cmds[i], env=elastic_env(env, i, progress_dir, kills,
-                                                       _COLLECTIVE_TIMEOUT.value,
-                                                       killable=first))
+      extra = elastic_flags(i, progress_dir, _HEARTBEAT.value, _COLLECTIVE_TIMEOUT.value)
+      proc = subprocess.Popen(cmds[i] + extra + fault_flags(i, faults, first, _PARTITION.value),
+                              env=env)
       live.append(proc)
       return proc
 
     try:
-      # Once process 0 (the coordination service) has ended nothing more can happen: the
-      # others get --grace seconds to exit (a process restarted too late waits for it).
-      report = supervise_elastic(start, n, restarts, progress_dir, _GRACE.value)
-    finally:  # Interrupted (Ctrl-C, SIGTERM): take the children down too.
-      for p in live:
+      report = supervise_elastic(start, n, restarts, progress_dir, _GRACE.value, conts)
+    finally:  # Also when interrupted (Ctrl-C, SIGTERM): take the children down too.
+      for p in live[1:]:
         if p.poll() is None:
+          p.send_signal(signal.SIGCONT)
           p.send_signal(signal.SIGTERM)
+      live[0].send_signal(signal.SIGTERM)  # the coordination service, last
+      try:
+        live[0].wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        live[0].kill()
+        live[0].wait()
   print("launch_local: " + json.dumps(report), file=sys.stderr, flush=True)
-  scheduled = {p for p, _ in kills}
+  faulty = {p for specs in faults.values() for p, _ in specs}
   bad = [c for i, c in enumerate(report["returncodes"])
-         if c != 0 and not (c == -signal.SIGKILL and i in scheduled)]
+         if c != 0 and not (i in faulty and c in (-signal.SIGKILL, -signal.SIGABRT, EVICTED))]
   if bad:
     sys.exit(bad[0] if bad[0] > 0 else 128 - bad[0])
 
@@ -253,20 +293,23 @@ def main(argv):
   if n < 1 or _DEVICES.value % n:
     raise app.UsageError(f"--devices ({_DEVICES.value}) must be a positive multiple of "
                          f"--processes ({n}).")
-  cmds = commands(_PROGRAM.value, program_flags, n, _DEVICES.value, _HEARTBEAT.value,
-                  free_port())
+  port = free_port()
+  cmds = commands(_PROGRAM.value, program_flags, n, _DEVICES.value, _HEARTBEAT.value, port)
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  elastic = _ELASTIC.value if _ELASTIC.value is not None else bool(_KILL.value or _RESTART.value)
+  faulty = _KILL.value or _RESTART.value or _STOP.value or _HANG.value or _PARTITION.value
+  elastic = _ELASTIC.value if _ELASTIC.value is not None else bool(faulty)
   if elastic:
-    main_elastic(cmds, env)
+    main_elastic(cmds, env, port)
     return
   try:
     kills = schedule("kill", _KILL.value, n)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  if _RESTART.value:
-    raise app.UsageError("--restart needs an elastic run (drop --noelastic).")
-  procs = [subprocess.Popen(c, env=kill_env(env, i, kills)) for i, c in enumerate(cmds)]
+  if _RESTART.value or _STOP.value or _HANG.value or _PARTITION.value:
+    raise app.UsageError("--restart, --stop, --hang and --partition need an elastic run "
+                         "(drop --noelastic).")
+  procs = [subprocess.Popen(c + fault_flags(i, {"kill": kills}), env=env)
+           for i, c in enumerate(cmds)]
   try:
     report = supervise(procs, _HEARTBEAT.value + _GRACE.value)
   finally:  # Interrupted (Ctrl-C, SIGTERM): take the children down too.

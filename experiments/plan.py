@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -45,47 +46,21 @@ import time
 from absl import app
 from absl import flags
 
+from experiments import _plugins
 from experiments import compare
 from experiments import config as _config
 
-# A model preset: config.model settings, the dataset, sequence length and batch per device.
-# Our LM is pre-norm with learned positions, a 2-matrix GELU MLP and an untied output head;
-# the presets follow each model's published dimensions, and `note` says where they differ.
-MODELS: dict[str, dict] = {
-    "gpt2_124m": dict(
-        model=dict(name="lm", d_model=768, num_layers=12, num_heads=12, d_ff=3072,
-                   vocab_size=50257), data="pydoc", seq_len=1024, batch_per_device=8,
-        note="GPT-2 small's shape (Radford et al. 2019; d 768, 12 layers, 12 heads, vocab "
-             "50257, context 1024); the head is untied: 163.1M parameters, not 124.4M"),
-    "gpt2_350m": dict(
-        model=dict(name="lm", d_model=1024, num_layers=24, num_heads=16, d_ff=4096,
-                   vocab_size=50257), data="pydoc", seq_len=1024, batch_per_device=8,
-        note="GPT-2 medium's shape (d 1024, 24 layers, 16 heads, vocab 50257, context "
-             "1024); the head is untied: 406.3M parameters, not 354.8M"),
-    "llama_1b": dict(
-        model=dict(name="lm", d_model=2048, num_layers=22, num_heads=32, d_ff=8448,
-                   vocab_size=32000), data="pydoc", seq_len=2048, batch_per_device=4,
-        note="TinyLlama-1.1B's shape (arXiv 2401.02385; d 2048, 22 layers, 32 heads, vocab "
-             "32000, context 2048) with full multi-head attention instead of 4 KV heads and "
-             "a 2-matrix MLP of width 8448 = 1.5 x 5632 (SwiGLU's 3 matrices' parameters)"),
-    "llama_7b": dict(
-        model=dict(name="lm", d_model=4096, num_layers=32, num_heads=32, d_ff=16512,
-                   vocab_size=32000), data="pydoc", seq_len=4096, batch_per_device=1,
-        note="Llama 2 7B's shape (arXiv 2307.09288; d 4096, 32 layers, 32 heads, vocab "
-             "32000, context 4096) with a 2-matrix MLP of width 16512 = 1.5 x 11008 "
-             "(SwiGLU's 3 matrices' parameters) and learned positions"),
-    "resnet18": dict(
-        model=dict(name="resnet18"), data="synthetic:imagenet", seq_len=1,
-        batch_per_device=32,
-        note="ImageNet ResNet-18 (arXiv 1512.03385; 224x224x3, 1000 classes, 11.7M "
-             "parameters) with GroupNorm for BatchNorm"),
-    "resnet50": dict(
-        model=dict(name="resnet50"), data="synthetic:imagenet", seq_len=1,
-        batch_per_device=32,
-        note="ImageNet ResNet-50 (arXiv 1512.03385; v1.5 strides, 25.6M parameters) with "
-             "GroupNorm for BatchNorm; 32 images per device as in Goyal et al. "
-             "(arXiv 1706.02677)"),
-}
+# A model preset: config.model settings, the dataset, sequence length and batch per device,
+# one file of experiments/configs/models/ each. Our LM is pre-norm with learned positions, a
+# 2-matrix GELU MLP and an untied output head; the presets follow each model's published
+# dimensions, and `note` says where they differ.
+def _presets() -> dict[str, dict]:
+  folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "models")
+  return {name: importlib.import_module(f"experiments.configs.models.{name}").get_config()
+          .to_dict() for name in _plugins.available([folder])}
+
+
+MODELS: dict[str, dict] = _presets()
 
 # label -> a method entry: the methods of `make run` (experiments/compare.py), and two
 # settings meant for many workers, where a codec's payloads should not be all-gathered:
@@ -98,6 +73,12 @@ METHODS: dict[str, dict] = {
     "streaming_h10_2phase": {**compare.METHODS["streaming_h10"], "collective": "two_phase"},
     "diloco_h100_int8_2phase": {"method": "diloco", "sync_every": 100,
                                 "codec": "uniform:bits=8,block=256", "collective": "two_phase"},
+    # Muon (data parallel over the replicas) with its matrices orthogonalised whole inside a
+    # replica: by an owner (all-to-all in and out) or by Gram all-reduces per iteration.
+    "muon_owner": {"method": "muon", "strategy": "owner"},
+    "muon_gram": {"method": "muon", "strategy": "gram"},
+    # MuLoCo (arXiv 2505.23725): Muon inner steps, H = 30, 2-bit outer gradients with EF.
+    "muloco_h30_2bit_ef": {"method": "muloco", "sync_every": 30, "bits": 2, "memory": "ef"},
 }
 CONFIG_LABEL = "config"  # --methods entry: the method of --config
 REFERENCE = "dp"

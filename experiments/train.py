@@ -50,7 +50,12 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a mul
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout", 100, "Seconds after which a silent process is declared dead and the "
-    "others abort (multi-process runs).")
+    "others abort (multi-process runs; elastic runs: config.elastic.heartbeat_timeout_s).")
+_FAULT = flags.DEFINE_list(
+    "fault", [], "Faults of this process for tests (experiments/elastic_run.py): kill@T, "
+    "stop@T, hang@T, partition=P+..|P+..@T.")
+_PROGRESS = flags.DEFINE_string(
+    "progress_file", None, "Elastic runs: where each committed step is written (launcher).")
 
 PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (143)
 
@@ -72,19 +77,18 @@ def main(argv):
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
+  workdir = _WORKDIR.value
+  config = run_config(workdir)
   # First, before any computation: joins the other processes of a multi-process run.
-  if elastic_run.requested():  # processes may die and rejoin (experiments/elastic_run.py)
+  if elastic_mode(config):  # processes may die and rejoin (experiments/elastic_run.py)
     from jaxcomm import elastic  # pylint: disable=import-outside-toplevel
     elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                              heartbeat_timeout_s=_HEARTBEAT.value,
-                              collective_timeout_s=elastic_run.collective_timeout_s())
+                              heartbeat_timeout_s=config.elastic.heartbeat_timeout_s,
+                              collective_timeout_s=config.elastic.collective_timeout_s)
   else:
     train.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                             heartbeat_timeout_s=_HEARTBEAT.value)
-
-  workdir = _WORKDIR.value
-  status = execute(run_config(workdir), workdir)
+  status = execute(config, workdir)
   if status:
     sys.exit(status)
 
@@ -94,13 +98,12 @@ def execute(config, workdir: str) -> int:
   status: 0, or PREEMPTED when the run saved a checkpoint and stopped early."""
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import build  # pylint: disable=import-outside-toplevel
-  from experiments import elastic_run  # pylint: disable=import-outside-toplevel
   try:
     run = build.build(config)
     record_config(workdir, config)
   except ValueError as e:  # a user's mistake: one line, no traceback
     sys.exit(f"error: {e}")
-  if elastic_run.requested():
+  if elastic_mode(config):
     run_elastic(run, workdir)
     return 0
   trainer, state = train_run(run, workdir)
@@ -114,8 +117,13 @@ def execute(config, workdir: str) -> int:
   return 0
 
 
+def elastic_mode(config) -> bool:
+  """Whether config.elastic.enabled (a config saved before elastic settings existed: no)."""
+  return bool(config.get("elastic") and config.elastic.enabled)
+
+
 def run_elastic(run, workdir: str) -> None:
-  """Trains `run` with `jaxcomm.elastic` (launch_local --elastic / --kill / --restart)."""
+  """Trains `run` with `jaxcomm.elastic` (config.elastic.enabled)."""
   from experiments import elastic_run  # pylint: disable=import-outside-toplevel
   from jaxcomm import train  # pylint: disable=import-outside-toplevel
   c = run.config
@@ -124,11 +132,11 @@ def run_elastic(run, workdir: str) -> None:
                      "config.data.label_skew.")
   elastic_run.run(lambda m: train.Trainer(run.loss_fn, run.optimizer, m, axis_name="data",
                                           has_aux=run.has_aux),
-                  run.params, elastic_run.with_kill_switch(run.batches), steps=run.steps,
+                  run.params, run.batches, c, steps=run.steps,
                   round_steps=elastic_run.round_steps(c.method.name,
                                                       c.method.get("sync_every") or 1),
-                  workdir=workdir, checkpoint_every=c.checkpoint_every, keep=c.keep,
-                  log_every=c.log_every)
+                  workdir=workdir, faults=elastic_run.parse_faults(_FAULT.value),
+                  progress_file=_PROGRESS.value)
 
 
 def train_run(run, workdir: str):
@@ -141,7 +149,8 @@ def train_run(run, workdir: str):
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
   from experiments import elastic_run  # pylint: disable=import-outside-toplevel
-  batches = elastic_run.with_kill_switch(run.batches)  # launch_local --kill (JAXCOMM_KILL_AT)
+  batches = elastic_run.with_faults(run.batches,  # launch_local --kill (--fault=kill@T)
+                                    elastic_run.parse_faults(_FAULT.value))
   state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
                        workdir=workdir, log_every=c.log_every, checkpointer=checkpointer)
   if checkpointer is not None:

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 import pytest
 
+from experiments import config
 from experiments import elastic_run
 from experiments import launch_local
 from jaxcomm import data, elastic, local, models, train
@@ -181,36 +182,67 @@ def test_planner_never_reuses_a_device_order_that_failed_or_had_other_members():
 
 
 class FakeStore(dict):
-  """The coordination service's key-value store: create-only keys, blocking reads."""
+  """The coordination service's key-value store: create-only keys."""
 
   def key_value_set(self, key, value):
     if key in self:
       raise jax.errors.JaxRuntimeError(f"ALREADY_EXISTS: {key}")
     self[key] = value
 
-  def blocking_key_value_get(self, key, timeout_ms):
-    del timeout_ms
+  def key_value_try_get(self, key):
     if key not in self:
-      raise jax.errors.JaxRuntimeError(f"DEADLINE_EXCEEDED: {key}")
+      raise jax.errors.JaxRuntimeError(f"NOT_FOUND: {key}")
     return self[key]
 
 
-def test_every_member_follows_one_commit_decision():
+def test_every_member_follows_one_commit_decision_and_a_missing_vote_is_evicted():
   members = (0, 1, 2)
+  commit = lambda store, base, me, ok: _membership.decide(store, base, me, members, ok, 10)
   store = FakeStore({"a/vote/1": "1", "a/vote/2": "1"})
-  assert _membership.decide(store, "a", 0, members, True, 10)        # all yes: commit
+  assert commit(store, "a", 0, True) == {"commit": True, "evicted": []}   # all yes: commit
   store = FakeStore({"b/vote/0": "1", "b/vote/2": "0"})
-  assert not _membership.decide(store, "b", 1, members, True, 10)    # it sees a no: abort
-  store = FakeStore()
-  assert not _membership.decide(store, "d", 2, members, False, 10)   # its collective failed
-  assert not _membership.decide(store, "d", 0, members, True, 10)    # the others follow
-  assert not _membership.decide(store, "d", 1, members, True, 10)
-  # A vote missing in time (a slow or dead member): abort; when the late member votes yes
-  # afterwards it follows the decision instead of committing alone.
+  assert commit(store, "b", 1, True) == {"commit": False, "evicted": []}  # a no: abort
+  store = FakeStore({"d/vote/2": "1"})
+  assert not commit(store, "d", 0, False)["commit"]  # its collective failed: abort
+  assert not commit(store, "d", 1, True)["commit"]   # the others follow, though all voted
+  # A vote missing at the deadline (a hung or dead member): abort and evict it; when the
+  # late member votes yes afterwards it follows the decision (and learns it was evicted).
   store = FakeStore({"c/vote/1": "1"})
-  assert not _membership.decide(store, "c", 0, members, True, 10)
-  assert not _membership.decide(store, "c", 2, members, True, 10)
-  assert store["c/decision"] == "abort"
+  assert commit(store, "c", 0, True) == {"commit": False, "evicted": [2]}
+  assert commit(store, "c", 2, True) == {"commit": False, "evicted": [2]}
+
+
+def test_quorum_rules_let_at_most_one_side_of_a_partition_train_on():
+  q = elastic.Quorum(min_workers=2)
+  last = (0, 1, 2, 3)
+  assert q.violations((0, 1, 2), last, 0) == []           # the larger side goes on
+  assert len(q.violations((3,), last, 0)) == 2            # the smaller one may not
+  assert q.violations((0, 1), last, 0) and q.violations((2, 3), last, 0)  # 2|2: neither
+  assert elastic.Quorum(min_workers=2, majority=False).violations((2, 3), last, 0) == []
+  assert q.violations((0, 1, 5), (0, 1, 2), 0) == []      # joiners count for min_workers
+  assert elastic.Quorum(min_workers=lambda t: 3 if t >= 10 else 1).violations(
+      (0, 1), (), 10)                                     # schedules, and no last quorum
+  with pytest.raises(ValueError, match="min_workers"):
+    elastic.Quorum(min_workers=0).check()
+  with pytest.raises(ValueError, match="min_workers"):
+    config.min_workers("3@x")
+  assert [config.min_workers("1,3@25,2@30")(t) for t in (0, 25, 30)] == [1, 3, 2]
+
+
+def test_the_leader_is_the_lowest_live_process_holding_the_state():
+  planner = _membership.Planner({0: [0], 1: [2048], 2: [4096]})
+  first = ((0, 10), (1, 11), (2, 12))
+  assert planner.leader(first) == 0                  # generation 0: the lowest process
+  planner.committed(first)
+  back = ((0, 13), (1, 11), (2, 12))                 # process 0 restarted: a joiner
+  assert planner.leader(back) == 1
+  record = planner.plan(back)
+  assert record["leader"] == record["donor"] == 1 and record["joiners"] == [0]
+  # Any process can continue the leader's bookkeeping from a record.
+  mirror = _membership.Planner({0: [0], 1: [2048], 2: [4096]})
+  mirror.load(json.loads(json.dumps(record["state"])))
+  assert (mirror.index, mirror.members, mirror.used, mirror.spent) == (
+      planner.index, planner.members, planner.used, planner.spent)
 
 
 def test_candidate_orders_keep_islands_contiguous_and_count_n_factorial_times_d():
@@ -223,39 +255,39 @@ def test_candidate_orders_keep_islands_contiguous_and_count_n_factorial_times_d(
 
 # ------------------------------------------------------------------ launcher and hooks
 @pytest.mark.parametrize("spec,match", [
-    (["2"], "P@T"), (["x@3"], "P@T"), (["0@3"], "process must be in"),
+    (["2"], "P@T"), (["x@3"], "P@T"), (["-1@3"], "process must be in"),
     (["3@3"], "process must be in"), (["1@-1"], "step >= 0")])
 def test_failure_schedules_are_checked(spec, match):
   with pytest.raises(ValueError, match=match):
     launch_local.schedule("kill", spec, 3)
 
 
-def test_elastic_env_arms_only_the_scheduled_process(tmp_path):
-  kills = launch_local.schedule("kill", ["2@40"], 3)
-  base = {"XLA_FLAGS": "--foo"}
-  env2 = launch_local.elastic_env(base, 2, str(tmp_path), kills, 7)
-  assert env2["JAXCOMM_KILL_AT"] == "40" and env2["JAXCOMM_ELASTIC"] == "1"
-  assert env2["XLA_FLAGS"] == "--foo --xla_cpu_collective_timeout_seconds=7"
-  assert "JAXCOMM_KILL_AT" not in launch_local.elastic_env(base, 1, str(tmp_path), kills, 7)
-  # A restarted process is not killed again.
-  assert "JAXCOMM_KILL_AT" not in launch_local.elastic_env(env2, 2, str(tmp_path), kills, 7,
-                                                           killable=False)
-
-
-def test_experiment_hooks_read_the_launcher_environment(monkeypatch):
-  assert elastic_run.round_steps("diloco", 20) == 20 and elastic_run.round_steps("dp", 20) == 1
-  quorum = elastic_run.min_islands("2@10,3@40")
-  assert [quorum(t) for t in (0, 10, 39, 40)] == [1, 2, 2, 3]
-  assert elastic_run.min_islands(None)(100) == 1
-  monkeypatch.setenv("XLA_FLAGS", "--a=1 --xla_cpu_collective_timeout_seconds=7")
-  assert elastic_run.collective_timeout_s() == 7
-  monkeypatch.delenv("JAXCOMM_KILL_AT", raising=False)
+def test_faults_and_elastic_mode_reach_the_program_as_flags(tmp_path):
+  faults = {"kill": launch_local.schedule("kill", ["0@40"], 3),
+            "stop": launch_local.schedule("stop", ["1@9"], 3)}
+  assert launch_local.fault_flags(0, faults) == ["--fault=kill@40"]
+  assert launch_local.fault_flags(1, faults) == ["--fault=stop@9"]
+  assert launch_local.fault_flags(0, faults, first=False) == []  # a restart is not killed
+  assert launch_local.fault_flags(2, faults, partition="0+1|2@5") == [
+      "--fault=partition=0+1|2@5"]
+  flags = launch_local.elastic_flags(2, str(tmp_path), 3, 7)
+  assert "--config.elastic.enabled=True" in flags
+  assert "--config.elastic.collective_timeout_s=7" in flags
+  assert elastic_run.parse_faults(["stop@9", "partition=0+1|2+3@5"]) == {
+      "stop": (9, None), "partition": (5, [[0, 1], [2, 3]])}
+  for bad in ("kill", "kill@x", "nap@3", "partition@3"):
+    with pytest.raises(ValueError, match="--fault"):
+      elastic_run.parse_faults([bad])
   fn = lambda t: {"t": t}
-  assert elastic_run.with_kill_switch(fn) is fn  # not armed: the batch function itself
-  assert launch_local.schedule("kill", ["2@40", "1@7"], 3) == [(2, 40), (1, 7)]
+  assert elastic_run.with_faults(fn, {}) is fn  # not armed: the batch function itself
+  assert elastic_run.round_steps("diloco", 20) == 20 and elastic_run.round_steps("dp", 20) == 1
+  with pytest.raises(ValueError, match="config.elastic.quorum_timeout_s"):
+    c = config.base_config("dp")
+    c.elastic.quorum_timeout_s = -1.0
+    config.check(c)
 
 
-def test_checkpointer_processes_and_fit_arguments_are_checked(tmp_path, task):
+def test_checkpoint_and_fit_arguments_are_checked(tmp_path, task):
   with pytest.raises(ValueError, match="processes"):
     train.Checkpointer(str(tmp_path), processes={0, 1})
   with pytest.raises(ValueError, match="processes"):
@@ -264,7 +296,7 @@ def test_checkpointer_processes_and_fit_arguments_are_checked(tmp_path, task):
   make = lambda mesh: train.Trainer(loss, optax.sgd(0.1), mesh)
   with pytest.raises(ValueError, match="round_steps"):
     elastic.fit(make, params, lambda t: {}, 4, round_steps=0)
-  with pytest.raises(ValueError, match="checkpointer"):
+  with pytest.raises(ValueError, match="checkpoint_dir"):
     elastic.fit(make, params, lambda t: {}, 4, round_steps=1, checkpoint_every=2)
   with pytest.raises(ValueError, match="collective_timeout_s"):
     elastic.start_distributed(collective_timeout_s=0)
@@ -286,22 +318,29 @@ def program_args(algo, steps, checkpoint_every, log_every):
           *method]
 
 
-def launch(tmp_path, schedule, program_args, *, env=None, timeout=240):
-  """3 processes of experiments/train.py (one device each) with a failure schedule."""
-  cmd = [sys.executable, "-m", "experiments.launch_local", "--processes=3", "--devices=3",
-         "--heartbeat_timeout=3", "--collective_timeout=20", "--grace=10", *schedule, "--",
-         f"--workdir={tmp_path}", *program_args]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-                                   **(env or {})), check=False)
-  lines = [l for l in result.stderr.splitlines() if l.startswith("launch_local: {")]
-  assert lines, result.stderr[-6000:]
-  return result.stderr, json.loads(lines[-1][len("launch_local: "):])
+def launch(tmp_path, schedule, program_args, *, processes=W, timeout=300):
+  """`processes` processes of experiments/train.py (one device each) with a failure schedule;
+  launch_local starts the coordination service in a process of its own and stops it."""
+  cmd = [sys.executable, "-m", "experiments.launch_local", f"--processes={processes}",
+         f"--devices={processes}", "--heartbeat_timeout=3", "--collective_timeout=20",
+         "--grace=10", *schedule, "--", f"--workdir={tmp_path}", *program_args]
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT, start_new_session=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+  try:
+    _, stderr = proc.communicate(timeout=timeout)
+  finally:  # whatever happened: nothing of the run is left running
+    if proc.poll() is None:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+  lines = [l for l in stderr.splitlines() if l.startswith("launch_local: {")]
+  assert lines, stderr[-6000:]
+  return stderr, json.loads(lines[-1][len("launch_local: "):])
 
 
-def reference(algo, steps, extra=None):
+def reference(algo, steps, extra=None, workers=W):
   """(trainer on `islands`, params, batch_fn) of the same experiment on one process."""
-  from experiments import build, config  # pylint: disable=import-outside-toplevel
+  from experiments import build  # pylint: disable=import-outside-toplevel
   settings = {"sync_every": SYNC} if algo == "diloco" else {}
   c = config.base_config(algo, **settings, **(extra or {}))
   c.steps = steps
@@ -313,8 +352,8 @@ def reference(algo, steps, extra=None):
     node[leaf] = value
   _, loss, has_aux, params, batch_fn = build.model_task(c)
   tx = build.make_optimizer(c, build.Context(
-      config=c, inner=build.inner_optimizer(c), axis_name="data", num_workers=W,
-      mesh_shape={"data": W}, key=jax.random.key(c.seed)))
+      config=c, inner=build.inner_optimizer(c), axis_name="data", num_workers=workers,
+      mesh_shape={"data": workers}, key=jax.random.key(c.seed)))
   return (lambda islands: trainer_on(loss, tx, islands, has_aux)), params, batch_fn
 
 
@@ -330,77 +369,136 @@ def restored(directory, trainer, params, step=None):
   return state, info["islands"]
 
 
-def test_diloco_survives_a_killed_process_and_heals_it_when_it_restarts(tmp_path):
-  """Island 2 is SIGKILLed after the 3rd sync and restarted; the others train on."""
-  steps = 35
-  log, report = launch(tmp_path, ["--kill=2@15", "--restart=2@20"],
-                       program_args("diloco", steps, checkpoint_every=steps, log_every=5),
-                       env={"JAXCOMM_MIN_ISLANDS": "3@25"})
-  assert report["returncodes"] == [0, 0, 0], log[-6000:]
-  assert report["incarnations"][2] == [-9, 0] and report["restarted"] == [[2, 20]]
-  # Both survivors discarded the round island 2 died in and saw it leave; all saw it heal.
-  for p in (0, 1):
+def reset_inner(trainer, state, params, worker):
+  """`state` with `worker`'s per-worker optimiser state started over (what a joiner gets)."""
+  fresh = trainer.init(params)
+  return state._replace(opt_state=jax.tree.map(
+      lambda pw, x, f: x.at[worker].set(f[worker]) if pw else x, trainer.layout.opt_state,
+      state.opt_state, fresh.opt_state))
+
+
+def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_reference(
+    tmp_path):
+  """One run, two faults. Process 0 (rank 0: it used to host the coordination service and
+  lead) is SIGKILLed before step 15 and restarted; processes 1 and 2 train on and heal it
+  at a sync (min_workers 3 from step 25 holds them there until it is back). Process 1 is
+  SIGSTOPped before step 30: declared dead (heartbeat, 3 s) and evicted (its vote missing
+  at the deadline); 0 and 2 train on. SIGCONT once step 40 is committed: it learns it was
+  declared dead and evicted, and exits without touching the live round."""
+  steps = 50
+  log, report = launch(tmp_path, ["--kill=0@15", "--restart=0@20", "--stop=1@30",
+                                  "--cont=1@40"],
+                       program_args("diloco", steps, checkpoint_every=steps, log_every=5)
+                       + ["--config.elastic.min_workers=1,3@25,2@30",
+                          "--config.elastic.quorum_timeout_s=150",
+                          "--config.elastic.deadline_s=5"], timeout=480)
+  assert report["returncodes"][0] == report["returncodes"][2] == 0, log[-6000:]
+  assert report["incarnations"][0] == [-9, 0] and report["restarted"] == [[0, 20]]
+  assert report["continued"] == [[1, 40]]
+  # The late process 1 exits: killed by its eviction watchdog (75) or by JAX's client, which
+  # the coordination service told that it was declared dead (SIGABRT); never trains on.
+  assert report["incarnations"][1] in ([elastic.EVICTED], [-6]), report
+  assert ("process 1: evicted by the others" in log
+          or "distributed service detected fatal errors" in log), log[-6000:]
+  # Both survivors of each fault discarded the round in flight and saw the live set change.
+  for p in (1, 2):
     assert f"process {p}: round from step 15 discarded" in log, log[-6000:]
-    assert f"process {p}: live set changed [0, 1, 2] -> [0, 1] at step 15 (lost [2])" in log
-    assert re.search(f"process {p}: recovered in [0-9.]+ s", log)
-  joined = re.search(r"process 2: joined at step (\d+) from process 0 .* replicated state "
+    assert f"process {p}: live set changed [0, 1, 2] -> [1, 2] at step 15 (lost [0])" in log
+  for p in (0, 2):
+    assert re.search(rf"process {p}: round from step 30 discarded after [0-9.]+ s "
+                     r"\(.*\); evicted \[1\] \(no vote within 5.0 s\)", log), log[-6000:]
+    assert f"process {p}: live set changed [0, 1, 2] -> [0, 2] at step 30 (lost [1])" in log
+  joined = re.search(r"process 0: joined at step (\d+) from process 1 .* replicated state "
                      r"(\w+), of the parameters (\w+)", log)
   assert joined, log[-6000:]
   at = int(joined.group(1))
-  assert at % SYNC == 0 and 20 <= at <= 25
-  healers = re.findall(rf"process (\d): healed \[2\] at step {at} from process 0 .* "
+  assert at == 25
+  healers = re.findall(rf"process (\d): healed \[0\] at step {at} from process 1 .* "
                        r"replicated state (\w+), of the parameters (\w+)", log)
-  assert sorted(p for p, *_ in healers) == ["0", "1"]
+  assert sorted(p for p, *_ in healers) == ["1", "2"]
   # The joiner's outer state is every survivor's, bit for bit; its parameters the donor's.
   assert {outer for _, outer, _ in healers} == {joined.group(2)}
-  assert dict((p, d) for p, _, d in healers)["0"] == joined.group(3)
+  assert dict((p, d) for p, _, d in healers)["1"] == joined.group(3)
 
-  # Reference: one process, 3 workers; the mask drops worker 2 from the sync at update 20
-  # (index 3) until it is healed at step `at`; then its inner momentum starts over.
-  dropped = ",".join(str(k) for k in range(3, at // SYNC))
-  make, params, batch_fn = reference("diloco", steps, {"participation": f"drop:2@{dropped}"})
+  # Reference: one process, 3 workers; the mask drops worker 0 from the syncs at updates
+  # 15 and 20 (indices 3, 4) and worker 1 from update 30 on (indices 6..9); worker 0's inner
+  # state starts over at step 25 (its heal).
+  mask = "drop:0@3,4;1@6,7,8,9"
+  make, params, batch_fn = reference("diloco", steps, {"participation": mask})
   rt = make([0, 1, 2])
   r = rt.init(params)
   for t in range(steps):
     if t == at:
-      fresh = rt.init(params)
-      r = r._replace(opt_state=jax.tree.map(
-          lambda pw, x, f: x.at[2].set(f[2]) if pw else x, rt.layout.opt_state, r.opt_state,
-          fresh.opt_state))
+      r = reset_inner(rt, r, params, 0)
     r, _ = rt.step(r, batch_fn(t))
-  got, islands = restored(str(tmp_path / "checkpoints"), rt, params)
-  assert sorted(islands) == [0, 1, 2] and int(got.step) == steps
-  mine = rows(rt, got.params, rt.layout.params, islands)
+  make2, _, _ = reference("diloco", steps, workers=2)  # the survivors' mesh: 2 workers
+  t2 = make2([0, 2])
+  got, islands = restored(str(tmp_path / "checkpoints"), t2, params)
+  assert sorted(islands) == [0, 2] and int(got.step) == steps
+  mine = rows(t2, got.params, t2.layout.params, islands)
   want = rows(rt, r.params, rt.layout.params, [0, 1, 2])
-  for i in range(W):
+  for i in (0, 2):
     chex.assert_trees_all_close(mine[i], want[i], rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(got.opt_state.outer_params, r.opt_state.outer_params,
                               rtol=1e-5, atol=1e-6)
 
 
-def test_dp_discards_the_step_in_flight_and_its_later_checkpoint_resumes_exactly(tmp_path):
-  """Island 2 is SIGKILLed before step 6: no survivor applies step 6 with it; DP goes on
-  over islands 0 and 1, and a checkpoint written after the failure resumes bit for bit."""
+def test_dp_loses_process_0_and_discards_the_step_in_flight_everywhere(tmp_path):
+  """Process 0 is SIGKILLed before step 6: no survivor applies step 6 with it; DP goes on
+  over processes 1 and 2 (1 leads: it writes the checkpoints), and a checkpoint written
+  after the failure resumes bit for bit."""
   steps, kill = 12, 6
-  log, report = launch(tmp_path, [f"--kill=2@{kill}"],
+  log, report = launch(tmp_path, [f"--kill=0@{kill}"],
                        program_args("dp", steps, checkpoint_every=3, log_every=1))
-  assert report["returncodes"] == [0, 0, -9], log[-6000:]
-  for p in (0, 1):
+  assert report["returncodes"] == [-9, 0, 0], log[-6000:]
+  for p in (1, 2):
     assert f"process {p}: round from step {kill} discarded" in log, log[-6000:]
-  # Reference: 3 workers up to step 6, then workers 0 and 1 on their shares of the batch.
+  # Reference: 3 workers up to step 6, then workers 1 and 2 on their shares of the batch.
   make, params, batch_fn = reference("dp", steps)
-  t3, t2 = make([0, 1, 2]), make([0, 1])
+  t3, t2 = make([0, 1, 2]), make([1, 2])
   r = run(t3, t3.init(params), [batch_fn(t) for t in range(steps)], [0, 1, 2], 0, kill)
   r = jax.tree.map(lambda x, like: jax.device_put(np.asarray(x), like.sharding), r,
                    t2.init(params))
-  r = run(t2, r, [batch_fn(t) for t in range(steps)], [0, 1], kill, steps)
+  r = run(t2, r, [batch_fn(t) for t in range(steps)], [1, 2], kill, steps)
   final, islands = restored(str(tmp_path / "checkpoints"), t2, params)
-  assert islands == [0, 1] and int(final.step) == steps
+  assert islands == [1, 2] and int(final.step) == steps
   chex.assert_trees_all_close(final.params, r.params, rtol=1e-5, atol=1e-6)
+  # The metrics were written by the leader of each generation: every step once.
+  rows_written = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows_written] == list(range(1, steps + 1))
+  assert rows_written[-1]["live"] == [1, 2]
   # The checkpoint of step 9, written by the survivors, resumed here runs to the run's
   # final state bit for bit.
   resumed, _ = restored(str(tmp_path / "checkpoints"), t2, params, step=9)
   assert int(resumed.step) == 9
-  resumed = run(t2, resumed, [batch_fn(t) for t in range(steps)], [0, 1], 9, steps)
+  resumed = run(t2, resumed, [batch_fn(t) for t in range(steps)], [1, 2], 9, steps)
   chex.assert_trees_all_equal(resumed.params, final.params)
   chex.assert_trees_all_equal(resumed.opt_state, final.opt_state)
+
+
+def test_a_partition_never_trains_two_models_and_stops_cleanly_below_quorum(tmp_path):
+  """4 processes split 2|2 from step 6 (a fault hook in the membership layer: each side sees
+  only its own). Neither side holds a majority of the last quorum nor min_workers = 3: both
+  stop with a clear message and exit status 69 after the quorum timeout, and the
+  checkpoint of step 6 is intact and equals 6 steps of 4-worker DP."""
+  steps, n = 12, 4
+  log, report = launch(tmp_path, ["--partition=0+1|2+3@6"],
+                       program_args("dp", steps, checkpoint_every=3, log_every=1)
+                       + ["--config.elastic.min_workers=3",
+                          "--config.elastic.quorum_timeout_s=3"], processes=n)
+  assert report["returncodes"] == [elastic_run.NO_QUORUM] * n, log[-6000:]
+  for p in range(n):
+    side = [0, 1] if p < 2 else [2, 3]
+    assert (f"process {p}: no valid quorum for 3.0 s at step 6: 2 live processes, fewer "
+            f"than min_workers = 3; live {side} is not a strict majority of the last quorum "
+            f"[0, 1, 2, 3]") in log, log[-6000:]
+  rows_written = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows_written] == list(range(1, 7))  # nobody trained on
+  make, params, batch_fn = reference("dp", steps, workers=n)
+  t4 = make(list(range(n)))
+  r = t4.init(params)
+  for t in range(6):
+    r, _ = t4.step(r, batch_fn(t))
+  got, islands = restored(str(tmp_path / "checkpoints"), t4, params)
+  assert islands == [0, 1, 2, 3] and int(got.step) == 6
+  chex.assert_trees_all_close(got.params, r.params, rtol=1e-5, atol=1e-6)

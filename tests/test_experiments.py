@@ -2,6 +2,7 @@
 library factory's signature), and every bad setting fails before anything compiles with a
 ValueError that names it."""
 
+import ast
 import glob
 import importlib.util
 import inspect
@@ -35,12 +36,16 @@ FACTORIES = {
     "streaming_diloco": local.streaming_diloco, "sparseloco": local.sparseloco,
     "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
-    "choco": sync.choco, "zero": parallel.zero,
+    "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
+    "des_loc": local.des_loc, "noloco": local.noloco,
 }
 
 
 # Factory arguments the run supplies (experiments.build.Context), not settings.
 CONTEXT = {"axis_name", "key", "num_workers", "param_specs", "regather"}
+# Factory arguments that are objects a method module builds, not settings: Muon's tree of
+# dimension numbers, MuLoCo's outer optimiser (settings outer_lr, outer_momentum).
+BUILT = {"muon_weight_dimension_numbers", "outer"}
 
 
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -113,7 +118,7 @@ def test_method_defaults_are_the_factorys(method):
   params = inspect.signature(FACTORIES[method]).parameters
   defaulted = [k for k, p in params.items() if p.default is not inspect.Parameter.empty]
   # Every default is a setting, except what the run's context supplies.
-  assert set(defaulted) - set(settings.keys()) <= CONTEXT, method
+  assert set(defaulted) - set(settings.keys()) <= CONTEXT | BUILT, method
   for name in set(defaulted) & set(settings.keys()):
     default = params[name].default
     if isinstance(default, (bool, int, float, str, tuple)) or default is None:
@@ -130,6 +135,8 @@ CHOSEN = {
     ("stale", "compensation"): "the DC-ASGD config shows the compensation",
     ("choco", "consensus_step"): "gamma 0.5 is stable on a ring with bf16 gossip",
     ("zero", "memory"): "int8 gradients with error feedback",
+    ("muloco", "bits"): "the paper's headline: 2-bit outer gradients with error feedback",
+    ("muloco", "memory"): "the paper's headline: 2-bit outer gradients with error feedback",
 }
 
 
@@ -143,6 +150,37 @@ def test_config_files_change_a_factory_default_only_by_choice():
       if name in c.method and isinstance(p.default, (bool, int, float, str)) and \
          c.method[name] != p.default:
         assert (c.method.name, name) in CHOSEN, (path, name, c.method[name], p.default)
+
+
+def _method_settings_set_in(path: str) -> dict:
+  """{setting: value} a config file gives its method, read from its source: the keywords of
+  `base_config(...)` and `c.method.<setting> = value` (the run's tree cannot tell a setting
+  left at its default from one set to the default)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  found = {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "base_config":
+      found.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+    if isinstance(node, ast.Assign):
+      for target in node.targets:
+        pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                 else [(target, node.value)])
+        for t, v in pairs:
+          if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute) and \
+             t.value.attr == "method":
+            found[t.attr] = ast.literal_eval(v)
+  return found
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-3])
+def test_config_files_set_only_what_differs_from_the_methods_defaults(path):
+  """A config file carries only what differs from its method module's `defaults()`: a setting
+  equal to the default is a second home for it."""
+  defaults = build.method_defaults(load_config(path).method.name)
+  repeated = {k: v for k, v in _method_settings_set_in(path).items()
+              if k in defaults and defaults[k] == v}
+  assert not repeated, f"{os.path.basename(path)} repeats its method's defaults {repeated}"
 
 
 # ---------------------------------------------------------------- bad settings
@@ -169,6 +207,8 @@ def _sweep_cases():
   for path in CONFIGS:
     c = load_config(path)
     for setting, value in _numeric_leaves(c):
+      if setting.startswith("elastic.") and path != CONFIGS[0]:
+        continue  # the same settings in every config: swept once
       for bad in ((0, -1, 3) if isinstance(value, int) else (0.0, -1.0)):
         cases.append((os.path.basename(path)[:-3], setting, bad))
   return cases
@@ -307,6 +347,47 @@ def test_the_command_line_error_is_one_line(tmp_path):
   assert typo.stderr.strip().splitlines()[-1] == ("error: --config.stepz=3: no such setting "
                                                   "'stepz'. Did you mean \"steps\" instead "
                                                   "of \"stepz\"?")
+
+
+MY_MODEL = '''"""A linear classifier: a model of one's own is one file."""
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+import optax
+from experiments.models import Task
+
+def defaults():
+  return ml_collections.ConfigDict(dict(scale=0.0))  # logits x 0: the loss is ln 10 exactly
+
+def build(settings, ctx):
+  model = nn.Dense(10)
+  params = ctx.init(model.init)(ctx.key, jnp.zeros((1, 64)))
+  def loss_fn(params, batch):
+    logits = settings.scale * model.apply(params, batch["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+  return Task(model=model, loss_fn=loss_fn, has_aux=False, params=params, batches=ctx.batches)
+'''
+
+
+def test_a_model_of_your_own_is_one_file(tmp_path):
+  """train.py trains a model file named on the command line (`--config.model.name=x.py`) with
+  its own settings' defaults: a loss that is ln 10 exactly at every step."""
+  path = tmp_path / "mymodel.py"
+  path.write_text(MY_MODEL)
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.train", f"--config={ROOT}/experiments/configs/dp.py",
+       f"--config.model.name={path}", "--config.data.name=digits", "--config.steps=2",
+       "--config.log_every=1", "--config.checkpoint_every=0", "--config.data.batch_size=16",
+       f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=ROOT, env=env,
+      timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
+    losses = [json.loads(line)["loss"] for line in f if line.strip()]
+  np.testing.assert_allclose(losses, [np.log(10)] * 2, rtol=1e-6)
+  with open(tmp_path / "run" / "summary.json", encoding="utf-8") as f:
+    summary = json.load(f)
+  assert summary["model"] == str(path) and summary["steps"] == 2
 
 
 def test_nnx_models_and_a_folder_of_text_train_from_the_config(tmp_path):

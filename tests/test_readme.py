@@ -46,7 +46,7 @@ def _own_section_blocks():
   text = (ROOT / "README.md").read_text()
   section = text.split("## Your own codec, transform or model", 1)[1].split("\n## ", 1)[0]
   blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-  assert len(blocks) == 5, "codec, training, transform, local gradient, model"
+  assert len(blocks) == 6, "codec, training, transform, error memory, local gradient, model"
   return blocks
 
 
@@ -55,7 +55,8 @@ def test_readme_own_codec_transform_and_model_run_and_count_exact_bytes(capsys):
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   from jaxcomm import comm  # pylint: disable=import-outside-toplevel
-  codec_block, train_block, transform_block, local_block, model_block = _own_section_blocks()
+  codec_block, train_block, transform_block, memory_block, local_block, model_block = \
+      _own_section_blocks()
   ns = {"__name__": "readme_own"}
   exec(codec_block, ns)  # pylint: disable=exec-used
   exec(train_block, ns)  # pylint: disable=exec-used
@@ -68,6 +69,8 @@ def test_readme_own_codec_transform_and_model_run_and_count_exact_bytes(capsys):
   assert float(m["loss"]) < 2.1 < float(jax.numpy.log(10.0))  # it learns (chance: ln 10)
   exec(transform_block, ns)  # pylint: disable=exec-used
   assert int(ns["vote_m"]["wire_bytes"]) == round(ns["report"].wire_bytes()) == 7 * 2
+  exec(memory_block, ns)  # it runs the transform contract on one device
+  assert isinstance(ns["half_ef"], ns["sync"].ErrorMemory)
   before = ns["params"]
   exec(local_block, ns)  # pylint: disable=exec-used
   # One data-parallel SGD step equals one full-batch step on one device (the batch is 64

@@ -446,7 +446,11 @@ def _every_method():
                                          chunk=16),
           "dreamddp": local.dreamddp(sgd(), 2, "replica"),
           "scaffold": local.scaffold(sgd(), 2, "replica"),
-          "hierarchical": local.hierarchical(sgd(), 2, fast_axis=None, slow_axis="replica")},
+          "hierarchical": local.hierarchical(sgd(), 2, fast_axis=None, slow_axis="replica"),
+          "des_loc": local.des_loc(optax.adam(1e-2), 2, {"mu": 2, "nu": 4}, "replica"),
+          "noloco": local.noloco(sgd(), 2, "replica"),
+          "diloco_eager_tokens": local.diloco(sgd(), OUTER(), 2, "replica", eager=True,
+                                              worker_steps=[2, 1], weighting="tokens")},
       "overlap": {
           "delayed": local.delayed(sgd(), "replica"),
           "stale_dc": local.stale(sgd(), 1, "replica", compensation="dc"),

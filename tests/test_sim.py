@@ -120,3 +120,33 @@ def test_measured_and_modelled_compute():
 def test_bad_input_names_the_argument(make, word):
   with pytest.raises(ValueError, match=word):
     make()
+
+
+# ---------------------------------------------------------------- overlapped backward pass
+def test_backward_overlap_by_hand():
+  """Forward 1 s, backward 2 s, buckets of 1, 1, 2 bytes (ready at 1.5, 2, 3 s) taking 1,
+  0.25 and 1 s on the link: bucket 0 runs 1.5-2.5, bucket 1 waits for the link (2.5-2.75),
+  bucket 2 starts when it is ready (3-4); 1 s is exposed after the backward pass, and the
+  0.5 s update follows: 4.5 s."""
+  o = sim.backward_overlap(1.0, 2.0, [1, 1, 2], [1.0, 0.25, 1.0], optimizer=0.5)
+  assert o.ready.tolist() == [1.5, 2.0, 3.0]
+  assert o.start.tolist() == [1.5, 2.5, 3.0]
+  assert o.finish.tolist() == [2.5, 2.75, 4.0]
+  assert (o.exposed_comm, o.step_seconds) == (1.0, 4.5)
+  # A link slower than the backward pass: every bucket queues behind the first.
+  o = sim.backward_overlap(1.0, 2.0, [1, 1, 2], [3.0, 3.0, 3.0])
+  assert o.finish.tolist() == [4.5, 7.5, 10.5] and o.exposed_comm == 7.5
+
+
+def test_backward_overlap_bounds():
+  # Infinite bandwidth (and no latency): the step is its compute.
+  o = sim.backward_overlap(0.3, 0.6, [4.0, 2.0, 2.0], [0.0, 0.0, 0.0], optimizer=0.1)
+  assert (o.exposed_comm, o.step_seconds) == (0.0, 0.3 + 0.6 + 0.1)
+  # One bucket: nothing overlaps, compute plus communication.
+  o = sim.backward_overlap(0.3, 0.6, [8.0], [0.25], optimizer=0.1)
+  assert o.exposed_comm == 0.25 and o.step_seconds == pytest.approx(1.25)
+  for bad, words in ((dict(forward=-1.0), "forward"), (dict(bucket_bytes=[]), "bucket_bytes"),
+                     (dict(bucket_seconds=[1.0]), "one finite time")):
+    args = dict(forward=1.0, backward=1.0, bucket_bytes=[1, 1], bucket_seconds=[0.1, 0.1])
+    with pytest.raises(ValueError, match=words):
+      sim.backward_overlap(**{**args, **bad})

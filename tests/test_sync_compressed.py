@@ -33,6 +33,21 @@ def test_contract_memories(memory):
   testing.check_transform(tx, steps=300)
 
 
+def _damped_memory():
+  """A memory of one's own, a few lines: EF that sends only half of its error, and a second
+  buffer (bfloat16) that keeps the last message this worker sent."""
+  return sync.ErrorMemory(
+      init=lambda n: {"e": jnp.zeros(n), "own": jnp.zeros(n, jnp.bfloat16)},
+      send=lambda m, x: x + 0.5 * m["e"],
+      keep=lambda m, sent, own: {"e": sent - own, "own": own})
+
+
+def test_contract_a_memory_of_your_own():
+  tx = optax.chain(sync.compressed(codecs.top_k(0.25), memory=_damped_memory(), axis_name=None),
+                   optax.sgd(0.05))
+  testing.check_transform(tx, steps=300)
+
+
 # ---------------------------------------------------------------------------- one update
 N = 500
 
@@ -137,6 +152,34 @@ def test_memories_and_updates_match_numpy_reference(mesh8, grads, memory, collec
     assert np.abs(server).max() > 0.1  # the re-encoding really dropped something
   else:
     assert state.server_memory is None
+
+
+def test_a_memory_of_your_own_composes_and_matches_a_hand_reference(mesh8, grads):
+  """A user-written `ErrorMemory` plugs into the compressing stage as the named ones do: two
+  steps of top-8 per chunk of 64 against numpy, the updates and both of its buffers."""
+  tx = sync.compressed(codecs.top_k(k=8, chunk=64), memory=_damped_memory(), collective="gather")
+  out, state = _updates(mesh8, tx, grads, steps=2)
+  e = np.zeros((W, N), np.float32)
+  for t in range(2):
+    sent = np.asarray(grads[t]) + 0.5 * e
+    own = _np_top_k(sent)
+    np.testing.assert_allclose(out[t], np.broadcast_to(own.sum(0) / W, (W, N)), atol=1e-5)
+    e = sent - own
+  np.testing.assert_allclose(np.asarray(state.memory["e"]), e, atol=1e-5)
+  assert state.memory["own"].dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(state.memory["own"], np.float32), _bf16(own),
+                             rtol=1e-2, atol=1e-6)
+
+
+def test_named_memories_are_their_error_memories(mesh8, grads):
+  """memory="ef" / "ef21" / "loco" are `sync.error_feedback()` / `ef21()` / `loco(beta)`:
+  the same updates and states, bit for bit."""
+  codec, key = codecs.top_k(k=8, chunk=64), KEY
+  for name, memory in [("ef", sync.error_feedback()), ("ef21", sync.ef21()),
+                       ("loco", sync.loco(0.5))]:
+    a = _updates(mesh8, sync.compressed(codec, memory=name, beta=0.5, key=key), grads, 2)
+    b = _updates(mesh8, sync.compressed(codec, memory=memory, key=key), grads, 2)
+    chex.assert_trees_all_equal(a, b)
 
 
 def test_ef21_aggregate_is_the_mean_of_worker_states(mesh8, grads):
@@ -265,6 +308,10 @@ def test_bad_input_fails_when_built():
       (lambda: sync.compressed(codecs.top_k(0.1), memory="loco", beta=1.0), "beta"),
       (lambda: sync.compressed("top_k"), "codec"),
       (lambda: sync.compressed(codecs.sign(), memory="ef", memory_dtype=jnp.int8), "memory_dtype"),
+      (lambda: sync.compressed(codecs.sign(), memory=sync.error_feedback(),
+                               memory_dtype="bfloat16"), "memory_dtype"),
+      (lambda: sync.loco(beta=1.0), "beta"),
+      (lambda: sync.error_feedback(jnp.int8), "dtype"),
   ]
   for make, word in bad:
     with pytest.raises(ValueError, match=word):

@@ -4,7 +4,7 @@ from experiments import config
 
 
 def get_config():
-  c = config.base_config("choco", graph="ring", codec="cast:bfloat16", consensus_step=0.5)
+  c = config.base_config("choco", consensus_step=0.5)
   c.model.name, c.data.name = "mlp", "digits"
   c.optimizer.name, c.optimizer.lr = "sgd", 0.1
   return c

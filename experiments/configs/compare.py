@@ -1,10 +1,12 @@
-"""What `python -m experiments.compare` gives every method: the byte-level LM on pydoc, AdamW
-on 8 workers, and how the results are read (config.compare). `compare.py:long`: a larger LM,
-longer sequences and runs, about 5 CPU-minutes per method.
+"""What `python -m experiments.compare` gives every method: the byte-level LM on pydoc's train
+split, AdamW on 8 workers, and how the results are read (config.compare; see the module
+docstring of experiments/compare.py). `compare.py:long`: a larger LM, longer sequences and
+runs, about 5 CPU-minutes per trial.
 
-`steps` is the reference method's (exact DP's) run: on each link the time budget is that
-run's simulated time (times `budget`), and every method trains the inner steps that fit in
-it on that link, up to `max_steps`."""
+`steps` is the reference's run that sets the target: the median over seeds of its best
+held-out loss in `steps` steps. On each link the budget is `budget` times the reference's
+median time to that target, and every trial trains until it reaches the target or spends
+the budget on every link, up to `max_steps`."""
 
 import ml_collections
 from ml_collections import config_dict
@@ -16,18 +18,24 @@ def get_config(arg: str | None = None):
   c = config.base_config("dp")
   c.steps = 150
   c.checkpoint_every = 0
+  c.data.split = "train"             # the test split is held out for the target
   c.compare = ml_collections.ConfigDict(dict(
-      reference="dp",                # the label whose run sets the budget and the target
-      budget=1.0,                    # each link's budget: the reference's time x this
-      max_steps=600,                 # no method trains more inner steps than this
+      reference="dp_bf16",           # the label whose trials set the target and the budgets
+      ruleset="default",             # default: each method's settings; tuned: tuning() lists
+      seeds=3,                       # seeds (studies) per method and setting
+      population=True,               # a method's seeds in one program (Trainer(trials=S))
+      budget=2.0,                    # each link's budget: the reference's median time x this
+      max_steps=600,                 # no trial trains more inner steps than this
       links=("wan", "internet", "infiniband"),  # presets (comm.PRESETS) or name:gbit=,latency_ms=
-      smooth=10,                     # records in the trailing mean of the loss curve
-      target_loss=config_dict.placeholder(float),  # default: from the reference's run
-      target_fraction=0.8,           # default target: its smoothed loss at this fraction
-      compute_repeats=10))           # timings of each method's local step (fastest kept)
+      eval_every=10,                 # held-out evaluations every this many steps (untimed)
+      eval_batch=128,                # test-split sequences in the held-out evaluation
+      smooth=10,                     # records in the trailing mean of the training curve
+      target_loss=config_dict.placeholder(float),  # default: from the reference's trials
+      compute_repeats=10))           # interleaved rounds timing each local step
   if arg == "long":  # ~0.3 CPU-seconds per step on 8 emulated devices (measured)
     c.steps = 1000
     c.compare.max_steps = 3000
+    c.compare.eval_every = 50
     c.model.update(d_model=96, num_layers=3, d_ff=384)
     c.data.seq_len = 128
   elif arg:

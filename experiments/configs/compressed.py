@@ -5,4 +5,4 @@ from experiments import config
 
 
 def get_config():
-  return config.base_config("compressed", codec="top_k:fraction=0.01", memory="ef")
+  return config.base_config("compressed", memory="ef")

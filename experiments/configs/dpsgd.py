@@ -4,7 +4,7 @@ from experiments import config
 
 
 def get_config():
-  c = config.base_config("dpsgd", graph="ring")
+  c = config.base_config("dpsgd")
   c.model.name, c.data.name = "mlp", "digits"
   c.optimizer.name, c.optimizer.lr = "sgd", 0.1
   return c

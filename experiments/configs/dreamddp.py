@@ -4,4 +4,4 @@ from experiments import config
 
 
 def get_config():
-  return config.base_config("dreamddp", sync_every=10)
+  return config.base_config("dreamddp")

@@ -5,6 +5,6 @@ from experiments import config
 
 
 def get_config():
-  c = config.base_config("hierarchical", sync_every=10)
+  c = config.base_config("hierarchical")
   c.mesh = "slow=2,fast=4"
   return c

@@ -4,6 +4,6 @@ from experiments import config
 
 
 def get_config():
-  c = config.base_config("onebit_adam", freeze_step=100)
+  c = config.base_config("onebit_adam")
   c.optimizer.lr = 1e-3
   return c

@@ -4,7 +4,7 @@ from experiments import config
 
 
 def get_config():
-  c = config.base_config("scaffold", sync_every=10)
+  c = config.base_config("scaffold")
   c.model.name, c.data.name, c.data.label_skew = "mlp", "digits", 0.5
   c.optimizer.name, c.optimizer.lr = "sgd", 0.1
   return c

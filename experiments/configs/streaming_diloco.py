@@ -5,4 +5,4 @@ from experiments import config
 
 
 def get_config():
-  return config.base_config("streaming_diloco", sync_every=10, fragments=2, overlap=2)
+  return config.base_config("streaming_diloco", fragments=2, overlap=2)

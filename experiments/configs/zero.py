@@ -5,4 +5,4 @@ from experiments import config
 
 
 def get_config():
-  return config.base_config("zero", stage=1, codec="uniform:bits=8", memory="ef")
+  return config.base_config("zero", codec="uniform:bits=8", memory="ef")

@@ -9,60 +9,26 @@ file anywhere (`config.method.name = "/path/to/my_method.py"`).
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import math
 import numbers
-import os
-import pkgutil
-import sys
 from types import ModuleType
 
 import ml_collections
 import optax
 
+from experiments import _plugins
+
 
 def available_methods() -> list[str]:
   """The methods that ship in experiments/methods/."""
-  return sorted(m.name for m in pkgutil.iter_modules(__path__)
-                if not m.name.startswith("_"))
+  return _plugins.available(__path__)
 
 
 @functools.lru_cache(maxsize=None)
 def load_method(name: str) -> ModuleType:
   """The module of method `name`: experiments/methods/<name>.py, a dotted module path, or a
   `.py` file path. Raises a ValueError naming the method when there is none."""
-  if not isinstance(name, str) or not name:
-    raise ValueError(f"config.method.name must name a method, got {name!r}; allowed: "
-                     f"{', '.join(available_methods())}, a module path or a .py file.")
-  if name.endswith(".py"):
-    if not os.path.isfile(name):
-      raise ValueError(f"config.method.name {name!r}: no such file.")
-    module_name = "jaxcomm_method_" + os.path.splitext(os.path.basename(name))[0]
-    spec = importlib.util.spec_from_file_location(module_name, name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-  else:
-    path = name if "." in name else f"experiments.methods.{name}"
-    try:
-      module = importlib.import_module(path)
-    except ModuleNotFoundError as e:
-      if e.name not in (path, *_parents(path)):
-        raise  # the method exists but one of its own imports is missing
-      raise ValueError(f"config.method.name {name!r} is unknown; allowed: "
-                       f"{', '.join(available_methods())}, a module path or a .py file."
-                       ) from None
-  for attr in ("defaults", "build"):
-    if not callable(getattr(module, attr, None)):
-      raise ValueError(f"method module {module.__name__} must define {attr}() "
-                       "(see experiments/build.py).")
-  return module
-
-
-def _parents(path: str) -> list[str]:
-  parts = path.split(".")
-  return [".".join(parts[:i]) for i in range(1, len(parts))]
+  return _plugins.load(name, __name__, "method", available_methods())
 
 
 def method_defaults(name: str) -> ml_collections.ConfigDict:

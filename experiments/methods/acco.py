@@ -20,3 +20,8 @@ def wrap_loss(settings, loss_fn, ctx):
 def overlap_steps(settings) -> int:
   del settings
   return 1
+
+
+def tuning() -> list:
+  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)]

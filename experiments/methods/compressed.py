@@ -22,3 +22,15 @@ def defaults():
 def build(settings, ctx):
   return optax.chain(config.call(sync.compressed, settings, codec=ctx.codec(settings.codec),
                                  axis_name=ctx.axis_name, key=ctx.key), ctx.inner)
+
+
+def overlap_backward(settings) -> bool:
+  """Each tensor is compressed and sent on its own, so a bucket can go as soon as the
+  backward pass has made it (as a DDP communication hook does)."""
+  del settings
+  return True
+
+
+def tuning() -> list:
+  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)]

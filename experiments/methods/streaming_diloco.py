@@ -24,3 +24,14 @@ def build(settings, ctx):
 def overlap_steps(settings) -> int:
   """A fragment is merged `overlap` inner steps after it is sent."""
   return settings.overlap
+
+
+def local_step(settings) -> str:
+  """As DiLoCo's: the gradient and the inner optimiser."""
+  del settings
+  return "inner"
+
+
+def tuning() -> list:
+  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]

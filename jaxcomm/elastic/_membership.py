@@ -6,11 +6,19 @@ of the coordination service and all get the same live set, with each process's i
 (a restarted process gets a new one). What this module adds on top, through the service's
 key-value store:
 
-* **Generations.** Process 0 (it hosts the coordination service, so it is never the one
-  that died) writes one record per generation: the mesh order of the live devices, the
-  processes that must be healed (restarted or new ones) and the donor they copy. A new
+* **Generations, planned by a leader.** The coordination service runs in a process of its
+  own (`python -m jaxcomm.elastic.coordinator`), so no worker is special: the leader of a
+  generation is the lowest live process that holds the training state (not a joiner). It
+  writes one record per generation: the mesh order of the live devices, the processes that
+  must be healed (restarted or new ones), the donor they copy, and the bookkeeping below
+  (so whichever process leads next, a joiner too once healed, continues it). A new
   generation starts whenever the live set changes and after every failed round. Every
   process reads the record, so joiners, which know nothing of the past, act like the rest.
+* **Quorum rules** (`Quorum`), checked alike by every process on the agreed live set: at
+  least `min_workers` processes, and a strict majority of the last committed quorum (two
+  halves of a partition cannot both train on). A process that cannot form a valid quorum
+  waits up to `timeout_s` for others, then stops (`QuorumLost`) instead of training alone.
+  A join window lets a burst of restarts form one generation instead of several.
 * **A fresh device order per generation.** XLA:CPU keeps one gloo communicator per ordered
   device list for the life of the process and never rebuilds it: after a collective failed
   on it, or once a member restarted, it is broken for good ("Gloo all-reduce failed:
@@ -20,28 +28,42 @@ key-value store:
   rotated) that was never used with other incarnations and never failed. There are
   N! x d such orders for N islands of d devices; running out raises.
 * **One commit decision per round** (torchft's `should_commit`): each process votes, and
-  the first process to decide (all voted yes: commit; a no or a missing vote: abort)
-  writes the decision with a create-only key, so every process follows the same one even
-  when a collective failed on some processes only (a timeout, not a death), which
-  `live_devices` alone does not make atomic.
+  the first process to decide (all voted yes: commit; a no or a vote missing after the
+  progress deadline: abort) writes the decision with a create-only key, so every process
+  follows the same one even when a collective failed on some processes only (a timeout,
+  not a death), which `live_devices` alone does not make atomic. A member whose vote is
+  missing at the deadline is evicted: the decision names it, and its own watchdog thread
+  (alive while its main thread hangs) ends it, so the next barrier does not wait for it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import itertools
 import json
 import logging
+import os
+import statistics
+import sys
+import threading
 import time
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import jax
+from jax._src import distributed
 from jax.experimental import multihost_utils
+
+from jaxcomm.elastic._agreement import Planner, candidate_orders, decide
+from jaxcomm.elastic._quorum import Quorum, QuorumLost
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "jaxcomm/elastic"
 FINISHED = f"{PREFIX}/finished"
+COMMITTED = f"{PREFIX}/committed"  # {"step", "members"} of the last commit, for joiners
+
+__all__ = ("Evicted", "Generation", "Membership", "Planner", "QuorumLost", "RoundAborted",
+           "RunFinished", "candidate_orders", "client", "decide")
 
 
 class RoundAborted(RuntimeError):
@@ -52,13 +74,22 @@ class RunFinished(Exception):
   """The run reached its last step before this process could join it."""
 
 
+class Evicted(RuntimeError):
+  """The others evicted this process: its vote was missing at the progress deadline."""
+
+
+EVICTED = 75   # exit status of an evicted process (EX_TEMPFAIL: it may be started again)
+
+
 class Generation(NamedTuple):
   """What every live process agreed on for a run of rounds."""
   index: int                # 0, 1, ...: generations before this one
-  live: tuple               # ((process, incarnation), ...) sorted by process
+  live: tuple               # ((process, incarnation), ...) of the mesh, sorted by process
   order: tuple              # device ids of the mesh, in mesh order
   joiners: tuple            # processes to heal in the generation's first committed round
   donor: int                # the process joiners copy
+  leader: int = 0           # the process that planned it (writes metrics, checkpoints)
+  held: tuple = ()          # live processes kept out of the mesh until a checkpoint step
 
   @property
   def processes(self) -> tuple:
@@ -67,114 +98,24 @@ class Generation(NamedTuple):
 
 def client():
   """The coordination-service client of `jax.distributed` (None on a single process)."""
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
   return distributed.global_state.client
 
-
-def candidate_orders(islands: dict[int, list[int]]) -> Iterator[tuple]:
-  """Device orders for a set of islands (process -> its device ids), the plainest first.
-
-  Islands are permuted (lexicographically) and, within each permutation, every island's
-  devices are rotated by the same amount; each island's devices stay contiguous.
-
-  >>> list(candidate_orders({0: [0], 1: [5]}))
-  [(0, 5), (5, 0)]
-  >>> list(candidate_orders({0: [0, 1]}))
-  [(0, 1), (1, 0)]
-  """
-  width = max(len(d) for d in islands.values())
-  for rot in range(width):
-    for perm in itertools.permutations(sorted(islands)):
-      order = []
-      for p in perm:
-        devs = sorted(islands[p])
-        k = rot % len(devs)
-        order += devs[k:] + devs[:k]
-      yield tuple(order)
-
-
-class Planner:
-  """Process 0's bookkeeping: which processes are healed, which orders are spent.
-
-  Args:
-    islands: process -> its device ids.
-  """
-
-  def __init__(self, islands: dict[int, list[int]]):
-    self.islands = islands
-    self.index = 0
-    self.members: dict[int, int] = {}  # process -> incarnation of the last commit
-    self.used: dict[tuple, tuple] = {}  # order -> the live set it was used with
-    self.spent: set[tuple] = set()      # orders a failed round used
-
-  def plan(self, live: tuple) -> dict:
-    """The record of a new generation over `live` ((process, incarnation), ...)."""
-    joiners = [p for p, inc in live if self.members and self.members.get(p) != inc]
-    healed = [p for p, _ in live if p not in joiners]
-    if not healed:
-      raise RuntimeError(f"no live process holds the training state (live {live}, last "
-                         f"committed members {self.members}).")
-    order = self._order(live)
-    self.used[order] = live
-    record = {"index": self.index, "order": list(order), "joiners": joiners,
-              "donor": min(healed)}
-    self.index += 1
-    return record
-
-  def _order(self, live: tuple) -> tuple:
-    islands = {p: self.islands[p] for p, _ in live}
-    for order in candidate_orders(islands):
-      if order not in self.spent and self.used.get(order, live) == live:
-        return order
-    raise RuntimeError(
-        f"no unused device order left for the islands {sorted(islands)} (the CPU backend "
-        f"cannot rebuild a gloo communicator: each membership change and each failed round "
-        f"needs a device order never used before; give each process more devices).")
-
-  def committed(self, live: tuple) -> None:
-    self.members = dict(live)
-
-  def failed(self, order: tuple) -> None:
-    self.spent.add(order)
-
-
-def decide(client, base: str, me: int, members: tuple, ok: bool, timeout_ms: int) -> bool:
-  """One round's commit decision, the same on every member: True to commit.
-
-  Each member writes its vote under `base`; a member that voted yes waits for the others'.
-  The first member to know the outcome (all yes: commit; a no, or a vote missing after
-  `timeout_ms`: abort) writes it to a create-only key, and every member returns what that
-  key says, so a member that arrives late follows a decision already taken.
-
-  >>> class Store(dict):  # the coordination service's key-value store, create-only
-  ...   def key_value_set(self, key, value):
-  ...     if key in self:
-  ...       raise jax.errors.JaxRuntimeError("ALREADY_EXISTS")
-  ...     self[key] = value
-  ...   def blocking_key_value_get(self, key, timeout_ms):
-  ...     return self[key]
-  >>> store = Store()
-  >>> decide(store, "r", 0, (0,), True, 1000)
-  True
-  """
-  client.key_value_set(f"{base}/vote/{me}", "1" if ok else "0")
-  outcome = "abort"
-  if ok:
-    try:
-      votes = [client.blocking_key_value_get(f"{base}/vote/{p}", timeout_ms) for p in members]
-      outcome = "commit" if all(v == "1" for v in votes) else "abort"
-    except jax.errors.JaxRuntimeError:  # a vote did not come in time
-      outcome = "abort"
-  with contextlib.suppress(jax.errors.JaxRuntimeError):  # someone decided first
-    client.key_value_set(f"{base}/decision", outcome)
-  return client.blocking_key_value_get(f"{base}/decision", timeout_ms) == "commit"
 
 
 class Membership:
   """Rounds of the live processes of a `jax.distributed` run with recoverability on.
 
   Args:
-    timeout_s: how long a process waits for the others' votes and for a generation record.
+    timeout_s: how long a process waits for a generation record.
+    quorum: the quorum rules (`Quorum`).
+    deadline_s: the progress deadline: how long after its own vote a process waits for the
+      others' before the round is aborted and the missing ones evicted. None: 3x the median
+      time of this process's committed rounds (at least 5 s), `timeout_s` until 3 rounds
+      have committed.
+    admit_every: with `quorum.shrink_only`, joiners are admitted only at rounds that start
+      at a multiple of this step (the checkpoint interval).
+    view: a fault hook, `(step, live) -> live` as this process sees it (tests partition
+      the run with it); None: the live set as the coordination service reports it.
 
   >>> try:  # one process: nothing to agree on
   ...   Membership()
@@ -183,7 +124,9 @@ class Membership:
   elastic membership needs jax.distributed
   """
 
-  def __init__(self, timeout_s: float = 60.0):
+  def __init__(self, timeout_s: float = 60.0, quorum: Quorum = Quorum(),
+               deadline_s: float | None = None, admit_every: int = 0,
+               view: Callable[[int, tuple], tuple] | None = None):
     self.client = client()
     if self.client is None:
       raise RuntimeError("elastic membership needs jax.distributed (see "
@@ -196,52 +139,111 @@ class Membership:
     islands: dict[int, list[int]] = {}
     for d in self.devices:
       islands.setdefault(d.process_index, []).append(d.id)
-    self.planner = Planner(islands) if self.pid == 0 else None
+    self.planner = Planner(islands)   # every process: a copy of the leader's bookkeeping
     self.timeout_ms = int(timeout_s * 1000)
+    self.quorum, self.deadline_s, self.admit_every = quorum.check(), deadline_s, admit_every
+    self.view = view
     self.generation: Generation | None = None
     self.decided = None         # the last round's decision: True (commit) or False
+    self.evicted: list = []     # processes the last decision evicted
+    self.waiting = ""           # why the last round was empty ("" if it was not)
+    self.round_seconds: list[float] = []
     self._records: dict[str, Generation] = {}
     self._failures: dict[tuple, int] = {}  # live set -> failed rounds so far
-    self._round = 0             # rounds in this generation
     self._last_keys: list[str] = []
+    self._seen = None           # the live set of the previous round
+    self._lost_since = None     # when the quorum was first found invalid
+    self._streak = 0            # rounds over the same live set so far
+    self._joining = _exists(self.client, COMMITTED)  # a run under way: this process joins
+    self.incarnation = None
+    self._watchdog = None
+    self._stop = threading.Event()
 
   # ---------------------------------------------------------------- rounds
   @contextlib.contextmanager
-  def round(self) -> Iterator[Generation]:
-    """One round: yields the generation; on exit all processes commit or all abort.
+  def round(self, step: int) -> Iterator[Generation | None]:
+    """One round from `step`: yields its generation (None: an empty round, `waiting` says
+    why); on exit all processes commit or all abort.
 
     Raises (on every live process alike) `RoundAborted`, JAX's `ProcessFailureError`, or
     the body's own exception when the round is not committed; `ProcessFailureError` also
-    when a process died after the round was committed (`decided` tells which). A body
-    that raises anything else still votes no, so the others abort instead of waiting.
+    when a process died after the round was committed (`decided` tells which);
+    `QuorumLost` once no valid quorum has formed for `quorum.timeout_s`; `Evicted` on a
+    process the others evicted. A body that raises anything else still votes no, so the
+    others abort instead of waiting.
     """
-    self.decided = None
+    self.decided, self.evicted, self.waiting = None, [], ""
     with multihost_utils.live_devices(self.devices):
       live = tuple(sorted({d.process_index: inc for d, inc in
                            multihost_utils.live_devices.devices.items()}.items()))
-      gen = self._generation(live)
-      if gen != self.generation:
-        self.generation, self._round = gen, 0
+      self._start_watchdog(dict(live).get(self.pid))
+      if self.view is not None:
+        live = tuple(self.view(step, live))
+      self._streak = self._streak + 1 if live == self._seen else 0
+      gen = self._form(live, step)
+      # Held processes (shrink_only) do not vote: they follow the members' decision.
+      members = gen.processes if gen is not None else tuple(p for p, _ in live)
+      # Unique per round and the same on every member (joiners too): rounds over one live
+      # set are counted from the first of them.
+      base = f"{PREFIX}/round/{gen.index if gen else '-'}/{_sig(live)}/{self._streak}"
       try:
         yield gen
       except BaseException:
-        self._decide(gen, ok=False)
+        self._decide(base, members, ok=False)
         raise
-      if not self._decide(gen, ok=True):
-        raise RoundAborted(f"round {self._round} of generation {gen.index} was aborted by "
-                           f"another process.")
+      if not self._decide(base, members, ok=True):
+        raise RoundAborted(f"round {self._streak} over {_sig(live)} was aborted"
+                           + (f"; evicted {self.evicted} (no vote within "
+                              f"{self.deadline():.1f} s)" if self.evicted else ""))
 
-  def _generation(self, live: tuple) -> Generation:
+  def _form(self, live: tuple, step: int) -> Generation | None:
+    """The generation of this round over `live`, or None (an empty round)."""
+    if self._joining:   # knows nothing of the run yet: reads what the others committed
+      committed = _try_json(self.client, COMMITTED)
+      if committed:
+        step = committed["step"]
+        self.planner.members = {p: inc for p, inc in committed["members"]}
+    came = self._seen is not None and any(x not in self._seen for x in live)
+    first = self._seen is None and self._joining
+    self._seen = live
+    if self.quorum.join_window_s and (came or first):
+      self.waiting = f"join window ({self.quorum.join_window_s} s)"
+      time.sleep(self.quorum.join_window_s)
+      return None
+    holders = [p for p, inc in live if not self.planner.members
+               or self.planner.members.get(p) == inc]
+    why = self.quorum.violations([p for p, _ in live], list(self.planner.members), step)
+    if why:
+      self._lost_since = self._lost_since or time.monotonic()
+      if time.monotonic() - self._lost_since > self.quorum.timeout_s:
+        raise QuorumLost(f"process {self.pid}: no valid quorum for "
+                         f"{self.quorum.timeout_s} s at step {step}: " + "; ".join(why))
+      self.waiting = "; ".join(why)
+      time.sleep(0.05)
+      return None
+    self._lost_since = None
+    held = ()
+    if (self.quorum.shrink_only and self.planner.members and self.admit_every
+        and step % self.admit_every):
+      held = tuple(p for p, _ in live if p not in holders)
+      live = tuple(x for x in live if x[0] not in held)
+    return self._generation(live, held)
+
+  def _generation(self, live: tuple, held: tuple) -> Generation:
     failures = self._failures.get(live, 0)
-    sig = ",".join(f"{p}:{inc}" for p, inc in live) + f"/{failures}"
+    sig = _sig(live) + f"/{failures}" + (f"/held{list(held)}" if held else "")
     if sig not in self._records:
       key = f"{PREFIX}/generation/{sig}"
-      if self.planner is not None:
-        self.client.key_value_set(key, json.dumps(self.planner.plan(live)))
+      if not self._joining and self.planner.leader(live) == self.pid:
+        record = self.planner.plan(live)
+        self.client.key_value_set(key, json.dumps(record))
       record = json.loads(self._wait_for(key))
+      self.planner.load(record["state"])
       self._records[sig] = Generation(record["index"], live, tuple(record["order"]),
-                                      tuple(record["joiners"]), record["donor"])
-    return self._records[sig]
+                                      tuple(record["joiners"]), record["donor"],
+                                      record["leader"], held)
+    self.generation = self._records[sig]
+    return self.generation
 
   def _wait_for(self, key: str) -> str:
     """The value of `key` once written; `RunFinished` if the run ended first."""
@@ -258,29 +260,50 @@ class Membership:
       time.sleep(0.01)
 
   def finish(self, step: int) -> None:
-    """Process 0, after the last round: tells processes still joining that it is over."""
-    if self.pid == 0:
-      self.client.key_value_set(FINISHED, str(step), allow_overwrite=True)
+    """After the last round: tells processes still joining that the run is over."""
+    self.client.key_value_set(FINISHED, str(step), allow_overwrite=True)
 
-  def _decide(self, gen: Generation, ok: bool) -> bool:
-    base = f"{PREFIX}/round/{gen.index}/{self._round}"
-    self.decided = decide(self.client, base, self.pid, gen.processes, ok, self.timeout_ms)
+  def deadline(self) -> float:
+    """The progress deadline in seconds (see `deadline_s`)."""
+    if self.deadline_s is not None:
+      return self.deadline_s
+    if len(self.round_seconds) < 3:
+      return self.timeout_ms / 1000
+    return max(5.0, 3 * statistics.median(self.round_seconds[-20:]))
+
+  def _decide(self, base: str, members: tuple, ok: bool) -> bool:
+    if self.pid in members:
+      outcome = decide(self.client, base, self.pid, members, ok,
+                       int(self.deadline() * 1000))
+    else:
+      outcome = json.loads(self._wait_for(f"{base}/decision"))
+    self.decided, self.evicted = outcome["commit"], outcome["evicted"]
+    for p in self.evicted:  # the evicted process's watchdog reads it and ends it
+      inc = dict(self._seen or ()).get(p)
+      with contextlib.suppress(jax.errors.JaxRuntimeError):
+        self.client.key_value_set(f"{PREFIX}/evicted/{p}", str(inc), allow_overwrite=True)
+    if self.pid in self.evicted:
+      raise Evicted(f"process {self.pid} was evicted by the others (no vote within the "
+                    f"progress deadline)")
     # Every process has read the previous round's keys before this round's barrier.
     for key in self._last_keys:
       with contextlib.suppress(jax.errors.JaxRuntimeError):
         self.client.key_value_delete(key)
-    self._last_keys = [f"{base}/vote/{self.pid}"] + (
-        [f"{base}/decision"] if self.pid == 0 else [])
-    self._round += 1
+    self._last_keys = [f"{base}/vote/{self.pid}", f"{base}/decision"]
     return self.decided
 
   # ---------------------------------------------------------------- outcomes
-  def committed(self) -> None:
+  def committed(self, step: int, seconds: float) -> None:
     """Records that the current generation's round committed (its joiners are healed)."""
-    if self.planner is not None:
-      self.planner.committed(self.generation.live)
-    self.generation = self.generation._replace(joiners=())
-    self._records = {k: (g._replace(joiners=()) if g.live == self.generation.live else g)
+    gen = self.generation
+    self.planner.committed(gen.live)
+    self._joining = False
+    self.round_seconds.append(seconds)
+    if gen.leader == self.pid:
+      self.client.key_value_set(COMMITTED, json.dumps(
+          {"step": step, "members": sorted(dict(gen.live).items())}), allow_overwrite=True)
+    self.generation = gen._replace(joiners=())
+    self._records = {k: (g._replace(joiners=()) if g.live == gen.live else g)
                      for k, g in self._records.items()}
 
   def failed(self) -> None:
@@ -289,5 +312,59 @@ class Membership:
       return
     live = self.generation.live
     self._failures[live] = self._failures.get(live, 0) + 1
-    if self.planner is not None:
-      self.planner.failed(self.generation.order)
+    self.planner.failed(self.generation.order)
+
+  def _start_watchdog(self, incarnation) -> None:
+    """A thread that ends this process once the others have evicted it (its main thread
+    may hang where Python cannot interrupt it: a collective, a lock, an input pipeline)."""
+    if self._watchdog is not None or incarnation is None:
+      return
+    self.incarnation = incarnation
+    key, me = f"{PREFIX}/evicted/{self.pid}", str(incarnation)
+
+    def watch():
+      while not self._stop.wait(0.2):
+        try:
+          if self.client.key_value_try_get(key) == me:
+            break
+        except jax.errors.JaxRuntimeError:
+          continue
+      else:
+        return
+      sys.stderr.write(f"elastic: process {self.pid}: evicted by the others (no vote within "
+                       f"the progress deadline); exiting with status {EVICTED}\n")
+      sys.stderr.flush()
+      with contextlib.suppress(Exception):
+        self.client.shutdown()  # leaves the live set now, not after the heartbeat timeout
+      os._exit(EVICTED)
+
+    self._watchdog = threading.Thread(target=watch, daemon=True, name="elastic-watchdog")
+    self._watchdog.start()
+    # Stopped before the interpreter exits: a daemon thread caught inside a call into JAX's
+    # client at exit would abort the process ("FATAL: exception not rethrown").
+    atexit.register(self.close)
+
+  def close(self) -> None:
+    """Stops the watchdog thread (at the end of `fit`, and at exit)."""
+    self._stop.set()
+    if self._watchdog is not None and self._watchdog is not threading.current_thread():
+      self._watchdog.join(timeout=5)
+
+
+def _sig(live: tuple) -> str:
+  return ",".join(f"{p}:{inc}" for p, inc in live)
+
+
+def _exists(client_, key: str) -> bool:
+  try:
+    client_.key_value_try_get(key)
+    return True
+  except jax.errors.JaxRuntimeError:
+    return False
+
+
+def _try_json(client_, key: str):
+  try:
+    return json.loads(client_.key_value_try_get(key))
+  except jax.errors.JaxRuntimeError:
+    return None

@@ -14,8 +14,11 @@ synchronised value θ up to one rounding of p + (θ − p), an ulp of the larger
 from jaxcomm.local._acco import AccoState
 from jaxcomm.local._acco import acco
 from jaxcomm.local._acco import micro_batch_loss
+from jaxcomm.local._cocodc import cocodc
 from jaxcomm.local._delayed import DelayedState
 from jaxcomm.local._delayed import delayed
+from jaxcomm.local._des_loc import DesLocState
+from jaxcomm.local._des_loc import des_loc
 from jaxcomm.local._diloco import DilocoState
 from jaxcomm.local._diloco import diloco
 from jaxcomm.local._dreamddp import DreamddpState
@@ -25,6 +28,9 @@ from jaxcomm.local._hierarchical import HierarchicalState
 from jaxcomm.local._hierarchical import hierarchical
 from jaxcomm.local._local_sgd import LocalSgdState
 from jaxcomm.local._local_sgd import local_sgd
+from jaxcomm.local._muloco import muloco
+from jaxcomm.local._noloco import NolocoState
+from jaxcomm.local._noloco import noloco
 from jaxcomm.local._scaffold import ScaffoldState
 from jaxcomm.local._scaffold import scaffold
 from jaxcomm.local._sparseloco import sparseloco
@@ -38,22 +44,28 @@ from jaxcomm.local._streaming import streaming_diloco
 __all__ = (
     "AccoState",
     "DelayedState",
+    "DesLocState",
     "DilocoState",
     "DreamddpState",
     "HierarchicalState",
     "LocalSgdState",
+    "NolocoState",
     "ScaffoldState",
     "StaleState",
     "StreamingDilocoState",
     "acco",
+    "cocodc",
     "delay_compensation",
     "delayed",
+    "des_loc",
     "diloco",
     "dreamddp",
     "hierarchical",
     "layer_groups",
     "local_sgd",
+    "muloco",
     "micro_batch_loss",
+    "noloco",
     "scaffold",
     "sparseloco",
     "stale",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxcomm import _validate as v
@@ -14,6 +15,7 @@ from jaxcomm.local import _core
 from jaxcomm.local import _transport
 
 MEMORIES = (None, "ef")
+WEIGHTINGS = ("uniform", "tokens")
 
 
 class DilocoState(NamedTuple):
@@ -25,6 +27,9 @@ class DilocoState(NamedTuple):
   memory: Any            # f32[n] error memory of the encoded outer gradient (per-worker); None without
   key: jax.Array         # u32[2]: PRNG key shared by all workers, for stochastic codecs
   wire_bytes: jax.Array  # u32[]: cumulative bytes sent (mod 2**32)
+  # Eager updates only (None otherwise); outer_params and outer_state are then per-worker.
+  in_flight: Any = None  # like params: the mean outer gradient of the last sync (replicated)
+  sent: Any = None       # like params: this worker's share of it, w_w δ_w / Σ w (per-worker)
 
 
 def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Array,
@@ -59,7 +64,10 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
            sync_every: int, axis_name: comm.AxisName = "data", *,
            codec: codecs.CodecLike | None = None, memory: str | None = None,
            collective: str | None = None, participation: _core.Participation = None,
-           key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
+           key: jax.Array | None = None, eager: bool = False,
+           worker_steps: Sequence[int] | None = None, weighting: str = "uniform",
+           tokens_per_step: Sequence[float] | None = None
+           ) -> optax.GradientTransformationExtraArgs:
   """DiLoCo: H inner steps per worker, then one outer step on the averaged progress.
 
   The state keeps the outer parameters θ_out and the outer optimiser's state. On every H-th
@@ -96,12 +104,30 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
       live workers only; every worker, live or not, continues from the new θ_out.
     key: PRNG key of stochastic codecs (shared by all workers); None is the fixed default
       `jax.random.key(0)`.
+    eager: eager outer updates (the paper's "eager" variant, not its naive one-step delay):
+      the all-reduce of sync k overlaps the next H inner steps, so its mean Δ̄_k is used at
+      sync k + 1. Worker w steps the outer optimiser at once with
+      Δ~_w,k = Δ̄_{k-1} + s_w,k − s_w,k-1, where s_w,k = δ_w,k / W is its own share of the
+      mean being sent (w_w δ_w / Σ w with a mask or weights): its own fresh outer gradient
+      stands in for its part of the unknown mean, the others' parts come one phase late,
+      and its own stale part is swapped out. Outer parameters and outer state become
+      per-worker; the bytes are DiLoCo's. With one worker it is DiLoCo. With a codec s_w
+      is the unencoded δ_w.
+    worker_steps: optional inner steps H_r in [1, H] per worker: worker r computes only the
+      first H_r updates of each period of H (a slower replica), idle (parameters and inner
+      state untouched) for the rest, and syncs with everyone after update H.
+    weighting: "uniform" (every live worker's δ_w counts equally) or "tokens" (δ_w weighted
+      by the tokens it processed since the last merge: H_r x `tokens_per_step[r]`).
+    tokens_per_step: optional tokens per inner step of each worker (default 1 each); used by
+      `weighting="tokens"` only.
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
-    Douillard et al., DiLoCo, arXiv 2311.08105.
+    Douillard et al., DiLoCo, arXiv 2311.08105. Kale et al., Eager Updates For Overlapped
+    Communication and Computation in DiLoCo, arXiv 2502.12996. Token-weighted merges of
+    replicas of different speed: Decoupled DiLoCo, arXiv 2604.21428.
 
   >>> import jax.numpy as jnp, optax
   >>> tx = diloco(optax.sgd(0.1), optax.sgd(1.0), sync_every=1, axis_name=None)
@@ -119,12 +145,57 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
   collective = _transport.check_collective(collective, codec)
   key = v.key("key", key)
+  eager = v.one_of("eager", eager, (False, True))
+  weighting = v.one_of("weighting", weighting, WEIGHTINGS)
+  steps = _per_worker("worker_steps", worker_steps, lambda n, x: v.integer(
+      n, x, low=1, high=sync_every))
+  tokens = _per_worker("tokens_per_step", tokens_per_step, lambda n, x: v.number(
+      n, x, low=0.0, low_open=True))
+  if steps is not None and tokens is not None and steps.size != tokens.size:
+    raise ValueError(f"worker_steps has {steps.size} workers but tokens_per_step has "
+                     f"{tokens.size}.")
   return build(inner, outer, sync_every, axis_name, codec=codec, memory=memory is not None,
-               decay=1.0, live_fn=live_fn, key=key, name="diloco", collective=collective)
+               decay=1.0, live_fn=live_fn, key=key, name="diloco", collective=collective,
+               eager=eager, steps=steps, tokens=tokens if weighting == "tokens" else None,
+               token_weights=weighting == "tokens")
+
+
+def _per_worker(name: str, values, check) -> np.ndarray | None:
+  """None, or one checked value per worker as an array (ValueError naming `name`)."""
+  if values is None:
+    return None
+  if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not len(values):
+    raise ValueError(f"{name} must be a non-empty list with one value per worker; got "
+                     f"{values!r}.")
+  return np.asarray([check(name, x) for x in values])
+
+
+def _busy(steps, count, sync_every, axis_name):
+  """bool[]: whether this worker computes update count + 1 (always without `steps`)."""
+  if steps is None:
+    return None
+  _core.check_width("worker_steps", steps.size, axis_name)
+  mine = jnp.asarray(steps, jnp.int32)[_core.worker_index(axis_name)]
+  return jnp.mod(count, sync_every) < mine
+
+
+def _merge_weights(steps, tokens, token_weights, mine, row, axis_name):
+  """(mine, row, total) with each live worker weighted by the tokens of its period."""
+  if not token_weights:
+    return mine, row, jnp.sum(row)
+  w = np.ones(row.shape, np.float32)
+  if steps is not None:
+    w = w * steps
+  if tokens is not None:
+    _core.check_width("tokens_per_step", tokens.size, axis_name)
+    w = w * tokens
+  row = row * jnp.asarray(w, jnp.float32)
+  return row[_core.worker_index(axis_name)], row, jnp.sum(row)
 
 
 def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          live_fn, key: jax.Array, name: str, collective: str | None = None
+          live_fn, key: jax.Array, name: str, collective: str | None = None,
+          eager: bool = False, steps=None, tokens=None, token_weights: bool = False
           ) -> optax.GradientTransformationExtraArgs:
   """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data."""
   phases = _core.Phases(sync_every, [0])
@@ -138,28 +209,46 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
         outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
         memory=jnp.zeros((n,), jnp.float32) if memory else None,
         key=key,
-        wire_bytes=comm.zero_bytes())
+        wire_bytes=comm.zero_bytes(),
+        in_flight=jax.tree.map(jnp.zeros_like, params) if eager else None,
+        sent=jax.tree.map(jnp.zeros_like, params) if eager else None)
 
   def update_fn(updates, state, params=None, **extra_args):
     comm.require_varying(updates, axis_name, f"local.{name}")
     _core.require_params(params, name)
     inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
+    busy = _busy(steps, state.count, sync_every, axis_name)
+    if busy is not None:  # an idle worker's parameters and inner state stay as they were
+      inner_updates = jax.tree.map(lambda u: jnp.where(busy, u, jnp.zeros_like(u)),
+                                   inner_updates)
+      inner_state = jax.tree.map(lambda n, o: jnp.where(busy, n, o), inner_state,
+                                 state.inner_state)
     local = optax.apply_updates(params, inner_updates)
     t = state.count + 1
 
-    def sync(local, outer_params, outer_state, mem, key, wire):
+    def sync(local, outer_params, outer_state, mem, key, wire, in_flight, sent):
       mine, row, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
+      mine, row, n_live = _merge_weights(steps, tokens, token_weights, mine, row, axis_name)
       key, sub = jax.random.split(key)
       grad, mem, nbytes = outer_gradient(outer_params, local, mine, row, n_live, mem, sub,
                                          codec, axis_name, decay, collective)
+      if eager:  # the mean arrives at the next sync; this worker's own share stands in now
+        share = jax.tree.map(
+            lambda o, x: (o - x) * (mine / jnp.maximum(n_live, 1.0)).astype(x.dtype),
+            outer_params, local)
+        in_flight, grad = grad, jax.tree.map(lambda a, s, p: a + s - p, in_flight, share,
+                                             sent)
+        sent = share
       step, outer_state = outer.update(grad, outer_state, outer_params)
       outer_params = optax.apply_updates(outer_params, step)
-      return outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes)
+      return (outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes),
+              in_flight, sent)
 
-    new_local, outer_params, outer_state, mem, key, wire = comm.cond(
+    new_local, outer_params, outer_state, mem, key, wire, in_flight, sent = comm.cond(
         phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.outer_params,
-        state.outer_state, state.memory, state.key, state.wire_bytes)
+        state.outer_state, state.memory, state.key, state.wire_bytes, state.in_flight,
+        state.sent)
     return _core.updates_to(new_local, params), DilocoState(
-        t, inner_state, outer_params, outer_state, mem, key, wire)
+        t, inner_state, outer_params, outer_state, mem, key, wire, in_flight, sent)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

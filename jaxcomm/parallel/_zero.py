@@ -83,10 +83,6 @@ def _flat_padded(tree, w):
   return jnp.pad(vec, (0, -n % w)), (lambda v: unflatten(v[:n]))
 
 
-def _num_elements(tree) -> int:
-  return sum(x.size for x in jax.tree.leaves(tree))
-
-
 def zero(inner: optax.GradientTransformation, stage: int = 1,
          axis_name: comm.AxisName = "data", codec: codecs.Codec | None = None,
          memory: str | None = None, *, param_specs: Any = None, regather: Any = None,

@@ -16,10 +16,13 @@ from jaxcomm.sim._clock import simulate
 from jaxcomm.sim._compute import measure_seconds
 from jaxcomm.sim._compute import seconds_from_flops
 from jaxcomm.sim._compute import step_flops
+from jaxcomm.sim._overlap import BackwardOverlap
+from jaxcomm.sim._overlap import backward_overlap
 from jaxcomm.sim._pipemare import PipeMareResult
 from jaxcomm.sim._pipemare import PipeMareState
 from jaxcomm.sim._pipemare import pipeline_delays
 from jaxcomm.sim._pipemare import pipemare_sgd
+from jaxcomm.sim._rounds import round_seconds
 from jaxcomm.sim._target import smooth
 from jaxcomm.sim._target import steps_within
 from jaxcomm.sim._target import time_to_target
@@ -29,6 +32,7 @@ from jaxcomm.sim._workers import heavy_tailed
 from jaxcomm.sim._workers import lognormal
 
 __all__ = (
+    "BackwardOverlap",
     "ComputeModel",
     "METHODS",
     "Method",
@@ -37,6 +41,7 @@ __all__ = (
     "SimResult",
     "Timeline",
     "asynchronous_sgd",
+    "backward_overlap",
     "comm_seconds_per_step",
     "fixed",
     "heavy_tailed",
@@ -46,6 +51,7 @@ __all__ = (
     "pipeline_delays",
     "pipemare_sgd",
     "rennala_sgd",
+    "round_seconds",
     "seconds_from_flops",
     "simulate",
     "simulate_workers",

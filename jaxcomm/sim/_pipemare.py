@@ -14,8 +14,9 @@ PipeMare's two techniques (Yang et al., arXiv 1910.05124):
 * discrepancy correction: the backward pass uses w - (tau_fwd - tau_bwd) * v, with v an
   exponential moving average of the weight velocity w_{t+1} - w_t, an estimate of the stale
   forward weights.
-The pipeline schedules of the layouts issue would replace this simulation with real stages on
-a mesh axis; the staleness model is the same.
+Real stages on a `pipeline` mesh axis run the flushed schedules `jaxcomm.parallel.schedule_gpipe`
+and `schedule_1f1b`, which wait for every micro-batch and so have no stale weights; this module
+simulates the flush-free pipeline those schedules avoid, to measure what its staleness costs.
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ from jaxcomm.sync._lq_sgd import lq_sgd
 from jaxcomm.sync._lq_sgd import lq_sgd_bytes
 from jaxcomm.sync._mean import MeanState
 from jaxcomm.sync._mean import mean
+from jaxcomm.sync._memory import ErrorMemory
+from jaxcomm.sync._memory import ef21
+from jaxcomm.sync._memory import error_feedback
+from jaxcomm.sync._memory import loco
+from jaxcomm.sync._muon import MuonState
+from jaxcomm.sync._muon import muon
 from jaxcomm.sync._onebit_adam import OnebitAdamState
 from jaxcomm.sync._onebit_adam import onebit_adam
 from jaxcomm.sync._onebit_adam import onebit_adam_bytes
@@ -33,17 +39,20 @@ from jaxcomm.sync._skip import skipped_steps
 from jaxcomm.sync._topology import GRAPHS
 from jaxcomm.sync._topology import GossipGraph
 from jaxcomm.sync._topology import gossip_graph
+from jaxcomm.sync._topology import random_matchings
 
 __all__ = (
     "ChocoState",
     "CompressedState",
     "DemoState",
     "DpsgdState",
+    "ErrorMemory",
     "FractionalRepetition",
     "GRAPHS",
     "GossipGraph",
     "GradientCodingState",
     "MeanState",
+    "MuonState",
     "OnebitAdamState",
     "PowerSGDState",
     "SkipNonfiniteState",
@@ -54,17 +63,22 @@ __all__ = (
     "demo",
     "demo_bytes",
     "dpsgd",
+    "ef21",
+    "error_feedback",
     "fractional_repetition",
     "gossip",
     "gossip_graph",
     "gradient_coding",
+    "loco",
     "lq_sgd",
     "lq_sgd_bytes",
     "mean",
+    "muon",
     "onebit_adam",
     "onebit_adam_bytes",
     "powersgd",
     "powersgd_bytes",
+    "random_matchings",
     "skip_nonfinite",
     "skipped_steps",
     "stacked_consensus_distance",

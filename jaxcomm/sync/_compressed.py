@@ -1,4 +1,5 @@
-"""Compressed gradient synchronisation: codec x error memory x collective."""
+"""Compressed gradient synchronisation: codec x collective, with an error memory plugged in
+(`sync.ErrorMemory`, in _memory.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
-
-MEMORIES = (None, "ef", "ef21", "loco")
+from jaxcomm.sync import _memory
 
 
 class CompressedState(NamedTuple):
   """State of `compressed`; absent buffers are None."""
-  memory: jax.Array | None         # [n] memory_dtype, per worker: e_w (ef, loco) or h_w (ef21)
-  aggregate: jax.Array | None      # f32[n], ef21 only: h = mean_w h_w (the same on all workers)
+  memory: Any                      # per worker: the ErrorMemory's buffers, [n] each (ef, loco:
+                                   # e_w; ef21: h_w), None without a memory
+  aggregate: jax.Array | None      # f32[n], accumulating memories (ef21) only: h = mean_w h_w
+                                   # (the same on all workers)
   server_memory: jax.Array | None  # f32[n], per worker: two-phase owner-side error (own chunk)
   key: jax.Array | None            # u32[2]: PRNG key data, split every update (stochastic codecs)
   wire_bytes: jax.Array            # u32[]: cumulative bytes sent by this device (mod 2**32)
@@ -121,7 +124,24 @@ class _FastShard:
     return full[:self.n], nbytes
 
 
-def compressed(codec: codecs.CodecLike, memory: str | None = None,
+def _error_memory(memory, beta, memory_dtype) -> _memory.ErrorMemory | None:
+  """The `ErrorMemory` of compressed's `memory` argument (a name is built with `beta` and
+  `memory_dtype`, checked under those names)."""
+  beta = v.number("beta", beta, low=0.0, high=1.0, high_open=True)
+  if memory_dtype is not None:
+    memory_dtype = v.dtype("memory_dtype", memory_dtype)
+  if memory is None or isinstance(memory, _memory.ErrorMemory):
+    if memory is not None and memory_dtype is not None:
+      raise ValueError("memory_dtype sets a named memory's dtype; an ErrorMemory carries its "
+                       "own (e.g. sync.error_feedback(dtype)).")
+    return memory
+  if not (isinstance(memory, str) and memory in _memory.NAMED):
+    raise ValueError(f"memory must be None, a sync.ErrorMemory or one of "
+                     f"{', '.join(map(repr, _memory.NAMED))}; got {memory!r}.")
+  return _memory.NAMED[memory](beta, memory_dtype)
+
+
+def compressed(codec: codecs.CodecLike, memory: str | _memory.ErrorMemory | None = None,
                collective: str | None = None, axis_name: comm.AxisName = "data", *, key: Any = None,
                server_memory: bool | None = None, beta: float = 0.9,
                memory_dtype: Any = None) -> optax.GradientTransformation:
@@ -131,12 +151,12 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
   step). Per step, worker w with local gradient g_w:
 
   * memory=None: send C(g_w).
-  * "ef" (error feedback): p = g_w + e_w; send C(p); e_w <- p - D(C(p)).
-  * "ef21": send c_w = C(g_w - h_w); h_w <- h_w + D(c_w); h <- h + mean_w D(c_w); the
-    update is h (not the mean of this step's messages).
-  * "loco": p = g_w + e_w; send C(p); e_w <- beta e_w + (1 - beta)(p - D(C(p))), e_w kept in
-    `memory_dtype` (bfloat16 by default). *(The exact LoCo update is unverified; this is the
-    form in docs/algorithms.md.)*
+  * an error memory (`sync.ErrorMemory`): send C(p) with p = memory.send(m_w, g_w), then
+    m_w <- memory.keep(m_w, p, D(C(p))). The named ones: "ef" (`sync.error_feedback`:
+    p = g_w + e_w; e_w <- p - D(C(p))), "ef21" (`sync.ef21`: p = g_w - h_w;
+    h_w <- h_w + D(C(p)); the update is h <- h + mean_w D(C(p_w)), not this step's mean) and
+    "loco" (`sync.loco`: p = g_w + e_w; e_w <- beta e_w + (1 - beta)(p - D(C(p))), kept in
+    `memory_dtype`, bfloat16 by default). A memory of your own is an `ErrorMemory` too.
 
   `collective` is how the payloads are summed (see `jaxcomm.comm.compressed_sum`): "psum"
   (only linear codecs with float32 payloads), "gather" (all-gather, decode each, sum in
@@ -167,13 +187,14 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
       parameters' leaf shapes (a per-tensor codec, see `jaxcomm.codecs.for_tree`). Codecs
       that need the whole vector (a factory's, or one with a `length`) refuse
       collective='two_phase' and hierarchical axes.
-    memory: None, "ef", "ef21" or "loco".
+    memory: None, an `ErrorMemory`, or the name of one: "ef", "ef21" or "loco".
     collective: None (choose), "psum", "gather" or "two_phase".
     axis_name: the data axis, a (fast, slow) tuple, or None for one device.
     key: PRNG key (required for stochastic codecs).
     server_memory: two-phase owner-side error memory; default: on when `memory` is set.
-    beta: LoCo's moving-average factor in [0, 1).
-    memory_dtype: dtype of the per-worker memory (default float32; bfloat16 for loco).
+    beta: LoCo's moving-average factor in [0, 1) (memory="loco").
+    memory_dtype: dtype of a named memory's buffers (default float32; bfloat16 for loco); an
+      `ErrorMemory` object carries its own.
 
   Returns:
     An `optax.GradientTransformation` whose state keeps the memories, the key and the wire
@@ -192,8 +213,7 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
   (Array([ 0., -3.,  0.], dtype=float32), Array([1., 0., 2.], dtype=float32))
   """
   codecs.validate(codec)
-  if memory not in MEMORIES:
-    raise ValueError(f"memory must be one of {MEMORIES}, got {memory!r}.")
+  memory = _error_memory(memory, beta, memory_dtype)
   if collective is not None and collective not in comm.COLLECTIVES:
     raise ValueError(f"collective must be None or one of {comm.COLLECTIVES}, got {collective!r}.")
   fast, slow = _split_axes(axis_name)
@@ -212,13 +232,6 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
     server_memory = memory is not None and collective == "two_phase"
   if server_memory and collective != "two_phase":
     raise ValueError(f"server_memory=True needs collective='two_phase', got {collective!r}.")
-  if not 0.0 <= beta < 1.0:
-    raise ValueError(f"beta must be in [0, 1), got {beta!r}.")
-  if memory_dtype is None:
-    memory_dtype = jnp.bfloat16 if memory == "loco" else jnp.float32
-  memory_dtype = jnp.dtype(memory_dtype)
-  if not jnp.issubdtype(memory_dtype, jnp.floating):
-    raise ValueError(f"memory_dtype must be a floating dtype, got {memory_dtype}.")
   key_data, key_impl = _key_data(key) if key is not None else (None, None)
 
   def resolve(tree):
@@ -229,11 +242,11 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
   def init_fn(params):
     c, _ = resolve(params)
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-    zeros = lambda dt: jnp.zeros((n,), dt)
+    zeros = jnp.zeros((n,), jnp.float32)
     return CompressedState(
-        memory=zeros(memory_dtype) if memory else None,
-        aggregate=zeros(jnp.float32) if memory == "ef21" else None,
-        server_memory=zeros(jnp.float32) if server_memory else None,
+        memory=memory.init(n) if memory else None,
+        aggregate=zeros if memory and memory.accumulate else None,
+        server_memory=zeros if server_memory else None,
         key=key_data if c.stochastic else None, wire_bytes=comm.zero_bytes())
 
   def step_key(state, c):
@@ -252,25 +265,18 @@ def compressed(codec: codecs.CodecLike, memory: str | None = None,
     new_key, sub = step_key(state, c)
     shard = _FastShard.create(g.shape[0], fast)
     x, fast_bytes = shard.reduce(g)  # g itself without fast axes
-    mem = None if state.memory is None else shard.region(state.memory).astype(jnp.float32)
-    if memory in ("ef", "loco"):
-      sent = x + mem
-    elif memory == "ef21":
-      sent = x - mem
-    else:
-      sent = x
+    mem = None if memory is None else jax.tree.map(
+        lambda b: shard.region(b).astype(jnp.float32), state.memory)
+    sent = x if memory is None else memory.send(mem, x)
     server = None if state.server_memory is None else shard.region(state.server_memory)
     out, nbytes = comm.compressed_sum(sent, c, slow or None, how, key=sub,
                                       server_memory=server)
     delta, gather_bytes = shard.gather(out.total / comm.axis_size(slow))
     new_memory, aggregate = state.memory, state.aggregate
-    if memory == "ef":
-      new_memory = shard.write(state.memory, sent - out.own)
-    elif memory == "loco":
-      new_memory = shard.write(state.memory, beta * mem + (1 - beta) * (sent - out.own))
-    elif memory == "ef21":
-      new_memory = shard.write(state.memory, mem + out.own)
-      aggregate = delta = state.aggregate + delta
+    if memory is not None:
+      new_memory = jax.tree.map(shard.write, state.memory, memory.keep(mem, sent, out.own))
+      if memory.accumulate:
+        aggregate = delta = state.aggregate + delta
     if server is not None:
       server = shard.write(state.server_memory, out.server_memory)
     new_state = CompressedState(

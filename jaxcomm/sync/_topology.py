@@ -183,3 +183,47 @@ def gossip_graph(name: str, num_workers: int, *, shape=None) -> GossipGraph:
     directed = True
   return _check(GossipGraph(name=name, num_workers=n, matrices=tuple(m for m, _ in phases),
                             sources=tuple(s for _, s in phases), directed=directed))
+
+
+def random_matchings(num_workers: int, count: int = 8, seed: int = 0) -> GossipGraph:
+  """A time-varying graph of `count` random perfect matchings (pairs), drawn from `seed`.
+
+  Phase p pairs the workers by a random permutation π_p of 0..W-1 (numpy's generator seeded
+  with `seed`): π_p[2i] with π_p[2i+1]. Each phase is one `ppermute` in which every worker
+  receives from its partner; the mixing weights are 1/2 (the pair's average). Every process
+  that builds it with the same seed gets the same pairs, so no coordination is needed.
+
+  Args:
+    num_workers: W, even and >= 2.
+    count: number of phases (distinct draws), >= 1.
+    seed: the shared seed.
+
+  Returns:
+    A `GossipGraph` named "random_matching" with `period == count`.
+
+  References:
+    Kolehmainen et al., NoLoCo, arXiv 2506.10911 (random pairs each outer step).
+
+  >>> g = random_matchings(8, count=3, seed=0)
+  >>> partner = g.sources[0][0]  # phase 0: worker i receives from partner[i]
+  >>> g.period, g.degree(0), bool((partner[partner] == range(8)).all())
+  (3, 1, True)
+  """
+  if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
+     or num_workers < 2 or num_workers % 2:
+    raise ValueError(f"num_workers must be an even int >= 2 for random matchings, got "
+                     f"{num_workers!r}.")
+  if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+    raise ValueError(f"count must be an int >= 1, got {count!r}.")
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f"seed must be an int >= 0, got {seed!r}.")
+  n, rng = int(num_workers), np.random.default_rng(int(seed))
+  phases = []
+  for _ in range(int(count)):
+    perm = rng.permutation(n)
+    partner = np.empty(n, np.int64)
+    partner[perm[0::2]], partner[perm[1::2]] = perm[1::2], perm[0::2]
+    phases.append(_from_sources("random_matching", n, [partner], False, 0.5))
+  return _check(GossipGraph(name="random_matching", num_workers=n,
+                            matrices=tuple(m for m, _ in phases),
+                            sources=tuple(s for _, s in phases), directed=False))

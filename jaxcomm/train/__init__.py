@@ -6,18 +6,28 @@ from jaxcomm.train._distributed import multi_process_environment
 from jaxcomm.train._distributed import start_distributed
 from jaxcomm.train._loop import fit
 from jaxcomm.train._nnx import step_key
-from jaxcomm.train._step import StateLayout
+from jaxcomm.train._layout import StateLayout
+from jaxcomm.train._layout import StepConfig
+from jaxcomm.train._layout import derive_layout
 from jaxcomm.train._step import TrainState
-from jaxcomm.train._step import Trainer
+from jaxcomm.train._step import make_init
+from jaxcomm.train._step import make_step
+from jaxcomm.train._trainer import Trainer
+from jaxcomm.train._trials import fold_in_trials
 from jaxcomm.parallel import make_mesh  # the one mesh builder, re-exported
 
 __all__ = (
     "Checkpointer",
     "StateLayout",
+    "StepConfig",
     "TrainState",
     "Trainer",
+    "derive_layout",
     "fit",
+    "fold_in_trials",
+    "make_init",
     "make_mesh",
+    "make_step",
     "multi_process_environment",
     "start_distributed",
     "step_key",

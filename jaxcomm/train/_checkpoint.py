@@ -43,7 +43,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm.train import _validate
-from jaxcomm.train._step import Trainer, TrainState
+from jaxcomm.train._step import TrainState
+from jaxcomm.train._trainer import Trainer
 
 logger = logging.getLogger(__name__)
 

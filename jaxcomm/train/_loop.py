@@ -22,7 +22,8 @@ from jaxcomm.train import _metrics
 from jaxcomm.train import _preemption
 from jaxcomm.train import _validate
 from jaxcomm.train._checkpoint import Checkpointer
-from jaxcomm.train._step import Trainer, TrainState
+from jaxcomm.train._step import TrainState
+from jaxcomm.train._trainer import Trainer
 
 logger = logging.getLogger(__name__)
 

@@ -98,3 +98,76 @@ def checkpoint_processes(processes: Any) -> frozenset | None:
     raise ValueError(f"processes must be None (all processes) or a set of one process index, "
                      f"got {sorted(out)}.")
   return out
+
+
+def trials(value: Any) -> int | None:
+  """None (no population) or the number of trials, an integer >= 1."""
+  return None if value is None else v.integer("trials", value, low=1)
+
+
+def trial_keys(key: Any, num_trials: int) -> jax.Array:
+  """One typed PRNG key per trial (shape (trials,)), from typed keys or raw key data."""
+  default = jax.random.key(0)
+  if isinstance(key, (jax.Array, np.ndarray)):
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+      if key.shape == (num_trials,) and jax.random.key_impl(key) == \
+         jax.random.key_impl(default):
+        return key
+    elif key.dtype == np.uint32 and key.shape == (num_trials,
+                                                   *jax.random.key_data(default).shape):
+      return jax.random.wrap_key_data(key)
+  raise ValueError(f"key must be one PRNG key per trial (shape ({num_trials},), e.g. "
+                   f"jax.random.split(jax.random.key(0), {num_trials})) with trials="
+                   f"{num_trials}, got {key!r}.")
+
+
+def trial_axis(name: str, tree: Any, num_trials: int | None) -> None:
+  """With trials, every leaf carries a leading trial axis of that size."""
+  if num_trials is None:
+    return
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    if np.ndim(x) < 1 or np.shape(x)[0] != num_trials:
+      raise ValueError(f"with trials={num_trials} every leaf of {name} carries a leading "
+                       f"trial axis of size {num_trials} (e.g. jax.vmap(model.init)(keys)), "
+                       f"but {name}{jax.tree_util.keystr(path)} has shape {np.shape(x)}.")
+
+
+def params_layout(per_worker: Any, param_specs: Any, axes: tuple) -> None:
+  """A parameter may differ only between workers of the data axes.
+
+  A replicated parameter that the update makes differ over a model axis (`tensor`,
+  `pipeline`) would be differentiated as a per-device value there: its gradient would lose
+  the sum over that axis. This happens when a transform mixes it with leaves sharded over
+  that axis (one flat vector of every gradient leaf).
+  """
+  flat, _ = jax.tree_util.tree_flatten_with_path(per_worker)
+  specs = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+  for (path, pw), spec in zip(flat, specs):
+    extra = sorted(set(pw) - set(axes))
+    if extra:
+      raise ValueError(
+          f"the update makes parameter {jax.tree_util.keystr(path)} (spec {spec}) differ "
+          f"over mesh axes {extra}, which are not data axes {axes}: the transform "
+          f"mixes it with parameters sharded over {extra} (e.g. in one flat vector). Run "
+          "the transform on each group of equally sharded leaves "
+          "(jaxcomm.parallel.by_sharding, as parallel.Layout.optimizer does).")
+
+
+def step_batch(config: Any, tree: Any) -> None:
+  """A global batch fits the step: its dimensions divide over the axes that split them."""
+  trial_axis("batch", tree, config.trials)
+  tree = config.one_trial(tree)  # the per-trial batch, against the per-trial specs
+  if config.batch_specs is None:
+    batch(tree, config.num_workers, config.axes[0] if len(config.axes) == 1 else config.axes)
+    return
+  specs = jax.tree.leaves(config.batch_specs_for(tree),
+                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  cut = 0 if config.trials is None else 1
+  for x, spec in zip(jax.tree.leaves(tree), specs):
+    for dim, axes in enumerate(spec[cut:]):
+      size = int(np.prod([config.mesh.shape[a] for a in comm.axis_names(axes)]))
+      n = np.shape(x)[dim] if np.ndim(x) > dim else None
+      if n is None or n % size:
+        kind = "data" if set(comm.axis_names(axes)) <= set(config.axes) else "mesh"
+        raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
+                         f"{kind} axis size {size} (axes {axes!r}).")

@@ -1,0 +1,30 @@
+"""DES-LOC (`local.des_loc`, arXiv 2505.22549): local steps of the inner optimiser (AdamW);
+parameters averaged every `sync_every` = K_x steps and each optimiser-state field on its own
+period, `state_every` = "mu=48,nu=96" (unset: the factory's K_u = 3 K_x, K_v = 6 K_x)."""
+
+from experiments import config
+from jaxcomm import local
+
+
+def defaults():
+  return config.from_factory(local.des_loc, skip=("inner", "axis_name"),
+                             types={"state_every": str}, sync_every=16)
+
+
+def parse_periods(spec):
+  """'mu=48,nu=96' -> {'mu': 48, 'nu': 96}; None stays None (the factory's default)."""
+  if spec is None:
+    return None
+  out = {}
+  for part in str(spec).split(","):
+    name, _, period = part.partition("=")
+    if not name.strip() or not period.strip().isdigit():
+      raise ValueError(f"state_every must read like 'mu=48,nu=96' (field=period, ...), got "
+                       f"{spec!r}.")
+    out[name.strip()] = int(period)
+  return out
+
+
+def build(settings, ctx):
+  return config.call(local.des_loc, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+                     state_every=parse_periods(settings.state_every))

@@ -1,0 +1,22 @@
+"""MuLoCo (`local.muloco`, arXiv 2505.23725): DiLoCo whose workers run Muon (`sync.muon`, at
+`lr`; the sharded strategy `strategy` inside a replica), H inner steps, then an outer
+Nesterov step (`outer_lr`, `outer_momentum`) on the outer gradient quantised to `bits` with
+optional error feedback (`memory="ef"`)."""
+
+from experiments import config
+from experiments import methods
+from jaxcomm import local
+
+
+def defaults():
+  return config.from_factory(
+      local.muloco, skip=("learning_rate", "axis_name", "param_specs", "outer", "key"),
+      types={"bits": int, "memory": str, "collective": str, "participation": str},
+      lr=0.02, outer_lr=0.7, outer_momentum=0.9)
+
+
+def build(settings, ctx):
+  return config.call(local.muloco, settings, learning_rate=settings.lr,
+                     outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
+                     axis_name=ctx.axis_name, param_specs=ctx.param_specs, key=ctx.key,
+                     participation=ctx.participation(settings.participation))

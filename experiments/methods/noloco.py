@@ -1,0 +1,13 @@
+"""NoLoCo (`local.noloco`, arXiv 2506.10911): H inner steps, then each worker averages its
+outer step with one random partner (one ppermute of |θ|); no all-reduce."""
+
+from experiments import config
+from jaxcomm import local
+
+
+def defaults():
+  return config.from_factory(local.noloco, skip=("inner", "axis_name"), sync_every=10)
+
+
+def build(settings, ctx):
+  return config.call(local.noloco, settings, inner=ctx.inner, axis_name=ctx.axis_name)

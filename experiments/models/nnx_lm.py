@@ -1,0 +1,48 @@
+"""The NNX Transformer LM (`jaxcomm.models.NnxTransformerLM`, with dropout) on a text
+dataset, data-parallel (`Trainer.init` splits the module)."""
+
+import ml_collections
+from flax import nnx
+
+from experiments import config
+from experiments.models import Task, lm
+from jaxcomm import models
+
+MUTABLE = ("per_worker", "mean")
+
+
+def defaults():
+  return ml_collections.ConfigDict(dict(
+      d_model=64, num_layers=2, num_heads=4, d_ff=256, dropout=0.0,
+      mutable="per_worker"))  # mutable variables: per_worker or mean over the data axes
+
+
+def check(s) -> None:
+  lm.check_sizes(s)
+  check_dropout_and_mutable(s)
+
+
+def check_dropout_and_mutable(s) -> None:
+  config.number_in({"model": s}, "model.dropout", 0, 1, False, "in [0, 1)")
+  if s.mutable not in MUTABLE:
+    raise ValueError(f"config.model.mutable {s.mutable!r} is unknown; allowed: "
+                     f"{', '.join(MUTABLE)}.")
+
+
+def rngs(ctx) -> nnx.Rngs:
+  return nnx.Rngs(params=ctx.config.seed, dropout=ctx.config.seed + 1)
+
+
+def build(s, ctx) -> Task:
+  ctx.data_parallel_only()
+  lm.text_only(ctx, "nnx_lm")
+
+  def make():
+    return models.NnxTransformerLM(d_model=s.d_model, num_layers=s.num_layers,
+                                   num_heads=s.num_heads, d_ff=s.d_ff,
+                                   max_len=ctx.config.data.seq_len, dropout=s.dropout,
+                                   rngs=rngs(ctx))
+
+  model = nnx.eval_shape(make) if ctx.abstract else make()
+  return Task(model=model, loss_fn=models.nnx_lm_loss, has_aux=False, params=model,
+              batches=ctx.batches, mutable=s.mutable)

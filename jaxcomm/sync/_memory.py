@@ -1,0 +1,134 @@
+"""Error memories: what a compressing stage's worker remembers of what its codec dropped.
+
+A memory is a record of three pure functions on float32 vectors (`ErrorMemory`); the
+compressing stage (`sync.compressed`) owns flattening, hierarchy, the key and the collective,
+and calls the memory around its exchange. EF, EF21 and LoCo are three such records, and a
+memory of your own is a fourth, written the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomm import _validate as v
+
+
+class ErrorMemory(NamedTuple):
+  """How a compressing stage remembers, per worker, what its codec did not send.
+
+  Per step the stage flattens this worker's gradient into one float32 vector x and calls
+  `sent = send(memory, x)`; it compresses and exchanges `sent`, where `own = D(C(sent))` is
+  what the other workers received from this one; then `memory = keep(memory, sent, own)`.
+  Both functions see float32 vectors of this device's slots (all n of them, or its 1/F
+  shard under a hierarchical axis); the stage stores what `keep` returns in the dtypes of
+  `init`'s buffers, one memory per worker.
+
+  Attributes:
+    init: `n -> memory`, a pytree of float buffers of shape [n] (their dtypes are kept).
+    send: `(memory, x) -> sent`, the vector the codec compresses.
+    keep: `(memory, sent, own) -> memory`, the memory after the exchange.
+    accumulate: when True the stage's update is the running sum of the exchanged means
+      (EF21's h = mean_w h_w) instead of this step's mean.
+
+  >>> import jax.numpy as jnp
+  >>> from jaxcomm import codecs, sync
+  >>> half = sync.ErrorMemory(init=jnp.zeros, send=lambda m, x: x + m,
+  ...                         keep=lambda m, sent, own: 0.5 * (sent - own))
+  >>> tx = sync.compressed(codecs.top_k(k=1), memory=half, axis_name=None)
+  >>> _, state = tx.update({"w": jnp.array([1., -3., 2.])}, tx.init({"w": jnp.zeros(3)}))
+  >>> state.memory
+  Array([0.5, 0. , 1. ], dtype=float32)
+  """
+  init: Callable[[int], Any]
+  send: Callable[[Any, jax.Array], jax.Array]
+  keep: Callable[[Any, jax.Array, jax.Array], Any]
+  accumulate: bool = False
+
+
+def error_feedback(dtype: Any = jnp.float32) -> ErrorMemory:
+  """Error feedback (EF): send C(x + e), keep e <- (x + e) - D(C(x + e)).
+
+  Args:
+    dtype: the dtype of the per-worker memory e (floating).
+
+  Returns:
+    An `ErrorMemory` for `sync.compressed(codec, memory=...)` (the same as memory="ef").
+
+  References:
+    Seide et al. 2014; Karimireddy et al., arXiv 1901.09847; Stich et al., arXiv 1809.07599.
+
+  >>> import jax.numpy as jnp
+  >>> from jaxcomm import codecs, sync
+  >>> tx = sync.compressed(codecs.top_k(k=1), memory=sync.error_feedback(), axis_name=None)
+  >>> _, state = tx.update({"w": jnp.array([1., -3., 2.])}, tx.init({"w": jnp.zeros(3)}))
+  >>> state.memory
+  Array([1., 0., 2.], dtype=float32)
+  """
+  dtype = v.dtype("dtype", dtype)
+  return ErrorMemory(init=lambda n: jnp.zeros((n,), dtype), send=lambda e, x: x + e,
+                     keep=lambda e, sent, own: sent - own)
+
+
+def ef21(dtype: Any = jnp.float32) -> ErrorMemory:
+  """EF21: send c = C(x - h_w), keep h_w <- h_w + D(c); the update is h <- h + mean_w D(c_w).
+
+  The update is the running mean of the workers' states h = mean_w h_w, not this step's
+  mean of the messages (`accumulate`).
+
+  Args:
+    dtype: the dtype of the per-worker state h_w (floating).
+
+  Returns:
+    An `ErrorMemory` for `sync.compressed(codec, memory=...)` (the same as memory="ef21").
+
+  References:
+    Richtarik et al., arXiv 2106.05203.
+
+  >>> import jax.numpy as jnp
+  >>> from jaxcomm import codecs, sync
+  >>> tx = sync.compressed(codecs.top_k(k=1), memory=sync.ef21(), axis_name=None)
+  >>> u, state = tx.update({"w": jnp.array([1., -3., 2.])}, tx.init({"w": jnp.zeros(3)}))
+  >>> u["w"], state.memory
+  (Array([ 0., -3.,  0.], dtype=float32), Array([ 0., -3.,  0.], dtype=float32))
+  """
+  dtype = v.dtype("dtype", dtype)
+  return ErrorMemory(init=lambda n: jnp.zeros((n,), dtype), send=lambda h, x: x - h,
+                     keep=lambda h, sent, own: h + own, accumulate=True)
+
+
+def loco(beta: float = 0.9, dtype: Any = jnp.bfloat16) -> ErrorMemory:
+  """LoCo: send C(x + e), keep e <- beta e + (1 - beta)((x + e) - D(C(x + e))) in `dtype`.
+
+  *(The exact LoCo update is unverified; this is the form in docs/algorithms.md.)*
+
+  Args:
+    beta: the moving-average factor in [0, 1).
+    dtype: the dtype of the per-worker memory e (floating; bfloat16 by default).
+
+  Returns:
+    An `ErrorMemory` for `sync.compressed(codec, memory=...)` (memory="loco").
+
+  References:
+    Xie et al., arXiv 2407.04480.
+
+  >>> import jax.numpy as jnp
+  >>> from jaxcomm import codecs, sync
+  >>> tx = sync.compressed(codecs.top_k(k=1), memory=sync.loco(0.5, jnp.float32),
+  ...                      axis_name=None)
+  >>> _, state = tx.update({"w": jnp.array([1., -3., 2.])}, tx.init({"w": jnp.zeros(3)}))
+  >>> state.memory
+  Array([0.5, 0. , 1. ], dtype=float32)
+  """
+  beta = v.number("beta", beta, low=0.0, high=1.0, high_open=True)
+  dtype = v.dtype("dtype", dtype)
+  return ErrorMemory(init=lambda n: jnp.zeros((n,), dtype), send=lambda e, x: x + e,
+                     keep=lambda e, sent, own: beta * e + (1 - beta) * (sent - own))
+
+
+# memory="ef" | "ef21" | "loco" of `sync.compressed`: name -> (beta, dtype) -> ErrorMemory.
+NAMED = {"ef": lambda beta, dtype: error_feedback(dtype or jnp.float32),
+         "ef21": lambda beta, dtype: ef21(dtype or jnp.float32),
+         "loco": lambda beta, dtype: loco(beta, dtype or jnp.bfloat16)}
