@@ -19,9 +19,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m experiments.compare --workdir=$(WORKDIR)
 
-# Two workers; `loadgroup` keeps the tests that share a module fixture on one worker (the
-# groups are marked in tests/conftest.py) and deals out the rest one by one.
-PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
+PYTEST := $(PY) -m pytest -n 2
 
 test: $(STAMP)
 	$(PYTEST) --durations=15 tests

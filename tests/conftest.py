@@ -40,40 +40,11 @@ def mesh4x2():
   return train.make_mesh({"data": 4, "tensor": 2})
 
 
-# ------------------------------------------------------------------ xdist: one worker per fixture
-# `make test` runs `-n 2 --dist loadgroup`: tests are dealt out one by one, except those marked
-# `xdist_group(name)`, which go to one worker together. Marked here, automatically: the tests of
-# a module that share a module- (or class-) scoped fixture of that module (directly or through
-# another fixture) form one group, so the fixture (a trained model, a subprocess run, a compiled
-# step) is built once and not once per worker. Tests sharing nothing stay free for balance.
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
-def pytest_collection_modifyitems(items):
-  parent = {}
-
-  def find(key):
-    while parent.setdefault(key, key) != key:
-      key = parent[key]
-    return key
-
-  shared = {}
-  for item in items:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-      continue
-    module = item.nodeid.split("::")[0]
-    keys = [(module, name) for name, defs in info.name2fixturedefs.items()
-            if defs[-1].scope in ("module", "class") and defs[-1].baseid.startswith(module)]
-    for key in keys[1:]:
-      parent[find(key)] = find(keys[0])
-    if keys:
-      shared[item] = keys[0]
-  for item, key in shared.items():
-    root = find(key)
-    item.add_marker(pytest.mark.xdist_group(f"{root[0]}:{root[1]}"))
-  for item in items:  # end-to-end modules (subprocess runs, kill-and-heal), for test-fast
-    if item.nodeid.split("::")[0] in _END_TO_END:
-      item.add_marker(pytest.mark.slow)
-
-
-# Modules that are end-to-end throughout, marked `slow` here (a module's own marks are finer).
+# End-to-end modules (subprocess runs, kill-and-heal), marked `slow` here for `make test-fast`
+# (their own files may mark finer).
 _END_TO_END = ("tests/test_compare.py", "tests/test_elastic.py", "tests/test_multihost.py")
+
+
+def pytest_itemcollected(item):
+  if item.nodeid.split("::")[0] in _END_TO_END:
+    item.add_marker(pytest.mark.slow)
