@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/compare
 
-.PHONY: run test docs install clean
+.PHONY: run test test-fast docs install clean
 
 install: $(STAMP)
 
@@ -19,8 +19,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m experiments.compare --workdir=$(WORKDIR)
 
+PYTEST := $(PY) -m pytest -n 2
+
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --durations=15 tests
+	$(PYTEST) --durations=15 tests
+
+# The edit loop: everything but the end-to-end checks marked `slow` (subprocess runs,
+# notebooks, reproductions, training to a target); `make test` (and CI) runs those too.
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" tests
 
 # The documentation site, warnings as errors: docs/_build/html/index.html.
 docs: $(STAMP)

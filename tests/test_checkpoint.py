@@ -54,6 +54,7 @@ def resumed_runs(tmp_path_factory):
           for algo in faults.METHODS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", faults.METHODS)
 def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
   workdir, start = resumed_runs[algo]
@@ -72,6 +73,7 @@ def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
   assert train.Checkpointer(str(workdir / "checkpoints")).steps == [STEPS - EVERY, STEPS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", faults.METHODS)
 def test_program_and_reference_build_the_method_alike(algo, resumed_runs):
   """The settings train.py used (its config.json) are those of the in-process reference."""
@@ -92,6 +94,7 @@ def _changed(a, b):
       jax.tree.leaves(faults.key_data(a)), jax.tree.leaves(faults.key_data(b)), strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["powersgd", "diloco", "compressed"])
 def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
   """At the step it resumed from, each real method carries the state the resume must keep."""
@@ -117,6 +120,7 @@ def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
 TERM_AT = 6  # SIGTERM arrives before step 6 -> 7 runs: the run saves step 7, not only 4
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
   algo = "diloco"  # per-worker parameters mid-period at step 7
   proc = faults.start_program(faults.flag_args(algo, STEPS) + [

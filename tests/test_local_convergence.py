@@ -70,6 +70,7 @@ def test_streaming_peak_bytes_are_one_over_fragments_of_diloco(lm_task):
     assert np.isfinite(loss)
 
 
+@pytest.mark.slow
 # ------------------------------------------------------------------ client drift
 def test_scaffold_beats_local_sgd_on_label_skewed_digits():
   model = models.MLP(hidden=(32,), num_classes=10)

@@ -266,6 +266,7 @@ def test_parameter_tree_loss_opts_in_to_a_key(mesh8):
     train.Trainer(loss, optax.sgd(0.1), mesh8, mutable="sync")
 
 
+@pytest.mark.slow
 def test_sigkilled_dropout_run_resumes_bit_for_bit_and_continues_the_data_stream(tmp_path):
   """tests/nnx_runner.py (Dropout + BatchNorm, grain batches) killed before step 7 with a
   checkpoint of step 4 on disk, then run again, ends bit for bit where an uninterrupted run

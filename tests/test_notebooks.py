@@ -21,6 +21,7 @@ def test_notebooks_exist_with_outputs_cleared():
         assert not cell.outputs and cell.execution_count is None, f"{path.name}: outputs not cleared"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, monkeypatch):
   # The kernel inherits this environment: the checkout's jaxcomm, small settings, no display.

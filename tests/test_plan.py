@@ -307,6 +307,7 @@ def test_abstract_builds_give_batch_shapes_without_loading_them():
   assert sum(math.prod(x.shape) for x in jax.tree.leaves(run.params)) == 25_557_032
 
 
+@pytest.mark.slow
 def test_a_1b_plan_on_64_emulated_devices_allocates_nothing_of_its_size(tmp_path):
   """The command line at data=64 (emulated), DP only: the bytes follow the ring law at
   W = 64, and the planning process's peak memory is a fraction of one device's state."""

@@ -6,6 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # end-to-end: `make test-fast` skips it
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -18,6 +18,8 @@ from experiments import reproduce_powersgd
 from experiments import reproduce_streaming
 from experiments import reproduce_topk
 
+pytestmark = pytest.mark.slow  # end-to-end: `make test-fast` skips it
+
 # One scale for every test: the DP and DiLoCo runs the reproductions share train once.
 TINY = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
                        eval_batch=8, smooth=2)
