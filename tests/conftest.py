@@ -2,15 +2,7 @@
 
 import os
 
-_FLAGS = os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# XLA's CPU backend without LLVM's optimisation passes: the suite mostly compiles small programs
-# that then run a few steps, and -O0 cuts the CPU time of compile-bound modules by about a
-# quarter (the programs, collectives and bytes are the same; only the machine code is less
-# tuned). Subprocesses inherit it, so bit-for-bit comparisons with them hold. Set
-# xla_backend_optimization_level in XLA_FLAGS to choose another level.
-if "xla_backend_optimization_level" not in _FLAGS:
-  _FLAGS += " --xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = _FLAGS
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # JAX's persistent compilation cache, for this run and every subprocess a test starts (they
 # inherit the environment): most of the suite's time is XLA compiling, and many programs
 # (a fixture built on both xdist workers, a hypothesis example, a subprocess run of the same
