@@ -54,7 +54,7 @@ def layout_config(name: str, base):
   c = base.copy_and_resolve_references()
   overrides = dict(LAYOUTS[name])
   if "method" in overrides:
-    c.method = config.method_config(overrides.pop("method"))
+    c = config.with_method(c, {"method": overrides.pop("method")})
   for path, value in overrides.items():
     *parents, leaf = path.split(".")
     node = c

@@ -352,8 +352,7 @@ def worker(args) -> None:
   for label, method, settings, period in configured_methods(args.sync_every):
 
     def make(axis, method=method, settings=settings):
-      c = cfg.copy_and_resolve_references()
-      c.method = config.method_config(method, **settings)
+      c = config.with_method(cfg, {"method": method, **settings})
       ctx = build.Context(config=c, inner=optax.adamw(lr), axis_name=axis,
                           num_workers=w if axis else 1, mesh_shape={"data": w},
                           key=jax.random.key(c.seed))

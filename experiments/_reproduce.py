@@ -108,8 +108,7 @@ def config(base, model: str, method: str, *, optimizer: str | None = None,
     c.optimizer.lr = lr
   if batch_size is not None:
     c.data.batch_size = batch_size
-  c.method = _config.method_config(method, **settings)
-  return c
+  return _config.with_method(c, {"method": method, **settings})
 
 
 def heldout_batch(c):
@@ -175,10 +174,9 @@ def warm_start_config(c):
   from experiments import config as _config
   if not c.reproduce.warm_start_steps:
     return None
-  w = c.copy_and_resolve_references()
+  w = _config.with_method(c, {"method": "dp"})  # a copy
   w.steps = c.reproduce.warm_start_steps
   w.data.batch_size = c.reproduce.warm_start_batch
-  w.method = _config.method_config("dp")
   w.reproduce.warm_start_steps = 0
   return w
 

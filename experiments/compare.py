@@ -209,14 +209,11 @@ def with_flags(config, links_=None, custom=(), budget=None, max_steps=None, *,
 
 
 def method_config(config, entry: dict):
-  """`config` with the method (and optimizer overrides) of a METHODS entry."""
-  entry = dict(entry)
-  optimizer = entry.pop("optimizer", {})
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    c.method = _config.method_config(entry.pop("method"), **entry)
-    c.optimizer.update(optimizer)
-    if c.compare.get("schedule", "constant") != "constant":  # build.py wraps the inner one
+  """`config` with a METHODS entry applied (`config.with_method`, which checks it), and
+  compare's learning-rate schedule (config.compare.schedule) on its optimizer."""
+  c = _config.with_method(config, entry)
+  if c.compare.get("schedule", "constant") != "constant":  # build.py wraps the inner one
+    with c.unlocked():
       c.optimizer.schedule = c.compare.schedule
       c.optimizer.warmup_steps = c.compare.warmup_steps
   return c
@@ -224,32 +221,14 @@ def method_config(config, entry: dict):
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,
                     reference: str = "dp_bf16") -> dict:
-  """{label: entry} to run, the reference first. A name that is not a catalog label may be a
-  method of experiments/methods/, a dotted module path or a `.py` file (a plugin: its label
-  is the module's name); anything else is an error naming the allowed values."""
-  from experiments import build
+  """{label: entry} to run, the reference first (`config.resolve_methods`; by default over
+  METHODS, with MORE_METHODS' labels also accepted by name)."""
   known = {**METHODS, **MORE_METHODS} if catalog is None else catalog
   catalog = METHODS if catalog is None else catalog
   if reference not in catalog:
     raise ValueError(f"config.compare.reference {reference!r} is not a method label; "
                      f"allowed: {', '.join(catalog)}.")
-  labels = list(catalog) if labels is None else list(labels)
-  chosen = {reference: catalog[reference]}
-  for name in labels:
-    if name in known:
-      label, entry = name, known[name]
-    elif name.endswith(".py") or "." in name or name in build.available_methods():
-      build.load_method(name)  # a missing file or module fails here, naming it
-      label = os.path.splitext(os.path.basename(name))[0].rsplit(".", 1)[-1]
-      entry = {"method": name}
-    else:
-      raise ValueError(f"--methods: {name!r} is unknown; allowed: {', '.join(catalog)}, a "
-                       f"method of experiments/methods/ ({', '.join(build.available_methods())}"
-                       "), a dotted module path or a .py file.")
-    if label in chosen and chosen[label] != entry:
-      raise ValueError(f"--methods: two methods are labelled {label!r}.")
-    chosen[label] = entry
-  return chosen
+  return _config.resolve_methods(labels, catalog, first=reference, known=known)
 
 
 def settings_list(label: str, entry: dict, ruleset: str) -> list:

@@ -180,33 +180,15 @@ def catalog(mesh_shape: dict, model_name: str) -> dict:
 
 
 def resolve_methods(names, labelled: dict, config) -> dict:
-  """{label: entry}, DP (the reference of the crossover) first."""
-  from experiments import build
-  names = list(labelled) if names is None else list(names)
-  chosen = {REFERENCE: labelled[REFERENCE]}
-  for name in names:
-    if name in labelled:
-      chosen[name] = labelled[name]
-    elif name == CONFIG_LABEL:
-      chosen[_label(config.method.name)] = {
-          "method": config.method.name,
-          **{k: v for k, v in config.method.items() if k != "name"}}
-    elif name.endswith(".py") or "." in name or name in build.available_methods():
-      build.load_method(name)  # an unknown module or missing file is named here
-      chosen[_label(name)] = {"method": name}
-    else:
-      raise ValueError(f"methods: {name!r} is unknown; allowed: {', '.join(labelled)}, "
-                       f"{CONFIG_LABEL}, a method of experiments/methods/ "
-                       f"({', '.join(build.available_methods())}), a module path or a .py "
-                       "file.")
+  """{label: entry}, DP (the reference of the crossover) first (`config.resolve_methods`);
+  CONFIG_LABEL adds the method of `config` with its settings, under its own label."""
+  rest = None if names is None else [n for n in names if n != CONFIG_LABEL]
+  chosen = _config.resolve_methods(rest, labelled, first=REFERENCE, setting="methods")
+  if names is not None and CONFIG_LABEL in names:
+    chosen[_config.method_label(config.method.name)] = {
+        "method": config.method.name,
+        **{k: v for k, v in config.method.items() if k != "name"}}
   return chosen
-
-
-def _label(method: str) -> str:
-  """A method module's label: its file's or its module's last name."""
-  if method.endswith(".py"):
-    return os.path.basename(method)[:-len(".py")]
-  return method.rsplit(".", 1)[-1]
 
 
 def _links(names, inner: str) -> tuple[dict, object]:
