@@ -38,8 +38,8 @@ import ml_collections
 import numpy as np
 from ml_collections import config_dict
 
-from experiments import methods
-from experiments import models
+from experiments import methods, models
+from jaxcomm import codecs, comm
 
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
@@ -263,7 +263,6 @@ def parse_codec(spec: str | None, setting: str = "codec") -> Any:
   >>> parse_codec("cast:bfloat16").name
   'cast(bfloat16)'
   """
-  from jaxcomm import codecs
   if spec is None or str(spec).strip().lower() in ("", "none"):
     return None
   if spec == "auto":
@@ -306,7 +305,6 @@ def parse_link(spec: str, setting: str = "link") -> Any:
   >>> link.name, link.bandwidth, link.latency
   ('office', 62500000.0, 0.04)
   """
-  from jaxcomm import comm
   form = "name:gbit=G,latency_ms=L"
   text = spec.strip() if isinstance(spec, str) else ""
   name, colon, rest = text.partition(":")
@@ -353,7 +351,6 @@ def parse_link(spec: str, setting: str = "link") -> Any:
 
 def codec_names() -> list[str]:
   """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
-  from jaxcomm import codecs
   def returns_codec(fn) -> bool:
     ret = inspect.signature(fn).return_annotation
     return getattr(ret, "__name__", str(ret)).split(".")[-1].strip("'\"") == "Codec"
@@ -531,5 +528,6 @@ def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
 def define_config_flag(default: str, help_text: str):
   """`--config` for a program: `experiments._cli.config_flag` (one line for an override that
   names no setting; `--help` shows how overrides are written)."""
+  # Lazy: _cli defines --verbose on import; only a program that takes --config wants it.
   from experiments import _cli
   return _cli.config_flag(default, help_text)
