@@ -180,14 +180,13 @@ def catalog(mesh_shape: dict, model_name: str) -> dict:
 
 def resolve_methods(names, labelled: dict, config) -> dict:
   """{label: entry}, DP (the reference of the crossover) first (`config.resolve_methods`);
-  CONFIG_LABEL adds the method of `config` with its settings, under its own label."""
-  rest = None if names is None else [n for n in names if n != CONFIG_LABEL]
-  chosen = _config.resolve_methods(rest, labelled, first=REFERENCE, setting="methods")
-  if names is not None and CONFIG_LABEL in names:
-    chosen[_config.method_label(config.method.name)] = {
-        "method": config.method.name,
-        **{k: v for k, v in config.method.items() if k != "name"}}
-  return chosen
+  CONFIG_LABEL names the method of `config` with its settings, under its own label."""
+  mine = {"method": config.method.name,
+          **{k: v for k, v in config.method.items() if k != "name"}}
+  chosen = _config.resolve_methods(names, labelled, first=REFERENCE, setting="methods",
+                                   known={**labelled, CONFIG_LABEL: mine})
+  label = _config.method_label(config.method.name)
+  return {(label if k == CONFIG_LABEL else k): v for k, v in chosen.items()}
 
 
 def _links(names, inner: str) -> tuple[dict, object]:
