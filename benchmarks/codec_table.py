@@ -44,8 +44,13 @@ import os
 import time
 import warnings
 
-from absl import app
-from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from jax import lax
+
+from jaxcomm import codecs, sync
 
 _N = flags.DEFINE_integer("n", 1 << 22, "Vector length.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed rounds (the minimum is reported).")
@@ -56,7 +61,6 @@ _MD = flags.DEFINE_string("md", None, "Optional path of the table as markdown (R
 
 def codecs_to_compare(n: int):
   """(codec, transform FLOPs of encode + decode) for every codec of the table."""
-  from jaxcomm import codecs
   # DeMo's tiling of one [n / 1024, 1024] matrix (64 x 64 tiles when n / 1024 % 64 == 0).
   shapes = [s for s in [(n // 1024, 1024), (n % 1024,)] if math.prod(s)]
   tiled = codecs.tiled_dct_top_k(shapes, chunk=64, k=32)
@@ -98,7 +102,6 @@ def _keep_freed_memory() -> None:
 
 def _best(fn, args_fn, repeats: int) -> float:
   """Minimum seconds of `fn(*args_fn())` over `repeats` calls (arguments made untimed)."""
-  import jax
   best = float("inf")
   for _ in range(repeats):
     args = args_fn()
@@ -115,11 +118,6 @@ def main(argv):
   # Donation is for the codecs whose payload is their input (identity): the others' payloads
   # have other shapes, and jax says so once per program.
   warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from jax import lax
-  from jaxcomm import sync
   n = _N.value
   load = os.getloadavg()
   k1, k2 = jax.random.split(jax.random.key(0))
@@ -189,8 +187,6 @@ def main(argv):
 
 def _row(e, n, x, key, bandwidth, flop_rate) -> dict:
   """One codec's errors, times and limits (ms) as the table reports them."""
-  import jax
-  import jax.numpy as jnp
   codec = e["codec"]
   p = codec.payload_bytes(n)
   err = jax.jit(codec.roundtrip)(x, key) - x

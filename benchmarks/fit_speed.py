@@ -30,10 +30,14 @@ import statistics
 import tempfile
 import time
 
-from absl import app
-from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
 
 from benchmarks import profile_step
+from jaxcomm import data, models, sync, train
 
 # --steps (per timed repeat), --repeats and --devices are benchmarks.overhead's flags.
 _LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Log every this many steps (both loops).")
@@ -46,7 +50,6 @@ BATCH, SEQ = 32, 64
 
 def every_step_loop(trainer, state, batch_fn, steps: int, log_every: int):
   """The loop before: every step's measurements built and its byte count read back."""
-  import numpy as np
   total, first = 0, int(np.asarray(state.step))
   for t in range(first, first + steps):
     state, m = trainer.step(state, trainer.shard_batch(batch_fn(t)))
@@ -58,8 +61,6 @@ def every_step_loop(trainer, state, batch_fn, steps: int, log_every: int):
 
 def log_step_loop(trainer, state, batch_fn, steps: int, log_every: int):
   """`train.fit`: the devices are read at log steps only."""
-  import numpy as np
-  from jaxcomm import train
   end = int(np.asarray(state.step)) + steps
   return train.fit(trainer, state, batch_fn, end, log_every=log_every, progress=False)[0]
 
@@ -89,7 +90,6 @@ def dispatch_gaps(trace: dict, ops: dict) -> list[float]:
 
 def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
   """(state, dispatch gaps) of `steps` steps of `loop` under the profiler."""
-  import jax
   probe = trainer.shard_batch(batch_fn(0))
   compiled = lambda fn, *args: profile_step.instruction_ops(fn.lower(*args).compile().as_text())
   ops = compiled(trainer.step_fn(state, probe), state, probe)
@@ -109,11 +109,7 @@ def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
 
 def main(argv):
   del argv
-  import jax
-  import jax.numpy as jnp
-  import optax
   jax.config.update("jax_num_cpu_devices", FLAGS.devices)
-  from jaxcomm import data, models, sync, train
   devices = min(FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})
   lm = models.TransformerLM(**LM)

@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app
-from absl import flags
+import jax
+from absl import app, flags
+
+from experiments import build, config
+from jaxcomm import comm
 
 _SEQ_LENS = flags.DEFINE_string("seq_lens", "64,256", "Comma-separated sequence lengths.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Global batch size.")
@@ -50,11 +53,10 @@ LAYOUTS: dict[str, dict] = {
 
 def layout_config(name: str, base):
   """The base config with layout `name`'s overrides."""
-  from experiments import config
   c = base.copy_and_resolve_references()
   overrides = dict(LAYOUTS[name])
   if "method" in overrides:
-    c.method = config.method_config(overrides.pop("method"))
+    c = config.with_method(c, {"method": overrides.pop("method")})
   for path, value in overrides.items():
     *parents, leaf = path.split(".")
     node = c
@@ -66,8 +68,6 @@ def layout_config(name: str, base):
 
 def measure(name, base):
   """Compiles one step of layout `name`: bytes by axis and per-device memory."""
-  from experiments import build
-  from jaxcomm import comm
   run = build.build(layout_config(name, base))
   trainer = run.trainer()
   state = trainer.init(run.params)
@@ -98,9 +98,7 @@ def _table(rows) -> str:
 
 def main(argv):
   del argv
-  import jax
   jax.config.update("jax_num_cpu_devices", 8)
-  from experiments import config
 
   names = _ONLY.value.split(",") if _ONLY.value else list(LAYOUTS)
   rows = []

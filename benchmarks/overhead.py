@@ -23,8 +23,12 @@ from __future__ import annotations
 import statistics
 import time
 
-from absl import app
-from absl import flags
+import jax
+import optax
+from absl import app, flags
+
+from experiments import build, config
+from jaxcomm import codecs, sync, train
 
 _MODEL = flags.DEFINE_list("model", ["lm", "mlp"], "Models: lm, mlp.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per method (median reported).")
@@ -38,9 +42,6 @@ _METHODS = flags.DEFINE_multi_string("method", None, "Only this method (a name a
 
 def methods():
   """(name, builder(inner) -> transform); 1-bit Adam and DeMo replace the inner optimiser."""
-  import jax
-  import optax
-  from jaxcomm import codecs, sync
   key = jax.random.key(0)
   chain = lambda s: (lambda inner: optax.chain(s(), inner))
   return [
@@ -70,7 +71,6 @@ SHARDED = {
 
 def sharded_runs(mesh: str) -> list:
   """[name, trainer, state, batch, []] of every SHARDED method on the LM laid out on `mesh`."""
-  from experiments import build, config
   runs = []
   for name, entry in SHARDED.items():
     c = config.with_method(config.base_config(), dict(entry, mesh=mesh))
@@ -85,7 +85,6 @@ def sharded_runs(mesh: str) -> list:
 
 def task(model: str):
   """(loss_fn, params, batch, has_aux) for the model, one fixed global batch."""
-  from experiments import build, config
   if model not in ("lm", "mlp"):
     raise ValueError(f"model {model!r} is unknown; allowed: lm, mlp.")
   c = config.base_config()  # the experiments' default LM; the digits MLP at batch 128
@@ -96,7 +95,6 @@ def task(model: str):
 
 
 def time_steps(trainer, state, batch, steps):
-  import jax
   start = time.perf_counter()
   for _ in range(steps):
     state, m = trainer.step(state, batch)
@@ -118,10 +116,7 @@ def selected():
 
 def main(argv):
   del argv
-  import jax
-  import optax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from jaxcomm import train
   devices = min(_DEVICES.value, jax.device_count())
   mesh = train.make_mesh({"data": devices})
   where = f" on {_MESH.value}" if _MESH.value else ""
@@ -132,8 +127,8 @@ def main(argv):
     runs = sharded_runs(_MESH.value) if _MESH.value else []
     if not _MESH.value:
       loss_fn, params, batch, has_aux = task(model)
-    for name, build in ([] if _MESH.value else selected()):
-      trainer = train.Trainer(loss_fn, build(optax.adam(1e-3)), mesh, has_aux=has_aux)
+    for name, make in ([] if _MESH.value else selected()):
+      trainer = train.Trainer(loss_fn, make(optax.adam(1e-3)), mesh, has_aux=has_aux)
       state = trainer.init(params)
       batch_d = trainer.shard_batch(batch) if jax.process_count() > 1 else batch
       state, _ = time_steps(trainer, state, batch_d, 2)  # compile and warm up

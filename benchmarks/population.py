@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import time
 
-from absl import app
-from absl import flags
+import jax
+from absl import app, flags
+
+from experiments import compare
+from experiments.configs import compare as compare_config
 
 _METHODS = flags.DEFINE_list("methods", ["dp_bf16", "diloco_h10"], "compare.METHODS labels.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds in the population.")
@@ -25,10 +28,7 @@ _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
 
 def main(argv):
   del argv
-  import jax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from experiments import compare
-  from experiments.configs import compare as compare_config
   config = compare_config.get_config()
   links = compare.links(config)
   heldout = compare._heldout_fn(config)

@@ -34,10 +34,12 @@ import re
 import tempfile
 import time
 
-from absl import app
-from absl import flags
+import jax
+import optax
+from absl import app, flags
 
 from benchmarks import overhead
+from jaxcomm import train
 
 # --model, --steps (traced steps per method) and --devices are benchmarks.overhead's flags.
 _METHODS = flags.DEFINE_list("methods", None, "Method names of benchmarks.overhead "
@@ -94,7 +96,6 @@ def profile(trainer, state, batch, steps: int) -> dict:
   per step. The step program alone is timed, one step at a time as `Trainer.step` runs it
   on CPU, without the Trainer's host-side measurement post-processing (the same for every
   method)."""
-  import jax
   fn = trainer.step_fn(state, batch)
   hlo = fn.lower(state, batch).compile().as_text()
   for _ in range(2):  # compile and warm up outside the trace
@@ -132,10 +133,7 @@ def table(rows: dict) -> str:
 
 def main(argv):
   del argv
-  import jax
-  import optax
   jax.config.update("jax_num_cpu_devices", FLAGS.devices)
-  from jaxcomm import train
   devices = min(FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})
   known = dict(overhead.methods())

@@ -19,8 +19,12 @@ import json
 import os
 import warnings
 
-from absl import app
-from absl import flags
+import jax
+import jax.numpy as jnp
+import optax
+from absl import app, flags
+
+from jaxcomm import codecs, comm, data, local, models, parallel, sync, train
 
 _MESH = flags.DEFINE_string("mesh", "replica=2,fsdp=2,tensor=2", "The mesh.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Global batch size.")
@@ -35,8 +39,6 @@ _OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
 
 def methods(h: int) -> dict:
   """name -> (fn(specs) -> method over `replica` with its optimiser, syncs per step)."""
-  import optax
-  from jaxcomm import codecs, local, parallel, sync
   adamw = lambda: optax.adamw(1e-3)
   outer = lambda: optax.sgd(0.7, momentum=0.9, nesterov=True)
   int8 = codecs.uniform(8, block=256)
@@ -62,10 +64,6 @@ def methods(h: int) -> dict:
 
 def build(name: str, factory, mesh_text: str, lm_kwargs: dict, donate: bool):
   """(trainer, state, batch) of one method on the laid-out LM."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-  from jaxcomm import data, models, parallel, train
   mesh = parallel.make_mesh(mesh_text)
   rules = parallel.make_rules(embed=("replica", "fsdp")) if name == "zero3" else None
   layout = parallel.Layout(mesh, rules=rules) if rules else parallel.Layout(mesh)
@@ -85,8 +83,6 @@ def build(name: str, factory, mesh_text: str, lm_kwargs: dict, donate: bool):
 
 def measure(name: str, factory, syncs: float, lm_kwargs: dict) -> dict:
   """Bytes per step per axis (schedule average) and peak memory, donated and not."""
-  import jax
-  from jaxcomm import comm
   row = {"method": name, "mesh": _MESH.value}
   for donate in (True, False):
     trainer, state, batch = build(name, factory, _MESH.value, lm_kwargs, donate)
@@ -120,7 +116,6 @@ def table(rows) -> str:
 
 def main(argv):
   del argv
-  import jax
   jax.config.update("jax_num_cpu_devices", 8)
   lm_kwargs = dict(d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
                    d_ff=4 * _D_MODEL.value, max_len=_SEQ.value)

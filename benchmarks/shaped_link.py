@@ -41,6 +41,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from experiments import build, config
+from jaxcomm import codecs, comm, sim, sync, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMESPACES = ("jxc12a", "jxc12b")
@@ -243,10 +254,6 @@ def bucketed_mean(axis_name):
   """Exact mean of the gradients as ONE flat f32 buffer (one all-reduce, like DDP's
   gradient buckets), where `sync.mean` all-reduces each leaf (XLA combines them into one
   tuple all-reduce, which gloo runs as one collective per leaf)."""
-  import jax
-  import optax
-  from typing import NamedTuple
-  from jaxcomm import codecs, comm
 
   class BucketedMeanState(NamedTuple):
     wire_bytes: jax.Array  # u32[]: cumulative bytes sent
@@ -270,12 +277,6 @@ def periodic_average(inner, sync_every: int, axis_name: str):
   Benchmark-local (DiLoCo with outer SGD at lr 1 is this, with one flat buffer on the wire
   where the library's DiLoCo, also timed, sends one psum per leaf).
   """
-  import jax
-  import jax.numpy as jnp
-  import optax
-  from jax import lax
-  from typing import Any, NamedTuple
-  from jaxcomm import codecs, comm
 
   class PeriodicAverageState(NamedTuple):
     count: jax.Array       # i32[]: steps taken
@@ -309,21 +310,13 @@ def periodic_average(inner, sync_every: int, axis_name: str):
 def _cost(report, link):
   """The shaped link's model: gloo runs the ring all-reduce, and one collective per operand
   of XLA's combined (tuple) collectives."""
-  from jaxcomm import comm
   return comm.cost(report, {"data": link}, "ring", split_operands=True)
 
 
 def worker(args) -> None:
-  import jax
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(args.coordinator, num_processes=2, process_id=args.process_id,
                              initialization_timeout=120, shutdown_timeout_seconds=60)
-  import jax.numpy as jnp
-  import numpy as np
-  import optax
-  from jax.sharding import PartitionSpec as P
-  from experiments import build, config
-  from jaxcomm import comm, sim, sync, train
 
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()
@@ -353,8 +346,7 @@ def worker(args) -> None:
   for label, method, settings, period in configured_methods(args.sync_every):
 
     def make(axis, method=method, settings=settings):
-      c = cfg.copy_and_resolve_references()
-      c.method = config.method_config(method, **settings)
+      c = config.with_method(cfg, {"method": method, **settings})
       ctx = build.Context(config=c, inner=optax.adamw(lr), axis_name=axis,
                           num_workers=w if axis else 1, mesh_shape={"data": w},
                           key=jax.random.key(c.seed))

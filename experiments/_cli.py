@@ -19,9 +19,8 @@ import re
 import sys
 from typing import Callable, NoReturn
 
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
+from ml_collections import config_flags
 
 VERBOSE = flags.DEFINE_bool(
     "verbose", False, "Log at INFO level (Orbax checkpointing, absl) and show tracebacks of "
@@ -60,7 +59,6 @@ def config_flag(default: str, help_text: str, flag_values=flags.FLAGS):
   setting), listed by `--help` with how overrides are written. config_flags reads the
   command line's `--config.<path>` overrides when the flag is defined: a path that names no
   setting ends the program here, as one line (with ml_collections' "Did you mean")."""
-  from ml_collections import config_flags
   try:
     holder = config_flags.DEFINE_config_file("config", default, f"{help_text} {OVERRIDES}",
                                              flag_values=flag_values, lock_config=True)

@@ -15,14 +15,18 @@ from __future__ import annotations
 import hashlib
 import math
 
+import jax
 import numpy as np
+import optax
+
+from experiments import build
+from jaxcomm import comm, sim
 
 INNER = "inner"
 
 
 def local_step_key(label: str, config) -> str:
   """The name of the local computation a method's worker runs each step."""
-  from experiments import build
   fn = getattr(build.load_method(config.method.name), "local_step", None)
   key = fn(config.method) if fn else None
   if key == INNER:
@@ -36,9 +40,6 @@ def local_step_key(label: str, config) -> str:
 def local_step(config, loss_fn, params, batch, inner_only: bool):
   """One worker's step with no communication, jitted, with its arguments: the method built
   for one device (axis_name=None), or only the gradient and the inner optimiser."""
-  import jax
-  import optax
-  from experiments import build
 
   ctx = build.local_context(config)
   tx = ctx.inner if inner_only else build.make_optimizer(config, ctx)
@@ -55,7 +56,6 @@ def local_step(config, loss_fn, params, batch, inner_only: bool):
 def compile_step(fn, args) -> tuple:
   """Compiles (by a first call) and returns `(fn, args)`: run in a background thread while
   a method trains, so that XLA's compile uses the other core."""
-  import jax
   jax.block_until_ready(fn(*args))
   return fn, args
 
@@ -64,8 +64,6 @@ def measure(steps: dict, repeats: int) -> dict:
   """{key: {"seconds": median, "min", "max", "repeats"}}: one call of each local step per
   round, `repeats` rounds, so that every figure sees the same load on a shared machine.
   `steps` maps keys to (fn, args) or to a future of them."""
-  import jax
-  from jaxcomm import sim
   steps = {k: s.result() if hasattr(s, "result") else s for k, s in steps.items()}
   for fn, args in steps.values():  # warm up
     jax.block_until_ready(fn(*args))
@@ -80,8 +78,6 @@ def measure(steps: dict, repeats: int) -> dict:
 def shares(loss_fn, step_fn, args) -> dict:
   """The forward, backward and update shares of a local step's compute, from the FLOPs
   XLA's cost analysis counts for the loss, its gradient and the whole step."""
-  import jax
-  from jaxcomm import sim
   params, _, batch = args
   forward = sim.step_flops(loss_fn, params, batch)
   grad = sim.step_flops(jax.grad(loss_fn), params, batch)
@@ -96,7 +92,6 @@ def buckets(params) -> list[float]:
   """Gradient bytes per bucket in the order the backward pass makes them: one bucket per
   top-level module of the parameters, in reverse forward order (the LM's `embed`, `pos`,
   `block*`, `ln_f`, `head`; names the rule does not know keep their tree order)."""
-  import jax
   tree = params.get("params", params) if isinstance(params, dict) else params
   if not isinstance(tree, dict):
     return [float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))]
@@ -118,7 +113,6 @@ def overlapped_comm(report, link, compute: float, share: dict, bucket_bytes) -> 
   step (each a collective of its own, so each pays its latency), and the number of buckets
   is the best of 1, 2, 4, ... contiguous groups of the modules (a tuned DDP bucket size;
   one group is no overlap)."""
-  from jaxcomm import comm, sim
   cols = [c for c in report.collectives if not c.in_conditional]
   if not cols:
     return 0.0
@@ -141,7 +135,6 @@ def timeline(compute: float, step_bytes, cost, overlap_steps: int, exposed: floa
   """The simulated timeline of a run on one link: every step's compute plus the
   communication it counted (`sim.comm_seconds_per_step`), or, for a method overlapped with
   the backward pass, plus its exposed communication `exposed`."""
-  from jaxcomm import sim
   if exposed is not None:
     comm_s = np.full(len(step_bytes), exposed)
   else:

@@ -291,7 +291,7 @@ _STYLES = {"dp": "-", "compressed": "--", "powersgd": "--", "demo": "--",
 
 
 def _style(i: int, r: dict, reference: str) -> dict:
-  import matplotlib
+  import matplotlib  # lazy: heavy, and only plots need it
   colors = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
   return {"color": colors[i % len(colors)], "linestyle": _STYLES.get(r["algo"], "-"),
           "linewidth": 2.0 if r["method"] == reference else 1.4, "label": r["method"]}
@@ -307,7 +307,7 @@ def plot(records: list, config, links: dict, budgets: dict, target: float, score
          workdir: str) -> list:
   """loss_vs_time.png (a panel per link: held-out loss of seed 0 against the clock, target
   and budget marked), loss_vs_bytes.png and profile.png."""
-  import matplotlib
+  import matplotlib  # lazy: heavy, and only plots need it
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   reference = config.compare.reference

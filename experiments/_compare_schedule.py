@@ -9,7 +9,9 @@ evaluation parameters x, not at the parameters y the gradients are taken at."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+from optax import contrib
 
 
 def eval_params(params, opt_state):
@@ -18,8 +20,6 @@ def eval_params(params, opt_state):
   over any leading trial or worker axes its z shares with `params`; a z kept as one flat
   padded vector sharded over workers (a ZeRO-1 inner optimiser, ACCO's) is read as the
   parameters flattened in leaf order (`codecs.flatten`)."""
-  import jax
-  from optax import contrib
   free = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
       x, contrib.ScheduleFreeState)) if isinstance(s, contrib.ScheduleFreeState)]
   if not free:

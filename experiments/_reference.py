@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from experiments import build
 from experiments import config as _config
+from jaxcomm import plan
 
 
 def axis_bytes(step: Any, axes: Iterable[str]) -> float:
@@ -29,7 +30,6 @@ def axis_bytes(step: Any, axes: Iterable[str]) -> float:
 
 def step_plan(config, devices=None, steps: int = 1):
   """(`jaxcomm.plan.StepPlan` of `config`'s step, compiled for abstract inputs, its Run)."""
-  from jaxcomm import plan
   run = build.build(config, devices, abstract=True)
   return plan.compile_step(run.trainer(), run.params, run.batches(0), steps=steps), run
 

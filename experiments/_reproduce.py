@@ -23,8 +23,14 @@ import sys
 import time
 from typing import Any, Sequence
 
+import jax
+import ml_collections
 import numpy as np
 from absl import flags
+
+from experiments import build
+from experiments import config as _config
+from jaxcomm import comm, data, sim, train
 
 # Flags every reproduction takes: (kind, default, help). They are defined only when a
 # program runs (`define_flags` under `if __name__ == "__main__"`), so that importing the
@@ -59,8 +65,6 @@ def base_config(steps: int = 150, batch_size: int = 32, seq_len: int = 64, d_mod
   train loss (`smooth`), and the steps of exact DP every run starts from
   (`warm_start_steps`, at this `batch_size` on `WARM_START_WORKERS`; 0: from the
   initialisation). Training batches come from the train split only."""
-  import ml_collections
-  from experiments import config as _config
   c = _config.base_config("dp")
   c.steps, c.seed, c.checkpoint_every = steps, seed, 0
   c.data.update(batch_size=batch_size, seq_len=seq_len, split="train")
@@ -91,14 +95,12 @@ def workdir_from_flags(program: str) -> str:
 
 def start_devices() -> None:
   """Emulated CPU devices (--devices), set before JAX starts a backend."""
-  import jax
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
 
 
 def config(base, model: str, method: str, *, optimizer: str | None = None,
            lr: float | None = None, batch_size: int | None = None, **settings):
   """`base` with `model` ("lm" on pydoc, "mlp" on digits), `method` and its `settings`."""
-  from experiments import config as _config
   c = base.copy_and_resolve_references()
   c.model.name = model
   c.data.name = "pydoc" if model == "lm" else "digits"
@@ -108,13 +110,11 @@ def config(base, model: str, method: str, *, optimizer: str | None = None,
     c.optimizer.lr = lr
   if batch_size is not None:
     c.data.batch_size = batch_size
-  c.method = _config.method_config(method, **settings)
-  return c
+  return _config.with_method(c, {"method": method, **settings})
 
 
 def heldout_batch(c):
   """The held-out batch: LM sequences from the test split, or digits' whole test split."""
-  from jaxcomm import data
   test = data.load(c.data.name).split()[1]
   if c.model.name == "lm":
     return test.batch(0, c.reproduce.eval_batch, seq_len=c.data.seq_len, seed=c.seed + 1)
@@ -123,19 +123,16 @@ def heldout_batch(c):
 
 def mesh_devices(workers: int) -> list:
   """The first `workers` devices."""
-  import jax
   return jax.devices()[:workers]
 
 
 def mesh_of(workers: int):
   """A {"data": workers} mesh on the first `workers` devices."""
-  from jaxcomm import train
   return train.make_mesh({"data": workers}, devices=mesh_devices(workers))
 
 
 def evaluate(loss_fn, has_aux: bool, params, held_out) -> dict:
   """Held-out loss (and accuracy for classifiers) of `params` on one device."""
-  import jax
   out = jax.jit(loss_fn)(params, held_out)
   if has_aux:
     loss, aux = out
@@ -172,13 +169,11 @@ def warm_start_config(c):
   """The run every run of `c` starts from: c.reproduce.warm_start_steps of exact DP at the
   base batch (`warm_start_batch`) on WARM_START_WORKERS workers, from the initialisation;
   None when `c` starts from the initialisation."""
-  from experiments import config as _config
   if not c.reproduce.warm_start_steps:
     return None
-  w = c.copy_and_resolve_references()
+  w = _config.with_method(c, {"method": "dp"})  # a copy
   w.steps = c.reproduce.warm_start_steps
   w.data.batch_size = c.reproduce.warm_start_batch
-  w.method = _config.method_config("dp")
   w.reproduce.warm_start_steps = 0
   return w
 
@@ -194,9 +189,6 @@ def warm_start(c) -> tuple[dict | None, Any, int]:
 
 
 def _train(c, workers: int, label: str) -> tuple[dict, Any]:
-  import jax
-  from experiments import build
-  from jaxcomm import comm, sim, train
   _, warm_params, offset = warm_start(c)  # the pretraining trains first, if not yet done
   print(f"training {label} ({c.steps} steps, {workers} workers"
         f"{', from the DP warm start' if offset else ''})...", file=sys.stderr, flush=True)
@@ -269,7 +261,7 @@ def method_table(records: Sequence[dict], reference: dict, smooth: int, *,
 def save_figure(path: str, panels: Sequence[dict]) -> str:
   """One row of panels; each panel: title, xlabel, ylabel, lines [(label, x, y)], and
   optionally logx / logy. Every panel gets labelled axes and a legend."""
-  import matplotlib
+  import matplotlib  # lazy: heavy, and only plots need it
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -306,7 +298,6 @@ def _short(x: float) -> str:
 
 def curve_lines(records: Sequence[dict], smooth: int) -> list:
   """(label, step, smoothed train loss) of each record, for save_figure."""
-  from jaxcomm import sim
   return [(r["label"], np.arange(1, len(r["curve"]["loss"]) + 1),
            sim.smooth(r["curve"]["loss"], smooth)) for r in records]
 

@@ -64,14 +64,19 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
-from absl import app
-from absl import flags
+from absl import app, flags
+from jax.experimental.compilation_cache import compilation_cache as cc
 
 from experiments import _compare_clock as _clock
+from experiments import _compare_report as report
 from experiments import _compare_schedule as _schedule
 from experiments import _compare_stats as stats
+from experiments import build
 from experiments import config as _config
+from jaxcomm import comm, data, sim, train
 
 # label -> the method and its settings (experiments/methods/<method>.py; every setting not
 # named keeps the library factory's default), and optionally "optimizer" overrides.
@@ -209,14 +214,11 @@ def with_flags(config, links_=None, custom=(), budget=None, max_steps=None, *,
 
 
 def method_config(config, entry: dict):
-  """`config` with the method (and optimizer overrides) of a METHODS entry."""
-  entry = dict(entry)
-  optimizer = entry.pop("optimizer", {})
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    c.method = _config.method_config(entry.pop("method"), **entry)
-    c.optimizer.update(optimizer)
-    if c.compare.get("schedule", "constant") != "constant":  # build.py wraps the inner one
+  """`config` with a METHODS entry applied (`config.with_method`, which checks it), and
+  compare's learning-rate schedule (config.compare.schedule) on its optimizer."""
+  c = _config.with_method(config, entry)
+  if c.compare.get("schedule", "constant") != "constant":  # build.py wraps the inner one
+    with c.unlocked():
       c.optimizer.schedule = c.compare.schedule
       c.optimizer.warmup_steps = c.compare.warmup_steps
   return c
@@ -224,32 +226,14 @@ def method_config(config, entry: dict):
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,
                     reference: str = "dp_bf16") -> dict:
-  """{label: entry} to run, the reference first. A name that is not a catalog label may be a
-  method of experiments/methods/, a dotted module path or a `.py` file (a plugin: its label
-  is the module's name); anything else is an error naming the allowed values."""
-  from experiments import build
+  """{label: entry} to run, the reference first (`config.resolve_methods`; by default over
+  METHODS, with MORE_METHODS' labels also accepted by name)."""
   known = {**METHODS, **MORE_METHODS} if catalog is None else catalog
   catalog = METHODS if catalog is None else catalog
   if reference not in catalog:
     raise ValueError(f"config.compare.reference {reference!r} is not a method label; "
                      f"allowed: {', '.join(catalog)}.")
-  labels = list(catalog) if labels is None else list(labels)
-  chosen = {reference: catalog[reference]}
-  for name in labels:
-    if name in known:
-      label, entry = name, known[name]
-    elif name.endswith(".py") or "." in name or name in build.available_methods():
-      build.load_method(name)  # a missing file or module fails here, naming it
-      label = os.path.splitext(os.path.basename(name))[0].rsplit(".", 1)[-1]
-      entry = {"method": name}
-    else:
-      raise ValueError(f"--methods: {name!r} is unknown; allowed: {', '.join(catalog)}, a "
-                       f"method of experiments/methods/ ({', '.join(build.available_methods())}"
-                       "), a dotted module path or a .py file.")
-    if label in chosen and chosen[label] != entry:
-      raise ValueError(f"--methods: two methods are labelled {label!r}.")
-    chosen[label] = entry
-  return chosen
+  return _config.resolve_methods(labels, catalog, first=reference, known=known)
 
 
 def settings_list(label: str, entry: dict, ruleset: str) -> list:
@@ -257,7 +241,6 @@ def settings_list(label: str, entry: dict, ruleset: str) -> list:
   its module's `tuning()` list applied to it (tuned; at most MAX_SETTINGS, the same list on
   every link). A tuning item sets method settings by name and the optimizer's by
   `optimizer.<name>`; a module without `tuning()` runs its own entry only."""
-  from experiments import build
   if ruleset == "default":
     return [dict(entry)]
   fn = getattr(build.load_method(entry["method"]), "tuning", None)
@@ -291,7 +274,6 @@ def account(eval_steps, eval_losses, known, target: float, budget: float,
     {"steps": steps in the budget (of those trained), "seconds": their clock,
     "time_to_target", "steps_to_target" (None when not reached), "stopped"}.
   """
-  from jaxcomm import sim
   known = np.asarray(known, np.float64)
   eval_steps = np.asarray(eval_steps, np.int64)
   eval_losses = np.asarray(eval_losses, np.float64)
@@ -328,10 +310,6 @@ class Population:
 
   def __init__(self, label: str, setting: int, configs: list, links_: dict, heldout,
                together: bool):
-    import jax
-    import jax.numpy as jnp
-    from experiments import build
-    from jaxcomm import comm, train
     self.label, self.setting, self.configs, self.heldout = label, setting, configs, heldout
     self.runs = [build.build(c) for c in configs]
     r = self.runs[0]
@@ -380,9 +358,8 @@ class Population:
 
   def _batch(self, k: int, step: int):
     """Global batch `step` of trainer k (all trials stacked when together)."""
-    import numpy as np_
     if len(self.trainers) == 1 and len(self.runs) > 1:
-      local = {key: np_.stack([run.batches(step)[key] for run in self.runs])
+      local = {key: np.stack([run.batches(step)[key] for run in self.runs])
                for key in self.runs[0].batches(step)}
     else:
       local = self.runs[k].batches(step)
@@ -391,7 +368,6 @@ class Population:
   def _evaluate(self, k: int) -> list:
     """Held-out losses of trainer k's trials: the parameters (a schedule-free optimiser's
     evaluation parameters) averaged over workers."""
-    import jax
     trainer, state = self.trainers[k], self.states[k]
     lead = 1 if trainer.trials else 0
     params = jax.tree.map(lambda x: np.asarray(x),
@@ -498,9 +474,6 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
 def _heldout_fn(config):
   """`params -> held-out loss` on a fixed batch of the test split (the same for every trial:
   one compiled function)."""
-  import jax
-  from experiments import build
-  from jaxcomm import data
   _, loss_fn, has_aux, _, _ = build.model_task(config)
   test = data.load(config.data.name).split()[1]
   batch = test.batch(0, config.compare.eval_batch, seq_len=config.data.seq_len, seed=12345)
@@ -515,8 +488,6 @@ def exact_dp_bytes(config, trials: dict) -> float:
     t = ts[0][0]
     if t.config.method.name == "dp" and not t.config.method.get("dtype"):
       return float(t.report.wire_bytes(conditional=False))
-  from experiments import build
-  from jaxcomm import comm
   run = build.build(method_config(config, {"method": "dp"}))
   trainer = run.trainer()
   state = trainer.init(run.params)
@@ -590,8 +561,6 @@ def summarise(trials: dict, clock: Clock, target: float, config, budgets=None) -
 
 # ---------------------------------------------------------------- the program
 def _workers(config) -> int:
-  import jax
-  from experiments import build
   shape = build.mesh_shape(config.mesh, jax.device_count())
   return math.prod(n for a, n in shape.items() if a not in build.MODEL_AXES)
 
@@ -606,8 +575,6 @@ def _compile_cache():
   """A persistent compilation cache for the run (unless the user has one): the trials of one
   method at one setting differ only in array values (the seed), so every seed after the
   first loads the first one's compiled programs instead of compiling them again."""
-  import jax
-  from jax.experimental.compilation_cache import compilation_cache as cc
   if jax.config.jax_compilation_cache_dir:
     yield
     return
@@ -632,7 +599,6 @@ def _seeded(config, seed: int):
 
 def _local_steps(config, configs: dict, compiler) -> tuple[dict, dict]:
   """The local step of each compute key, compiling in the background, and each trial's key."""
-  from experiments import build
   _, loss_fn, _, params, batches = build.model_task(config)
   batch = {k: v[:config.data.batch_size // _workers(config)] for k, v in batches(0).items()}
   keys, steps = {}, {}
@@ -666,8 +632,6 @@ def run(config, workdir: str, methods: list | None = None, *,
 
 def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   """`run` inside its compilation cache."""
-  import jax
-  from experiments import _compare_report as report
   links_ = links(config)
   c = config.compare
   entries = resolve_methods(methods, catalog, c.reference)
@@ -741,7 +705,6 @@ def _keys_by_label(keys: dict) -> dict:
 
 def main(argv):
   del argv
-  import jax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
   try:
     config = with_flags(_CONFIG.value, _LINKS.value, _LINK.value, _BUDGET.value,

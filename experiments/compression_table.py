@@ -14,9 +14,14 @@ compressed steps.
 
 from __future__ import annotations
 
-from absl import app
-from absl import flags
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from experiments import config
+from jaxcomm import codecs, comm, models, sync, train
 
 
 def define_flags() -> None:
@@ -30,8 +35,6 @@ def define_flags() -> None:
 
 def methods():
   """(name, transform factory) for every compressor in the table."""
-  import jax
-  from jaxcomm import codecs, sync
   key = jax.random.key(0)
   return [
       ("exact DP (f32 all-reduce)", lambda: sync.mean()),
@@ -50,10 +53,6 @@ def methods():
 
 def model_params(name: str):
   """Abstract parameters (ShapeDtypeStructs) of a model."""
-  import jax
-  import jax.numpy as jnp
-  from experiments import config
-  from jaxcomm import models
   if name == "resnet18":
     return jax.eval_shape(models.ResNet18().init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   if name == "lm":  # the experiments' default LM (experiments/config.py)
@@ -72,10 +71,6 @@ def sync_bytes(tx, params, mesh, axis_name="data"):
   The program takes every worker's gradient ([W, ...] sharded over `axis_name`), initialises
   the transform's state inside (so per-worker state needs no layout) and applies one update.
   """
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  from jaxcomm import comm
   w = mesh.shape[axis_name]
 
   def local(grads_block):
@@ -103,9 +98,7 @@ def sync_bytes(tx, params, mesh, axis_name="data"):
 
 def main(argv):
   del argv
-  import jax
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
-  from jaxcomm import train
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()
   rows = {name: {} for name, _ in methods()}

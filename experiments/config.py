@@ -31,14 +31,15 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 from typing import Any, Callable
 
 import ml_collections
 import numpy as np
 from ml_collections import config_dict
 
-from experiments import methods
-from experiments import models
+from experiments import methods, models
+from jaxcomm import codecs, comm
 
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
@@ -130,9 +131,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
       pipeline="numpy",
       label_skew=0.0))       # MLP: Dirichlet alpha of a label-skewed split (0: iid)
   c.optimizer = ml_collections.ConfigDict(dict(name="adamw", lr=3e-3, weight_decay=0.0))
-  c.method = methods.method_defaults(method)
-  c.method.name = method
-  c.method.update(method_settings)
+  c.method = _method_settings(method, **method_settings)
   c.elastic = elastic_defaults()
   return c
 
@@ -151,7 +150,7 @@ def elastic_defaults() -> ml_collections.ConfigDict:
       quorum_timeout_s=60.0))     # below quorum this long: stop (exit status 69)
 
 
-def method_config(method: str, **settings: Any) -> ml_collections.ConfigDict:
+def _method_settings(method: str, **settings: Any) -> ml_collections.ConfigDict:
   """`method`'s settings subtree (its defaults, then `settings`), with its name.
 
   A setting the method does not have is an error naming it (a misspelt setting would
@@ -188,11 +187,55 @@ def with_method(config: ml_collections.ConfigDict, entry: dict) -> ml_collection
     raise ValueError(f"config.optimizer has no setting {', '.join(map(repr, unknown))}; its "
                      f"settings: {', '.join(sorted(c.optimizer.keys()))}.")
   with c.unlocked():
-    c.method = method_config(entry.pop("method"), **entry)
+    c.method = _method_settings(entry.pop("method"), **entry)
     c.optimizer.update(optimizer)
     if mesh is not None:
       c.mesh = mesh
   return c
+
+
+def method_label(method: str) -> str:
+  """A method's label: a name of experiments/methods/ itself, a module's or a file's last name.
+
+  >>> method_label("diloco"), method_label("my.pkg.sparse_sync"), method_label("x/topk.py")
+  ('diloco', 'sparse_sync', 'topk')
+  """
+  if method.endswith(".py"):
+    return os.path.basename(method)[:-len(".py")]
+  return method.rsplit(".", 1)[-1]
+
+
+def resolve_methods(names: list | None, catalog: dict, *, first: str, known: dict | None = None,
+                    setting: str = "--methods") -> dict:
+  """{label: entry} to run, `first` (a `catalog` label: the reference) first.
+
+  `names` (default: every label of `catalog`) are labels of `known` (default `catalog`), or
+  a method of experiments/methods/, a dotted module path or a `.py` file (a plugin, labelled
+  by `method_label`); anything else, or two different entries under one label, is an error
+  naming `setting` and the allowed values.
+
+  >>> resolve_methods(["diloco"], {"dp": {"method": "dp"}}, first="dp")
+  {'dp': {'method': 'dp'}, 'diloco': {'method': 'diloco'}}
+  """
+  known = catalog if known is None else known
+  if first not in catalog:
+    raise ValueError(f"the reference {first!r} is not a method label; allowed: "
+                     f"{', '.join(catalog)}.")
+  chosen = {first: catalog[first]}
+  for name in list(catalog) if names is None else list(names):
+    if name in known:
+      label, entry = name, known[name]
+    elif name.endswith(".py") or "." in name or name in methods.available_methods():
+      methods.load_method(name)  # a missing file or module fails here, naming it
+      label, entry = method_label(name), {"method": name}
+    else:
+      raise ValueError(f"{setting}: {name!r} is unknown; allowed: {', '.join(known)}, a "
+                       f"method of experiments/methods/ ({', '.join(methods.available_methods())}"
+                       "), a dotted module path or a .py file.")
+    if label in chosen and chosen[label] != entry:
+      raise ValueError(f"{setting}: two methods are labelled {label!r}.")
+    chosen[label] = entry
+  return chosen
 
 
 # ---------------------------------------------------------------- spec strings
@@ -220,7 +263,6 @@ def parse_codec(spec: str | None, setting: str = "codec") -> Any:
   >>> parse_codec("cast:bfloat16").name
   'cast(bfloat16)'
   """
-  from jaxcomm import codecs
   if spec is None or str(spec).strip().lower() in ("", "none"):
     return None
   if spec == "auto":
@@ -263,7 +305,6 @@ def parse_link(spec: str, setting: str = "link") -> Any:
   >>> link.name, link.bandwidth, link.latency
   ('office', 62500000.0, 0.04)
   """
-  from jaxcomm import comm
   form = "name:gbit=G,latency_ms=L"
   text = spec.strip() if isinstance(spec, str) else ""
   name, colon, rest = text.partition(":")
@@ -310,7 +351,6 @@ def parse_link(spec: str, setting: str = "link") -> Any:
 
 def codec_names() -> list[str]:
   """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
-  from jaxcomm import codecs
   def returns_codec(fn) -> bool:
     ret = inspect.signature(fn).return_annotation
     return getattr(ret, "__name__", str(ret)).split(".")[-1].strip("'\"") == "Codec"
@@ -488,5 +528,6 @@ def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
 def define_config_flag(default: str, help_text: str):
   """`--config` for a program: `experiments._cli.config_flag` (one line for an override that
   names no setting; `--help` shows how overrides are written)."""
+  # Lazy: _cli defines --verbose on import; only a program that takes --config wants it.
   from experiments import _cli
   return _cli.config_flag(default, help_text)

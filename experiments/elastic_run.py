@@ -31,7 +31,10 @@ import sys
 import time
 from typing import Callable
 
+import jax
+
 from experiments import config as _config
+from jaxcomm import elastic
 
 # Methods whose sync period is `sync_every` (rounds end at their syncs, so a process that
 # joins takes part from the next outer sync); every other method syncs each step.
@@ -102,7 +105,6 @@ def partition_view(faults: dict):
   at, groups = faults["partition"]
 
   def view(step, live):
-    import jax
     if step < at:
       return live
     mine = next(g for g in groups if jax.process_index() in g)
@@ -126,7 +128,6 @@ def progress_writer(path: str | None) -> Callable[[int], None] | None:
 
 def quorum(c):
   """`jaxcomm.elastic.Quorum` of config.elastic."""
-  from jaxcomm import elastic
   e = c.elastic
   return elastic.Quorum(min_workers=_config.min_workers(e.min_workers), majority=e.majority,
                         timeout_s=e.quorum_timeout_s, join_window_s=e.join_window_s,
@@ -137,8 +138,6 @@ def run(make_trainer, params, batch_fn, c, *, steps: int, round_steps: int, work
         faults: dict, progress_file: str | None) -> dict:
   """Trains with `jaxcomm.elastic.fit`; returns (and, on the last leader, writes) the
   summary. Exits with status NO_QUORUM when no valid quorum formed."""
-  import jax
-  from jaxcomm import elastic
   began = time.perf_counter()
   try:
     result = elastic.fit(

@@ -17,8 +17,13 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app
-from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+
+from jaxcomm import data, sim, train
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/heterogeneous", "Where the plot and JSON go.")
 _STEPS = flags.DEFINE_integer("steps", 200, "Server steps of the batch methods (x8 for async).")
@@ -31,15 +36,10 @@ _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (workers).")
 
 def main(argv):
   del argv
-  import jax
   jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  import jax.numpy as jnp
-  import matplotlib
+  import matplotlib  # lazy: heavy, and only plots need it
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
-  import optax
-  from jaxcomm import data, sim, train
 
   ds = data.digits()
   x_all, y_all = jnp.asarray(ds.x), jnp.asarray(ds.y)

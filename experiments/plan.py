@@ -43,12 +43,14 @@ import resource
 import sys
 import time
 
+import jax
+import numpy as np
 from absl import flags
 
-from experiments import _cli
-from experiments import _plugins
-from experiments import compare
+from experiments import _cli, _plugins, build, compare
 from experiments import config as _config
+from jaxcomm import comm, parallel, plan
+
 
 # A model preset: config.model settings, the dataset, sequence length and batch per device,
 # one file of experiments/configs/models/ each. Our LM is pre-norm with learned positions, a
@@ -130,7 +132,6 @@ def _positive_int(value, name: str, allow_none: bool = True):
 
 def mesh_devices(mesh: str, available: int) -> dict:
   """{axis: size} of `mesh`; its devices must divide the `available` ones."""
-  from jaxcomm import parallel
   try:
     shape = parallel.parse_mesh(mesh)
   except ValueError as e:
@@ -145,8 +146,6 @@ def mesh_devices(mesh: str, available: int) -> dict:
 def model_config(base, model: str | None, mesh: str, batch_per_device=None, seq_len=None):
   """`base` with the model preset, the mesh and a global batch of `batch_per_device` per
   worker (the mesh's batch axes)."""
-  from experiments import build
-  from jaxcomm import parallel
   if model is not None and model not in MODELS:
     raise ValueError(f"model {model!r} is unknown; allowed: {', '.join(MODELS)}.")
   _positive_int(batch_per_device, "batch_per_device")
@@ -180,37 +179,17 @@ def catalog(mesh_shape: dict, model_name: str) -> dict:
 
 
 def resolve_methods(names, labelled: dict, config) -> dict:
-  """{label: entry}, DP (the reference of the crossover) first."""
-  from experiments import build
-  names = list(labelled) if names is None else list(names)
-  chosen = {REFERENCE: labelled[REFERENCE]}
-  for name in names:
-    if name in labelled:
-      chosen[name] = labelled[name]
-    elif name == CONFIG_LABEL:
-      chosen[_label(config.method.name)] = {
-          "method": config.method.name,
+  """{label: entry}, DP (the reference of the crossover) first (`config.resolve_methods`);
+  CONFIG_LABEL names the method of `config` with its settings, under its own label."""
+  mine = {"method": config.method.name,
           **{k: v for k, v in config.method.items() if k != "name"}}
-    elif name.endswith(".py") or "." in name or name in build.available_methods():
-      build.load_method(name)  # an unknown module or missing file is named here
-      chosen[_label(name)] = {"method": name}
-    else:
-      raise ValueError(f"methods: {name!r} is unknown; allowed: {', '.join(labelled)}, "
-                       f"{CONFIG_LABEL}, a method of experiments/methods/ "
-                       f"({', '.join(build.available_methods())}), a module path or a .py "
-                       "file.")
-  return chosen
-
-
-def _label(method: str) -> str:
-  """A method module's label: its file's or its module's last name."""
-  if method.endswith(".py"):
-    return os.path.basename(method)[:-len(".py")]
-  return method.rsplit(".", 1)[-1]
+  chosen = _config.resolve_methods(names, labelled, first=REFERENCE, setting="methods",
+                                   known={**labelled, CONFIG_LABEL: mine})
+  label = _config.method_label(config.method.name)
+  return {(label if k == CONFIG_LABEL else k): v for k, v in chosen.items()}
 
 
 def _links(names, inner: str) -> tuple[dict, object]:
-  from jaxcomm import comm
   if not names:
     raise ValueError("links must name at least one link preset.")
   for name in list(names) + [inner]:
@@ -223,22 +202,17 @@ def _links(names, inner: str) -> tuple[dict, object]:
 
 def topology(mesh_shape: dict, link, inner):
   """The outermost axis on `link`, every other axis on `inner`."""
-  from jaxcomm import comm
   axes = list(mesh_shape)
   return comm.Topology({a: inner for a in axes[1:]}, default=link)
 
 
 # ---------------------------------------------------------------- planning
 def _param_count(params) -> int:
-  import jax
-  from jaxcomm import comm
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params) if comm.is_numeric(x)))
 
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
   """Every number of one planned method (plan.json)."""
-  from experiments import build
-  from jaxcomm import plan
   overlap = build.overlap_steps(c.method)
   shape = step.mesh_shape
   record = {
@@ -277,7 +251,6 @@ def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> d
 
 def _seconds_at(step, shape, latency, inner, compute, overlap):
   """Step seconds as a function of the outer link's bandwidth (bytes/s)."""
-  from jaxcomm import comm, plan
   return lambda b: plan.predict(step, topology(shape, comm.Link(b, latency), inner), compute,
                                 overlap_steps=overlap).step
 
@@ -293,10 +266,6 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
   Every argument is checked, and every method's run built (abstract), before anything
   compiles: a mistake is one ValueError naming the argument or setting.
   """
-  import jax
-  import numpy as np
-  from experiments import build
-  from jaxcomm import plan
 
   started = time.perf_counter()
   shape = mesh_devices(mesh, jax.device_count())
@@ -366,7 +335,6 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
 def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
   """{label: (StepPlan or why it failed, seconds)}, two methods compiling at a time (XLA's
   compile of one program is single-threaded)."""
-  from jaxcomm import plan
 
   def one(label):
     t0 = time.perf_counter()
@@ -390,8 +358,6 @@ def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
 def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
   """Step seconds over the bandwidth grid per method and link, and each method's crossover
   against DP (written into `records`)."""
-  import numpy as np
-  from jaxcomm import plan
   grid = np.geomspace(*_BANDWIDTHS, 49)
   seconds = {label: {} for label in steps_of}
   for name, link in links.items():
@@ -469,10 +435,9 @@ def table(records: list, links: dict) -> str:
 
 def plot(curves: dict, links: dict, path: str) -> str:
   """Predicted step time against the outer link's bandwidth, one panel per link latency."""
-  import matplotlib
+  import matplotlib  # lazy: heavy, and only plots need it
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
   gbit = np.asarray(curves["bandwidths"]) * 8 / 1e9
   fig, axes = plt.subplots(1, len(links), figsize=(4.6 * len(links) + 2.0, 4.2),
                            squeeze=False, sharey=True)
@@ -500,9 +465,7 @@ def plot(curves: dict, links: dict, path: str) -> str:
 
 def main(argv):
   del argv
-  import jax
   try:
-    from jaxcomm import parallel
     n = math.prod(parallel.parse_mesh(_MESH.value).values())
   except ValueError as e:
     _cli.fail(f"--mesh {_MESH.value!r}: {e}")

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 
+import jax
 from absl import flags
 
-from experiments import _cli
+from experiments import _cli, compression_table
 from experiments import _reproduce as rep
-
 
 STEPS = 300
 LR = 0.1  # momentum SGD on the digits MLP
@@ -30,8 +30,6 @@ LR = 0.1  # momentum SGD on the digits MLP
 
 def compression_rows(ranks, workers: int) -> list:
   """[method, floats/step, DP / method] on ResNet-18's shapes (compiled, not run)."""
-  import jax
-  from experiments import compression_table
   wanted = ["exact DP (f32 all-reduce)"] + [f"PowerSGD rank {r}" for r in ranks]
   makers = dict(compression_table.methods())
   params = compression_table.model_params("resnet18")

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from absl import flags
 
 from experiments import _cli
 from experiments import _reproduce as rep
-
 
 STEPS = 300
 LR = 0.5  # plain SGD on the digits MLP
@@ -51,7 +51,6 @@ def run(base, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
 
 
 def _cumsum(values):
-  import numpy as np
   return np.cumsum(values)
 
 

@@ -33,10 +33,13 @@ import json
 import os
 import sys
 
+import jax
+import ml_collections
 from absl import flags
 
-from experiments import _cli
+from experiments import _cli, _reference, build, elastic_run
 from experiments import config as _config
+from jaxcomm import comm, elastic, train
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "dp.py")
 _CONFIG = _config.define_config_flag(
@@ -64,7 +67,6 @@ PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (14
 def run_config(workdir: str):
   """The config of this run: --config (with overrides), or the one saved in `workdir` when
   --config is not given and `workdir` holds a run."""
-  import ml_collections
   saved = os.path.join(workdir, "config.json")
   if not flags.FLAGS["config"].present and os.path.exists(saved):
     with open(saved, encoding="utf-8") as f:
@@ -74,15 +76,12 @@ def run_config(workdir: str):
 
 def main(argv):
   del argv
-  import jax
   if _DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  from jaxcomm import train
   workdir = _WORKDIR.value
   config = run_config(workdir)
   # First, before any computation: joins the other processes of a multi-process run.
   if elastic_mode(config):  # processes may die and rejoin (experiments/elastic_run.py)
-    from jaxcomm import elastic
     elastic.start_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               heartbeat_timeout_s=config.elastic.heartbeat_timeout_s,
                               collective_timeout_s=config.elastic.collective_timeout_s)
@@ -97,8 +96,6 @@ def main(argv):
 def execute(config, workdir: str) -> int:
   """Builds, trains (resuming from `workdir`) and summarises one run; returns the exit
   status: 0, or PREEMPTED when the run saved a checkpoint and stopped early."""
-  import jax
-  from experiments import build
   try:
     run = build.build(config)
     record_config(workdir, config)
@@ -125,8 +122,6 @@ def elastic_mode(config) -> bool:
 
 def run_elastic(run, workdir: str) -> None:
   """Trains `run` with `jaxcomm.elastic` (config.elastic.enabled)."""
-  from experiments import elastic_run
-  from jaxcomm import train
   c = run.config
   if set(run.mesh.axis_names) != {"data"} or c.data.label_skew:
     raise ValueError("elastic runs train on one data axis: config.mesh 'data=N' only, no "
@@ -142,14 +137,12 @@ def run_elastic(run, workdir: str) -> None:
 
 def train_run(run, workdir: str):
   """Trains `run` in `workdir` (resuming from its checkpoints); returns (trainer, state)."""
-  from jaxcomm import train
   c = run.config
   trainer = run.trainer()
   checkpointer = None
   if c.checkpoint_every:
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
-  from experiments import elastic_run
   batches = elastic_run.with_faults(run.batches,  # launch_local --kill (--fault=kill@T)
                                     elastic_run.parse_faults(_FAULT.value))
   state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
@@ -167,9 +160,6 @@ def summarize(run, trainer, state, workdir: str) -> dict:
   compiled step's, means per step too.
   """
   del trainer
-  import jax
-  from experiments import _reference
-  from jaxcomm import comm
   c = run.config
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     last = ([json.loads(line) for line in f if line.strip()] or [{}])[-1]
@@ -222,8 +212,6 @@ def summarize(run, trainer, state, workdir: str) -> dict:
 def record_config(workdir: str, config) -> None:
   """Writes `config` to workdir/config.json, or refuses a workdir that holds a run with other
   settings (every setting counts except `steps`, which a resumed run may extend)."""
-  import jax
-  from experiments import config as _config
   settings = json.loads(json.dumps(_config.to_dict(config)))  # as it reads back from disk
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):

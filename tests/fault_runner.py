@@ -102,9 +102,8 @@ def main(argv):
                                   heartbeat_timeout_s=flags.FLAGS.heartbeat_timeout)
   base = flags.FLAGS.workdir
   for algo in _ALGOS.value:
-    config = flags.FLAGS.config.copy_and_resolve_references()
-    with config.unlocked():
-      config.method = experiments_config.method_config(algo, **faults.SETTINGS[algo])
+    config = experiments_config.with_method(flags.FLAGS.config,
+                                            {"method": algo, **faults.SETTINGS[algo]})
     flags.FLAGS.workdir = os.path.join(base, algo)
     status = train.execute(config, flags.FLAGS.workdir)
     if status:

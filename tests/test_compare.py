@@ -645,3 +645,18 @@ def test_more_methods_run_only_when_named():
     c = compare.method_config(base, entry)
     assert c.method.name == entry["method"], label
     build.build(c, abstract=True)  # the method's settings are accepted by its factory
+
+
+@pytest.mark.parametrize("entry, named", [
+    ({"method": "dp", "optimizer": {"lrr": 1e-3}}, "'lrr'"),
+    ({"method": "diloco", "sync_evry": 2}, "'sync_evry'"),
+    ({"method": "dp", "mesh": "data=8"}, None),
+])
+def test_a_method_entry_is_checked_as_in_every_program(entry, named):
+  # compare applies an entry through config.with_method: a misspelt method or optimizer
+  # setting is refused by name, and a "mesh" is the run's mesh, not a method setting.
+  if named:
+    with pytest.raises(ValueError, match=named):
+      compare.method_config(TINY, entry)
+  else:
+    assert compare.method_config(TINY, entry).mesh == entry["mesh"]

@@ -153,7 +153,7 @@ def digits() -> ArrayDataset:
     >>> ds.x.shape, ds.batch(0, 4)["x"].shape
     ((1797, 64), (4, 64))
   """
-  from sklearn.datasets import load_digits
+  from sklearn.datasets import load_digits  # lazy: optional and heavy, only this dataset
   d = load_digits()
   return ArrayDataset("digits", (d.data / 16.0).astype(np.float32), d.target.astype(np.int32),
                       10)
@@ -167,7 +167,7 @@ def pydoc_text() -> TextDataset:
     >>> pydoc_text().batch(0, 2, seq_len=16)["tokens"].shape
     (2, 17)
   """
-  from pydoc_data.topics import topics
+  from pydoc_data.topics import topics  # lazy: a large text table, only this dataset
   text = "\n\n".join(topics[k] for k in sorted(topics))
   return TextDataset("pydoc", np.frombuffer(text.encode("utf-8"), np.uint8))
 

@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 import grain
+import jax
 import numpy as np
 
 from jaxcomm import _validate as v
@@ -271,7 +272,6 @@ def batches(data: Any, batch_size: int, *, seq_len: int = 64, split: str = "all"
   """
   records = source(data, seq_len, split) if isinstance(data, str) else data
   if process_index is None or process_count is None:
-    import jax
     process_index, process_count = jax.process_index(), jax.process_count()
   _validate.batch_args(0, batch_size, seed, process_index, process_count)
   if label_skew is None:
