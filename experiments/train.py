@@ -61,6 +61,12 @@ _FAULT = flags.DEFINE_list(
 _PROGRESS = flags.DEFINE_string(
     "progress_file", None, "Elastic runs: where each committed step is written (launcher).")
 
+def _faults() -> list:
+  """This process's --fault list; none when the program's flags were not parsed (a test or a
+  notebook calling `execute` in-process)."""
+  return elastic_run.parse_faults(_FAULT.value if flags.FLAGS.is_parsed() else [])
+
+
 PREEMPTED = 128 + 15  # exit status of a run stopped by SIGTERM after saving (143)
 
 
@@ -131,8 +137,8 @@ def run_elastic(run, workdir: str) -> None:
                   run.params, run.batches, c, steps=run.steps,
                   round_steps=elastic_run.round_steps(c.method.name,
                                                       c.method.get("sync_every") or 1),
-                  workdir=workdir, faults=elastic_run.parse_faults(_FAULT.value),
-                  progress_file=_PROGRESS.value)
+                  workdir=workdir, faults=_faults(),
+                  progress_file=_PROGRESS.value if flags.FLAGS.is_parsed() else None)
 
 
 def train_run(run, workdir: str):
@@ -144,7 +150,7 @@ def train_run(run, workdir: str):
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
   batches = elastic_run.with_faults(run.batches,  # launch_local --kill (--fault=kill@T)
-                                    elastic_run.parse_faults(_FAULT.value))
+                                    _faults())
   state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
                        workdir=workdir, log_every=c.log_every, checkpointer=checkpointer)
   if checkpointer is not None:

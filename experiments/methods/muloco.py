@@ -3,6 +3,8 @@
 Nesterov step (`outer_lr`, `outer_momentum`) on the outer gradient quantised to `bits` with
 optional error feedback (`memory="ef"`)."""
 
+import math
+
 from experiments import config
 from experiments import methods
 from jaxcomm import local
@@ -16,6 +18,8 @@ def defaults():
 
 
 def build(settings, ctx):
+  # `lr` is this module's name for the factory's learning_rate: checked here, by its name.
+  config.number_in(ctx.config, "method.lr", 0.0, math.inf, True, "a finite number > 0")
   return config.call(local.muloco, settings, learning_rate=settings.lr,
                      outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
                      axis_name=ctx.axis_name, param_specs=ctx.param_specs, key=ctx.key,

@@ -4,6 +4,8 @@ by default config.optimizer.lr). On a laid-out mesh (replica x fsdp x tensor) ea
 is orthogonalised whole: `strategy` "owner" (all-to-all to one owner per matrix and back)
 or "gram" (Gram all-reduces per Newton-Schulz iteration)."""
 
+import math
+
 from experiments import config
 from jaxcomm import sync
 
@@ -16,6 +18,8 @@ def defaults():
 
 
 def build(settings, ctx):
+  # `lr` is this module's name for the factory's learning_rate: checked here, by its name.
+  config.number_in(ctx.config, "method.lr", 0.0, math.inf, True, "a finite number > 0")
   adam_lr = settings.adam_learning_rate
   return config.call(sync.muon, settings, learning_rate=settings.lr,
                      adam_learning_rate=ctx.config.optimizer.lr if adam_lr is None else adam_lr,

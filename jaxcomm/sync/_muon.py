@@ -442,6 +442,18 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, strategy: str = "owner",
   ns_steps = v.integer("ns_steps", ns_steps, low=1)
   beta = v.number("beta", beta, low=0.0, high=1.0)
   eps = v.number("eps", eps, low=0.0)
+  # Learning rates may be schedules (callables); numbers must be positive.
+  if not callable(learning_rate):
+    v.number("learning_rate", learning_rate, low=0.0, low_open=True)
+  if adam_learning_rate is not None and not callable(adam_learning_rate):
+    v.number("adam_learning_rate", adam_learning_rate, low=0.0, low_open=True)
+  weight_decay = v.number("weight_decay", weight_decay, low=0.0)
+  adam_b1 = v.number("adam_b1", adam_b1, low=0.0, high=1.0, high_open=True)
+  adam_b2 = v.number("adam_b2", adam_b2, low=0.0, high=1.0, high_open=True)
+  adam_eps_root = v.number("adam_eps_root", adam_eps_root, low=0.0)
+  adam_weight_decay = v.number("adam_weight_decay", adam_weight_decay, low=0.0)
+  if consistent_rms is not None:
+    consistent_rms = v.number("consistent_rms", consistent_rms, low=0.0, low_open=True)
   try:
     coeffs = jnp.asarray(ns_coeffs, jnp.float32)
   except (TypeError, ValueError):  # not numbers: named like a shape mistake
