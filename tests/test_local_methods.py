@@ -209,6 +209,86 @@ def test_eager_on_one_worker_is_diloco():
   assert not np.allclose(plain["a"], 0)
 
 
+# Streaming DiLoCo, eager: H = 2, P = 2 fragments of 605 (element i to fragment i mod 2),
+# fragment 1 syncs at t = 1, 3, 5 and fragment 0 at t = 2, 4, 6 (sync index k = t - 1),
+# merged tau = 1 update later with alpha = 0.5; at sync k = 2 workers 0 and 1 are dropped.
+FRAGMENT = 2 * 2420 * (W - 1) // W  # 4235: one all-reduce of 605 float32 on 8 workers
+STREAM_MASK = np.ones((6, W), bool)
+STREAM_MASK[2, :2] = False
+
+
+def ref_streaming_eager(task, h, frags, tau, alpha, steps, mask):
+  """numpy: per-worker outer fragments and momentum; fragment p's mean is used at its next
+  sync, each worker's own share (live-weighted) standing in at once."""
+  params, _, batches, grads = task
+  flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+  theta0, unravel = ravel_pytree(params)
+  n = theta0.size
+  worker = np.stack([np.asarray(theta0)] * W)
+  outer, mom, sent = worker.copy(), np.zeros_like(worker), np.zeros_like(worker)
+  in_flight = np.zeros(n, np.float32)
+  offsets = [p * h // frags for p in range(frags)]
+  elems = lambda p: np.arange(n)[np.arange(n) % frags == p]
+  for t in range(1, steps + 1):
+    ps = jax.vmap(unravel)(jnp.asarray(worker))
+    g = grads(ps, blocks(batches[t - 1]))
+    worker = worker - LR * np.stack([flat(jax.tree.map(lambda x: x[w], g)) for w in range(W)])
+    if t % h in offsets:
+      idx, live = elems(offsets.index(t % h)), mask[t - 1].astype(np.float32)
+      delta = outer[:, idx] - worker[:, idx]
+      share = delta * live[:, None] / live.sum()
+      corrected = in_flight[idx] + share - sent[:, idx]
+      in_flight[idx], sent[:, idx] = share.sum(0), share
+      mom[:, idx] = 0.9 * mom[:, idx] + corrected
+      outer[:, idx] = outer[:, idx] - 0.7 * mom[:, idx]
+    if t - tau >= 1 and (t - tau) % h in offsets:
+      idx = elems(offsets.index((t - tau) % h))
+      a = np.where(mask[t - tau - 1], alpha, 0.0)[:, None]
+      worker[:, idx] = a * worker[:, idx] + (1 - a) * outer[:, idx]
+  return worker, outer
+
+
+def test_eager_streaming_matches_reference_with_corrections_mask_and_bytes(task):
+  params, loss, batches, _ = task
+  tx = local.streaming_diloco(optax.sgd(LR), optax.sgd(0.7, momentum=0.9), 2, 2, 1, 0.5,
+                              codec=None, participation=STREAM_MASK, eager=True)
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
+  worker, outer = ref_streaming_eager(task, 2, 2, 1, 0.5, 6, STREAM_MASK)
+  got = np.stack([ravel_pytree(jax.tree.map(lambda x: x[w], state.params))[0]
+                  for w in range(W)])
+  np.testing.assert_allclose(got, worker, atol=1e-5)
+  # Row p of a worker's outer parameters holds elements p, p + 2, ... (dealt like cards).
+  got_outer = np.asarray(state.opt_state.outer_params).transpose(0, 2, 1).reshape(W, -1)
+  np.testing.assert_allclose(got_outer, outer, atol=1e-5)
+  assert not np.allclose(outer[0], outer[2])  # the dropped workers' eager steps differ
+  assert sent == [FRAGMENT] * 6  # every update syncs one fragment: Streaming's bytes
+  report = inspect(trainer, state, batches[0])
+  assert report.wire_bytes(conditional=True) == FRAGMENT
+  assert report.wire_bytes(conditional=False) == 0
+
+
+def test_eager_streaming_on_one_worker_is_streaming():
+  target = {"a": jnp.arange(4.0), "b": jnp.ones((2, 3))}
+  params = jax.tree.map(jnp.zeros_like, target)
+
+  def run(**kw):
+    tx = local.streaming_diloco(optax.sgd(0.1), NESTEROV, 2, 2, 1, 0.5, None, codec=None,
+                                **kw)
+    p, s = params, tx.init(params)
+    for _ in range(6):
+      u, s = tx.update(jax.tree.map(jnp.subtract, p, target), s, p)
+      p = optax.apply_updates(p, u)
+    return p
+
+  plain = run()
+  close(run(eager=True), plain)
+  assert not np.allclose(plain["a"], 0)
+  with pytest.raises(ValueError, match="eager"):
+    local.streaming_diloco(optax.sgd(0.1), NESTEROV, 2, eager="yes")
+  with pytest.raises(ValueError, match="compensation"):
+    local.streaming_diloco(optax.sgd(0.1), NESTEROV, 2, compensation="dc", eager=True)
+
+
 def test_eager_overlap_on_the_simulated_clock():
   """A sync every 4 steps, its all-reduce 3 compute steps long: blocking DiLoCo pays it every
   period; eager hides it behind the next inner phase and pays only the last one."""
