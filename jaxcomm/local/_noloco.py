@@ -28,7 +28,7 @@ class NolocoState(NamedTuple):
 
 def noloco(inner: optax.GradientTransformation, sync_every: int,
            axis_name: comm.AxisName = "data", *, outer_lr: float = 0.7,
-           momentum: float = 0.5, gamma: float = 0.5, matchings: int = 8, seed: int = 0
+           momentum: float = 0.5, gamma: float = 0.7, matchings: int = 8, seed: int = 0
            ) -> optax.GradientTransformationExtraArgs:
   """NoLoCo: H inner steps, then an outer momentum step averaged with one random partner.
 
@@ -54,7 +54,10 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
       None for one device (the partner is the worker itself).
     outer_lr: β > 0.
     momentum: α in [0, 1).
-    gamma: γ >= 0, the pull of φ_i towards the pair's mean.
+    gamma: γ >= 0, the pull of φ_i towards the pair's mean. The defaults (β, α, γ) =
+      (0.7, 0.5, 0.7) are those of the authors' released code and configs (pairs,
+      outer_lr 0.7, outer_momentum 0.5, 50 inner steps; their step applies outer_lr to the
+      pull term too, so γ = β); they were not checked against the paper's text.
     matchings: how many random matchings are drawn (each is one branch of the compiled
       step); outer step k uses matching k mod `matchings`.
     seed: the seed of the matchings, shared by every worker.
