@@ -56,8 +56,14 @@ def test_des_loc_all_periods_one_with_momentum_equals_dp(task):
   assert sent == [2 * ALLREDUCE] * 3  # parameters and momentum, every step
 
 
+DES_MASK = np.ones((6, W), bool)  # per update: at t = 3 (μ) worker 7 is dropped, at t = 6
+DES_MASK[2, 7] = False            # (θ, μ and ν) workers 0 and 1
+DES_MASK[5, :2] = False
+
+
 def test_des_loc_adam_matches_reference_and_bytes(task):
-  """K_x = 2, K_u = 3, K_v = 6 over 6 steps: at t = 6 all three sync.
+  """K_x = 2, K_u = 3, K_v = 6 over 6 steps: at t = 6 all three sync; with dropped workers
+  (DES_MASK): each average is over the live workers, and every worker takes it.
 
   eps = 1e-3: with Adam's 1e-8 a coordinate whose gradient is zero on one worker (a digits
   pixel that is blank in its 8 examples) has ν ≈ 0 there, and once μ is averaged that
@@ -66,13 +72,13 @@ def test_des_loc_adam_matches_reference_and_bytes(task):
   """
   params, loss, batches, grads = task
   lr, b1, b2, eps = 1e-2, 0.9, 0.999, 1e-3
-  tx = local.des_loc(optax.adam(lr, eps=eps), 2, {"mu": 3, "nu": 6})
+  tx = local.des_loc(optax.adam(lr, eps=eps), 2, {"mu": 3, "nu": 6}, participation=DES_MASK)
   trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
   ps = stack(params)
   m = jax.tree.map(jnp.zeros_like, ps)
   v = jax.tree.map(jnp.zeros_like, ps)
-  mean_all = lambda tree: stack(wmean(tree))
   for t in range(1, 7):
+    mean_all = lambda tree: stack(wmean(tree, DES_MASK[t - 1]))
     g = grads(ps, blocks(batches[t - 1]))
     m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
     v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
@@ -117,8 +123,10 @@ def np_pairs(count, seed):
 def test_noloco_matches_reference_with_the_same_pairs_and_bytes(task):
   params, loss, batches, grads = task
   h, beta, alpha, gamma, count, seed = 2, 0.7, 0.5, 0.5, 2, 3
+  mask = np.ones((3, W), bool)
+  mask[1, 3] = False  # outer step 1: worker 3 dropped, its partner steps alone
   tx = local.noloco(optax.sgd(LR), h, outer_lr=beta, momentum=alpha, gamma=gamma,
-                    matchings=count, seed=seed)
+                    matchings=count, seed=seed, participation=mask)
   trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
   _, unravel = ravel_pytree(params)
   vec = lambda tree: np.stack([ravel_pytree(jax.tree.map(lambda x: x[w], tree))[0]
@@ -131,10 +139,13 @@ def test_noloco_matches_reference_with_the_same_pairs_and_bytes(task):
   for t in range(1, 7):
     x = vec(sgd_steps(task, tree(x), t))
     if t % h == 0:
+      live = mask[t // h - 1]
       j = pairs[(t // h - 1) % count]
+      j = np.where(live & live[j], j, np.arange(W))  # a lone live worker is its own partner
       grad = phi - x
-      delta = alpha * delta - beta / 2 * (grad + grad[j]) - gamma * (phi - (phi + phi[j]) / 2)
-      phi = phi + delta
+      new = alpha * delta - beta / 2 * (grad + grad[j]) - gamma * (phi - (phi + phi[j]) / 2)
+      delta = np.where(live[:, None], new, delta)  # a dropped worker keeps φ and δ
+      phi = np.where(live[:, None], phi + new, phi)
       x = phi.copy()
   np.testing.assert_allclose(vec(state.params), x, atol=1e-5)
   np.testing.assert_allclose(vec(state.opt_state.outer_params), phi, atol=1e-5)
