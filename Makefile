@@ -1,12 +1,13 @@
-# `make run`, `make test` and `make docs` work on a fresh machine: they create .venv, install
-# the project with its test and docs extras (again only when pyproject.toml changes), then run.
+# `make run`, `make test`, `make lint` and `make docs` work on a fresh machine: they create
+# .venv, install the project with its test and docs extras (again only when pyproject.toml
+# changes), then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/compare
 
-.PHONY: run test test-fast docs install clean
+.PHONY: run test test-fast lint docs install clean
 
 install: $(STAMP)
 
@@ -28,6 +29,11 @@ test: $(STAMP)
 # notebooks, reproductions, training to a target); `make test` (and CI) runs those too.
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests
+
+# pyflakes, the pycodestyle errors and warnings, 100-character lines ([tool.ruff] in
+# pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check jaxcomm experiments benchmarks tests colab docs
 
 # The documentation site, warnings as errors: docs/_build/html/index.html.
 docs: $(STAMP)

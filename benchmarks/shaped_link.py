@@ -202,7 +202,8 @@ def orchestrate(args) -> int:
 def _print_table(result: dict) -> None:
   link = result["link"]
   print(f"\nshaped link: {link['rate_mbit']} Mbit/s tbf each direction (TCP payload "
-        f"{link['bandwidth_bytes_per_s'] / 1e6:.2f} MB/s), latency per message (fitted: tree vs flat all-reduce) "
+        f"{link['bandwidth_bytes_per_s'] / 1e6:.2f} MB/s), "
+        f"latency per message (fitted: tree vs flat all-reduce) "
         f"{link['latency'] * 1e3:.3f} ms; 2 processes x 1 CPU device, gloo ring; "
         f"load average {result['load_average'][0]:.1f}")
   print(f"workers' niceness {result.get('nice', 0)}")

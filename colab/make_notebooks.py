@@ -218,7 +218,8 @@ compute = sim.lognormal([1.0] * 7 + [10.0], 0.3)
 # Each method gets the same number of gradients: 8 per synchronous or Rennala step, one per
 # asynchronous step.
 n = max(STEPS // 4, 2)
-methods = {"synchronous": (sim.synchronous_sgd(), n), "asynchronous": (sim.asynchronous_sgd(), 8 * n),
+methods = {"synchronous": (sim.synchronous_sgd(), n),
+           "asynchronous": (sim.asynchronous_sgd(), 8 * n),
            "Rennala (B=8)": (sim.rennala_sgd(8), n)}
 fig, ax = plt.subplots(figsize=(5, 3))
 for name, (method, steps) in methods.items():
@@ -575,7 +576,8 @@ for name, sent in seq_bytes.items():
 ax.set_xticks(SEQ_LENS)
 ax.set_xlabel("sequence length T (W = 4 devices on the sequence axis)")
 ax.set_ylabel("wire KiB per device (forward)")
-ax.set_title("one attention layer, sequence-parallel"); ax.legend(); plt.tight_layout(); plt.show()'''),
+ax.set_title("one attention layer, sequence-parallel"); ax.legend()
+plt.tight_layout(); plt.show()'''),
 ]
 
 

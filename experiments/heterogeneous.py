@@ -88,7 +88,8 @@ def main(argv):
           "steps_to_horizon": int(keep.sum() - 1),
           "gradients_used": int(r.used[keep[1:]].sum()),
           "computations_discarded": int(r.discarded[keep[1:]].sum()),
-          "max_staleness": int(np.max(r.staleness[keep[1:]], initial=0)), "wire_bytes_per_step": r.wire_bytes}
+          "max_staleness": int(np.max(r.staleness[keep[1:]], initial=0)),
+          "wire_bytes_per_step": r.wire_bytes}
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("simulated time (units of a fast gradient)")
     ax.set_ylabel("training loss (full dataset)")

@@ -57,8 +57,8 @@ def run(base, workdir: str, ranks=(1, 2, 4), table: bool = True,
       runs.append(rep.train_run(f"PowerSGD rank {r}" + (" + EF" if memory == "ef" else ", no EF"),
                                 cfg("powersgd", rank=r, memory=memory),
                                 workers, rank=r, error_feedback=memory == "ef"))
-  sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, global batch "
-               f"{base.data.batch_size}, momentum SGD lr {LR}",
+  sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, "
+               f"global batch {base.data.batch_size}, momentum SGD lr {LR}",
                rep.method_table(runs, dp, base.reproduce.smooth, accuracy=True))]
   rows = []
   if table:

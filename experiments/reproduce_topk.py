@@ -34,8 +34,8 @@ def run(base, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
           f"top-{f:g} " + ("with memory" if memory == "ef" else "without memory"),
           cfg("compressed", codec=f"top_k:fraction={f}", memory=memory),
           workers, fraction=f, memory=memory))
-  sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, global batch "
-               f"{base.data.batch_size}, SGD lr {LR}",
+  sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, "
+               f"global batch {base.data.batch_size}, SGD lr {LR}",
                rep.method_table(runs, dp, base.reproduce.smooth, accuracy=True))]
   figure = rep.save_figure(os.path.join(workdir, "topk.png"), [
       {"title": "training loss on digits", "xlabel": "step",

@@ -180,8 +180,8 @@ def test_bad_input_fails_at_build(mesh8):
   with pytest.raises(ValueError, match="trials"):
     sim.mindflayer_sgd(1.0, trials=0)
   with pytest.raises(ValueError, match="describes 3 workers"):
-    sim.simulate_workers(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed([1.0, 2.0, 3.0]),
-                 mesh=mesh8, steps=2, lr=0.1)
+    sim.simulate_workers(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS,
+                         sim.fixed([1.0, 2.0, 3.0]), mesh=mesh8, steps=2, lr=0.1)
   with pytest.raises(ValueError, match="steps"):
-    sim.simulate_workers(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed(1.0), mesh=mesh8,
-                 steps=0, lr=0.1)
+    sim.simulate_workers(sim.synchronous_sgd(), grad_fn, loss_fn, PARAMS, sim.fixed(1.0),
+                         mesh=mesh8, steps=0, lr=0.1)

@@ -18,7 +18,8 @@ def test_notebooks_exist_with_outputs_cleared():
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
       if cell.cell_type == "code":
-        assert not cell.outputs and cell.execution_count is None, f"{path.name}: outputs not cleared"
+        assert not cell.outputs and cell.execution_count is None, (
+            f"{path.name}: outputs not cleared")
 
 
 @pytest.mark.slow

@@ -98,15 +98,18 @@ def _tp_case(kind, key):
   k = jax.random.split(key, 6)
   x = jax.random.normal(k[0], (4, 8, d))
   if kind == "mlp":
-    p = {"fc_in": {"kernel": jax.random.normal(k[1], (d, f)) / 4, "bias": jax.random.normal(k[2], (f,))},
-         "fc_out": {"kernel": jax.random.normal(k[3], (f, d)) / 6, "bias": jax.random.normal(k[4], (d,))}}
+    p = {"fc_in": {"kernel": jax.random.normal(k[1], (d, f)) / 4,
+                   "bias": jax.random.normal(k[2], (f,))},
+         "fc_out": {"kernel": jax.random.normal(k[3], (f, d)) / 6,
+                    "bias": jax.random.normal(k[4], (d,))}}
     specs = {"fc_in": {"kernel": P(None, "tensor"), "bias": P("tensor")},
              "fc_out": {"kernel": P("tensor", None), "bias": P()}}
     fn = lambda p, x, axis, **kw: parallel.mlp_tp(x, p["fc_in"], p["fc_out"], axis, **kw)
   else:
     p = {"qkv": {"kernel": jax.random.normal(k[1], (d, 3, h, dh)) / 4,
                  "bias": jax.random.normal(k[2], (3, h, dh))},
-         "proj": {"kernel": jax.random.normal(k[3], (h, dh, d)) / 4, "bias": jax.random.normal(k[4], (d,))}}
+         "proj": {"kernel": jax.random.normal(k[3], (h, dh, d)) / 4,
+                  "bias": jax.random.normal(k[4], (d,))}}
     specs = {"qkv": {"kernel": P(None, None, "tensor", None), "bias": P(None, "tensor", None)},
              "proj": {"kernel": P("tensor", None, None), "bias": P()}}
     fn = lambda p, x, axis, **kw: parallel.attention_tp(x, p["qkv"], p["proj"], axis,

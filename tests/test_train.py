@@ -57,7 +57,8 @@ def test_dp_bytes_counted_equal_inspect_and_formula(mesh8, digits_task, dtype, i
   assert {c.axes for c in report} == {("data",)}
   if dtype is not None:
     assert sorted(c.op for c in report) == ["all-gather", "all-to-all"]
-  assert {c.dtype for c in report} == {"f32" if itemsize == 4 else "u16"}  # bf16 travels as its bits
+  # bf16 travels as its bits
+  assert {c.dtype for c in report} == {"f32" if itemsize == 4 else "u16"}
 
 
 class LocalSumState(NamedTuple):

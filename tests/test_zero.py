@@ -229,7 +229,8 @@ def test_compressed_zero1_trains_lm_like_uncompressed(mesh8, lm_runs):
   n = sum(x.size for x in jax.tree.leaves(params))
   m = n // W
   assert scatter_bytes["bf16"] == scatter_bytes["f32"] / 2
-  assert scatter_bytes["int8"] == scatter_bytes["f32"] * (m + 4) / (4 * m) < 0.26 * scatter_bytes["f32"]
+  assert (scatter_bytes["int8"] == scatter_bytes["f32"] * (m + 4) / (4 * m)
+          < 0.26 * scatter_bytes["f32"])
 
 
 # ----------------------------------------------- micro-batches: where stages 1 and 2 differ

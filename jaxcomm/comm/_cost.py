@@ -7,13 +7,15 @@ devices in the group, L = ceil(log2 p), and n the operand bytes on one device (f
 all-gather: each device's contribution), the algorithms charged here are
 (Thakur, Rabenseifner & Gropp, IJHPCA 19(1), 2005; Chan et al., CCPE 19(13), 2007):
 
-| collective         | "ring"                       | "tree"                      | "halving_doubling"          |
-|--------------------|------------------------------|-----------------------------|-----------------------------|
-| all-reduce         | 2(p-1)a + 2(p-1)/p n b       | L (a + n b)  (rec. doubling) | 2L a + 2(p-1)/p n b (Rabenseifner) |
-| all-gather         | (p-1)a + (p-1) n b           | L a + (p-1) n b (rec. doubling / Bruck) | as "tree"        |
-| reduce-scatter     | (p-1)a + (p-1)/p n b         | L a + (p-1)/p n b (rec. halving) | as "tree"              |
-| all-to-all         | (p-1)a + (p-1)/p n b (pairwise) | L a + L n/2 b (Bruck)    | as "ring"                   |
-| collective-permute | a + n b                      | a + n b                     | a + n b                     |
+| collective         | "ring"                   | "tree"                 | "halving_doubling"      |
+|--------------------|--------------------------|------------------------|-------------------------|
+| all-reduce         | 2(p-1)a + 2(p-1)/p n b   | L (a + n b) [1]        | 2L a + 2(p-1)/p n b [4] |
+| all-gather         | (p-1)a + (p-1) n b       | L a + (p-1) n b [1, 3] | as "tree"               |
+| reduce-scatter     | (p-1)a + (p-1)/p n b     | L a + (p-1)/p n b [2]  | as "tree"               |
+| all-to-all         | (p-1)a + (p-1)/p n b [5] | L a + L n/2 b [3]      | as "ring"               |
+| collective-permute | a + n b                  | a + n b                | a + n b                 |
+
+[1] recursive doubling, [2] recursive halving, [3] Bruck, [4] Rabenseifner, [5] pairwise.
 
 "auto" charges the fastest of the three, as MPI libraries and NCCL's tuner pick the
 log-latency algorithms for small messages. The ring's bandwidth term is exactly the wire

@@ -39,13 +39,15 @@ _ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _INSTR_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _COMP_RE = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$")
-_PARAM_RE = re.compile(r"%?([\w.\-]+):\s*((?:\([^)]*\))|(?:[a-z][a-z0-9]*\[[0-9,]*\](?:\{[^}]*\})?))")
+_PARAM_RE = re.compile(r"%?([\w.\-]+):\s*"
+                       r"((?:\([^)]*\))|(?:[a-z][a-z0-9]*\[[0-9,]*\](?:\{[^}]*\})?))")
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
   """One collective of a compiled program."""
-  op: str                      # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+  op: str                      # all-reduce | all-gather | reduce-scatter | all-to-all |
+                               # collective-permute
   dtype: str                   # HLO element type of the operand(s), e.g. 'f32' or 'bf16,s32'
   shape: tuple                 # operand shape(s) on one device
   axes: tuple                  # mesh axis names the groups span (() if unknown)
@@ -101,7 +103,8 @@ class CollectiveReport:
 
   def table(self) -> str:
     """A printable table, one row per collective."""
-    head = f"{'op':<19}{'dtype':<10}{'shape':<22}{'axes':<18}{'W':>3}{'trips':>6}{'cond':>6}{'wire bytes':>14}"
+    head = (f"{'op':<19}{'dtype':<10}{'shape':<22}{'axes':<18}"
+            f"{'W':>3}{'trips':>6}{'cond':>6}{'wire bytes':>14}")
     rows = [head, "-" * len(head)]
     for c in self.collectives:
       shape = str(c.shape) if c.shape and isinstance(c.shape[0], int) or not c.shape else \

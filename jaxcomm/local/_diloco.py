@@ -24,7 +24,8 @@ class DilocoState(NamedTuple):
   inner_state: Any       # the inner optimiser's state (per-worker)
   outer_params: Any      # like params: the outer (global) parameters θ_out (replicated)
   outer_state: Any       # the outer optimiser's state (replicated)
-  memory: Any            # f32[n] error memory of the encoded outer gradient (per-worker); None without
+  memory: Any            # f32[n] error memory of the encoded outer gradient (per-worker);
+                         # None without
   key: jax.Array         # u32[2]: PRNG key shared by all workers, for stochastic codecs
   wire_bytes: jax.Array  # u32[]: cumulative bytes sent (mod 2**32)
   # Eager updates only (None otherwise); outer_params and outer_state are then per-worker.

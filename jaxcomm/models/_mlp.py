@@ -36,7 +36,8 @@ def classifier_loss(model: nn.Module):
     >>> import jax, jax.numpy as jnp
     >>> model = MLP(hidden=(8,), num_classes=3)
     >>> params = model.init(jax.random.key(0), jnp.zeros((1, 4)))
-    >>> loss, aux = classifier_loss(model)(params, {"x": jnp.ones((5, 4)), "y": jnp.zeros(5, jnp.int32)})
+    >>> batch = {"x": jnp.ones((5, 4)), "y": jnp.zeros(5, jnp.int32)}
+    >>> loss, aux = classifier_loss(model)(params, batch)
     >>> loss.shape, sorted(aux)
     ((), ['accuracy'])
   """

@@ -94,7 +94,7 @@ def check_mfu(mfu: Any) -> float:
   >>> check_mfu(-0.1)
   Traceback (most recent call last):
   ...
-  ValueError: mfu must be a number in (0, 1] (the fraction of the device's peak FLOP/s a step achieves), got -0.1.
+  ValueError: mfu must be a number in (0, 1] (the fraction of the device's peak ...), got -0.1.
   """
   if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
     raise ValueError(f"mfu must be a number in (0, 1] (the fraction of the device's peak "

@@ -159,7 +159,8 @@ def comm_seconds_per_step(step_bytes: Sequence[float], comm_cost: comm.CommCost)
     >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     >>> f = jax.shard_map(lambda x: comm.mean(x, "data")[0], mesh=mesh, in_specs=jax.P(),
     ...                   out_specs=jax.P())
-    >>> costed = comm.cost(comm.inspect(f, jnp.ones(1000), mesh=mesh), {"data": comm.Link(1e9, 1e-5)})
+    >>> report = comm.inspect(f, jnp.ones(1000), mesh=mesh)
+    >>> costed = comm.cost(report, {"data": comm.Link(1e9, 1e-5)})
     >>> seconds = comm_seconds_per_step([7000.0, 7000.0], costed)
     >>> bool(np.allclose(seconds, costed.seconds()))  # an every-step all-reduce: paid each step
     True

@@ -24,7 +24,8 @@ MEMORIES = (None, "ef")
 class PowerSGDState(NamedTuple):
   """State of `powersgd` (and `lq_sgd`). Group g batches B_g matrices of shape n_g x m_g."""
   count: jax.Array                 # int32[]: updates done (start_iter is compared to it)
-  q: tuple                         # per group f32[B_g, m_g, r_g]: warm-start Q (same on all workers)
+  q: tuple                         # per group f32[B_g, m_g, r_g]: warm-start Q
+                                   # (same on all workers)
   error: tuple | None              # per group f32[B_g, n_g, m_g], per worker: e_w = M_w - P^ Q_w^T
   wire_bytes: jax.Array            # u32[]: cumulative bytes sent by this device (mod 2**32)
 
