@@ -56,8 +56,14 @@ def test_des_loc_all_periods_one_with_momentum_equals_dp(task):
   assert sent == [2 * ALLREDUCE] * 3  # parameters and momentum, every step
 
 
+DES_MASK = np.ones((6, W), bool)  # per update: at t = 3 (μ) worker 7 is dropped, at t = 6
+DES_MASK[2, 7] = False            # (θ, μ and ν) workers 0 and 1
+DES_MASK[5, :2] = False
+
+
 def test_des_loc_adam_matches_reference_and_bytes(task):
-  """K_x = 2, K_u = 3, K_v = 6 over 6 steps: at t = 6 all three sync.
+  """K_x = 2, K_u = 3, K_v = 6 over 6 steps: at t = 6 all three sync; with dropped workers
+  (DES_MASK): each average is over the live workers, and every worker takes it.
 
   eps = 1e-3: with Adam's 1e-8 a coordinate whose gradient is zero on one worker (a digits
   pixel that is blank in its 8 examples) has ν ≈ 0 there, and once μ is averaged that
@@ -66,13 +72,13 @@ def test_des_loc_adam_matches_reference_and_bytes(task):
   """
   params, loss, batches, grads = task
   lr, b1, b2, eps = 1e-2, 0.9, 0.999, 1e-3
-  tx = local.des_loc(optax.adam(lr, eps=eps), 2, {"mu": 3, "nu": 6})
+  tx = local.des_loc(optax.adam(lr, eps=eps), 2, {"mu": 3, "nu": 6}, participation=DES_MASK)
   trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
   ps = stack(params)
   m = jax.tree.map(jnp.zeros_like, ps)
   v = jax.tree.map(jnp.zeros_like, ps)
-  mean_all = lambda tree: stack(wmean(tree))
   for t in range(1, 7):
+    mean_all = lambda tree: stack(wmean(tree, DES_MASK[t - 1]))
     g = grads(ps, blocks(batches[t - 1]))
     m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
     v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
@@ -117,8 +123,10 @@ def np_pairs(count, seed):
 def test_noloco_matches_reference_with_the_same_pairs_and_bytes(task):
   params, loss, batches, grads = task
   h, beta, alpha, gamma, count, seed = 2, 0.7, 0.5, 0.5, 2, 3
+  mask = np.ones((3, W), bool)
+  mask[1, 3] = False  # outer step 1: worker 3 dropped, its partner steps alone
   tx = local.noloco(optax.sgd(LR), h, outer_lr=beta, momentum=alpha, gamma=gamma,
-                    matchings=count, seed=seed)
+                    matchings=count, seed=seed, participation=mask)
   trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
   _, unravel = ravel_pytree(params)
   vec = lambda tree: np.stack([ravel_pytree(jax.tree.map(lambda x: x[w], tree))[0]
@@ -131,10 +139,13 @@ def test_noloco_matches_reference_with_the_same_pairs_and_bytes(task):
   for t in range(1, 7):
     x = vec(sgd_steps(task, tree(x), t))
     if t % h == 0:
+      live = mask[t // h - 1]
       j = pairs[(t // h - 1) % count]
+      j = np.where(live & live[j], j, np.arange(W))  # a lone live worker is its own partner
       grad = phi - x
-      delta = alpha * delta - beta / 2 * (grad + grad[j]) - gamma * (phi - (phi + phi[j]) / 2)
-      phi = phi + delta
+      new = alpha * delta - beta / 2 * (grad + grad[j]) - gamma * (phi - (phi + phi[j]) / 2)
+      delta = np.where(live[:, None], new, delta)  # a dropped worker keeps φ and δ
+      phi = np.where(live[:, None], phi + new, phi)
       x = phi.copy()
   np.testing.assert_allclose(vec(state.params), x, atol=1e-5)
   np.testing.assert_allclose(vec(state.opt_state.outer_params), phi, atol=1e-5)
@@ -207,6 +218,86 @@ def test_eager_on_one_worker_is_diloco():
   eager = run(local.diloco(optax.sgd(0.1), NESTEROV, 2, None, eager=True))
   close(eager, plain)
   assert not np.allclose(plain["a"], 0)
+
+
+# Streaming DiLoCo, eager: H = 2, P = 2 fragments of 605 (element i to fragment i mod 2),
+# fragment 1 syncs at t = 1, 3, 5 and fragment 0 at t = 2, 4, 6 (sync index k = t - 1),
+# merged tau = 1 update later with alpha = 0.5; at sync k = 2 workers 0 and 1 are dropped.
+FRAGMENT = 2 * 2420 * (W - 1) // W  # 4235: one all-reduce of 605 float32 on 8 workers
+STREAM_MASK = np.ones((6, W), bool)
+STREAM_MASK[2, :2] = False
+
+
+def ref_streaming_eager(task, h, frags, tau, alpha, steps, mask):
+  """numpy: per-worker outer fragments and momentum; fragment p's mean is used at its next
+  sync, each worker's own share (live-weighted) standing in at once."""
+  params, _, batches, grads = task
+  flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+  theta0, unravel = ravel_pytree(params)
+  n = theta0.size
+  worker = np.stack([np.asarray(theta0)] * W)
+  outer, mom, sent = worker.copy(), np.zeros_like(worker), np.zeros_like(worker)
+  in_flight = np.zeros(n, np.float32)
+  offsets = [p * h // frags for p in range(frags)]
+  elems = lambda p: np.arange(n)[np.arange(n) % frags == p]
+  for t in range(1, steps + 1):
+    ps = jax.vmap(unravel)(jnp.asarray(worker))
+    g = grads(ps, blocks(batches[t - 1]))
+    worker = worker - LR * np.stack([flat(jax.tree.map(lambda x: x[w], g)) for w in range(W)])
+    if t % h in offsets:
+      idx, live = elems(offsets.index(t % h)), mask[t - 1].astype(np.float32)
+      delta = outer[:, idx] - worker[:, idx]
+      share = delta * live[:, None] / live.sum()
+      corrected = in_flight[idx] + share - sent[:, idx]
+      in_flight[idx], sent[:, idx] = share.sum(0), share
+      mom[:, idx] = 0.9 * mom[:, idx] + corrected
+      outer[:, idx] = outer[:, idx] - 0.7 * mom[:, idx]
+    if t - tau >= 1 and (t - tau) % h in offsets:
+      idx = elems(offsets.index((t - tau) % h))
+      a = np.where(mask[t - tau - 1], alpha, 0.0)[:, None]
+      worker[:, idx] = a * worker[:, idx] + (1 - a) * outer[:, idx]
+  return worker, outer
+
+
+def test_eager_streaming_matches_reference_with_corrections_mask_and_bytes(task):
+  params, loss, batches, _ = task
+  tx = local.streaming_diloco(optax.sgd(LR), optax.sgd(0.7, momentum=0.9), 2, 2, 1, 0.5,
+                              codec=None, participation=STREAM_MASK, eager=True)
+  trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
+  worker, outer = ref_streaming_eager(task, 2, 2, 1, 0.5, 6, STREAM_MASK)
+  got = np.stack([ravel_pytree(jax.tree.map(lambda x: x[w], state.params))[0]
+                  for w in range(W)])
+  np.testing.assert_allclose(got, worker, atol=1e-5)
+  # Row p of a worker's outer parameters holds elements p, p + 2, ... (dealt like cards).
+  got_outer = np.asarray(state.opt_state.outer_params).transpose(0, 2, 1).reshape(W, -1)
+  np.testing.assert_allclose(got_outer, outer, atol=1e-5)
+  assert not np.allclose(outer[0], outer[2])  # the dropped workers' eager steps differ
+  assert sent == [FRAGMENT] * 6  # every update syncs one fragment: Streaming's bytes
+  report = inspect(trainer, state, batches[0])
+  assert report.wire_bytes(conditional=True) == FRAGMENT
+  assert report.wire_bytes(conditional=False) == 0
+
+
+def test_eager_streaming_on_one_worker_is_streaming():
+  target = {"a": jnp.arange(4.0), "b": jnp.ones((2, 3))}
+  params = jax.tree.map(jnp.zeros_like, target)
+
+  def run(**kw):
+    tx = local.streaming_diloco(optax.sgd(0.1), NESTEROV, 2, 2, 1, 0.5, None, codec=None,
+                                **kw)
+    p, s = params, tx.init(params)
+    for _ in range(6):
+      u, s = tx.update(jax.tree.map(jnp.subtract, p, target), s, p)
+      p = optax.apply_updates(p, u)
+    return p
+
+  plain = run()
+  close(run(eager=True), plain)
+  assert not np.allclose(plain["a"], 0)
+  with pytest.raises(ValueError, match="eager"):
+    local.streaming_diloco(optax.sgd(0.1), NESTEROV, 2, eager="yes")
+  with pytest.raises(ValueError, match="compensation"):
+    local.streaming_diloco(optax.sgd(0.1), NESTEROV, 2, compensation="dc", eager=True)
 
 
 def test_eager_overlap_on_the_simulated_clock():

@@ -1,6 +1,7 @@
 """DES-LOC (`local.des_loc`, arXiv 2505.22549): local steps of the inner optimiser (AdamW);
 parameters averaged every `sync_every` = K_x steps and each optimiser-state field on its own
-period, `state_every` = "mu=48,nu=96" (unset: the factory's K_u = 3 K_x, K_v = 6 K_x)."""
+period, `state_every` = "mu=48,nu=96" (unset: the factory's K_u = 3 K_x, K_v = 6 K_x).
+`participation` (a mask spec) counts every update as one sync: row t - 1 applies to update t."""
 
 from experiments import config
 from jaxcomm import local
@@ -8,7 +9,7 @@ from jaxcomm import local
 
 def defaults():
   return config.from_factory(local.des_loc, skip=("inner", "axis_name"),
-                             types={"state_every": str}, sync_every=16)
+                             types={"state_every": str, "participation": str}, sync_every=16)
 
 
 def parse_periods(spec):
@@ -27,4 +28,6 @@ def parse_periods(spec):
 
 def build(settings, ctx):
   return config.call(local.des_loc, settings, inner=ctx.inner, axis_name=ctx.axis_name,
-                     state_every=parse_periods(settings.state_every))
+                     state_every=parse_periods(settings.state_every),
+                     participation=ctx.participation(settings.participation,
+                                                     settings.sync_every))

@@ -6,8 +6,10 @@ from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.noloco, skip=("inner", "axis_name"), sync_every=10)
+  return config.from_factory(local.noloco, skip=("inner", "axis_name"),
+                             types={"participation": str}, sync_every=10)
 
 
 def build(settings, ctx):
-  return config.call(local.noloco, settings, inner=ctx.inner, axis_name=ctx.axis_name)
+  return config.call(local.noloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+                     participation=ctx.participation(settings.participation))

@@ -1,5 +1,7 @@
 """Streaming DiLoCo: fragments synced in turn, overlapped with later inner steps
-(`local.streaming_diloco`); outer optimiser as DiLoCo's (`outer_lr`, `outer_momentum`)."""
+(`local.streaming_diloco`); outer optimiser as DiLoCo's (`outer_lr`, `outer_momentum`).
+`eager=True` uses each fragment's mean at its next sync (arXiv 2502.12996), so its
+all-reduce overlaps H inner steps instead of `overlap`."""
 
 from experiments import config
 from experiments import methods
@@ -22,8 +24,9 @@ def build(settings, ctx):
 
 
 def overlap_steps(settings) -> int:
-  """A fragment is merged `overlap` inner steps after it is sent."""
-  return settings.overlap
+  """A fragment is merged `overlap` inner steps after it is sent; eager, its mean is used
+  at its next sync, H inner steps later."""
+  return settings.sync_every if settings.eager else settings.overlap
 
 
 def local_step(settings) -> str:

@@ -40,7 +40,8 @@ def _check_periods(state_every: Any, sync_every: int) -> dict[str, int]:
 
 
 def des_loc(inner: optax.GradientTransformation, sync_every: int,
-            state_every: Mapping[str, int] | None = None, axis_name: comm.AxisName = "data"
+            state_every: Mapping[str, int] | None = None, axis_name: comm.AxisName = "data",
+            *, participation: _core.Participation = None
             ) -> optax.GradientTransformationExtraArgs:
   """DES-LOC: local steps; parameters averaged every K_x steps, each state class every K_c.
 
@@ -64,6 +65,11 @@ def des_loc(inner: optax.GradientTransformation, sync_every: int,
       Adam setting `{"mu": 3 K_x, "nu": 6 K_x}`. A name found nowhere in the inner state
       raises ValueError at `init`.
     axis_name: the mesh axis (or tuple of axes) of the workers; None for one device.
+    participation: optional live-worker mask per *update*: bool[num_updates, W] (row t − 1
+      applies to every average taken at update t; rows past the end all live) or a
+      traceable `fn(t - 1) -> bool[W]`. Each average (parameters or a state class) is over
+      the live workers only, and every worker, live or not, takes it; the all-reduce and its
+      bytes are unchanged.
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
@@ -79,7 +85,8 @@ def des_loc(inner: optax.GradientTransformation, sync_every: int,
   >>> updates["w"], int(state.count)
   (Array([-0.5, -0.5], dtype=float32), 1)
   """
-  inner, sync_every, axis_name, _ = _core.schedule_args(inner, sync_every, axis_name, None)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
   periods = _check_periods(state_every, sync_every)
 
   def classes(inner_state) -> dict[str, list[bool]]:
@@ -101,9 +108,10 @@ def des_loc(inner: optax.GradientTransformation, sync_every: int,
                        wire_bytes=comm.zero_bytes())
 
   def average_every(period, t, tree, wire):
-    """Mean over the workers of the leaves of `tree` when t mod period = 0."""
+    """Mean over the live workers of the leaves of `tree` when t mod period = 0."""
     def sync(tree, wire):
-      avg, nbytes = comm.mean(tree, axis_name)
+      mine, _, n_live = _core.live_weights(live_fn, t - 1, axis_name)
+      avg, nbytes = _core.masked_average(tree, mine, n_live, axis_name)
       return avg, comm.add_bytes(wire, nbytes)
     return comm.cond(jnp.mod(t, period) == 0, sync, lambda *ops: ops, tree, wire)
 

@@ -61,6 +61,23 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
   return unflatten(total / denom), memory, nbytes
 
 
+def eager_gradient(mean: Any, outer_params: Any, local: Any, mine: jax.Array,
+                   n_live: jax.Array, in_flight: Any, sent: Any) -> tuple[Any, Any, Any]:
+  """Eager outer gradient: (Δ̄_{k-1} + s_k − s_{k-1}, new in-flight mean, new share s_k).
+
+  `mean` is sync k's mean outer gradient Δ̄_k, sent now and used at sync k + 1 (it becomes
+  the in-flight value); s_k = (θ_out − θ_w) · mine / n_live is this worker's own share of
+  it, which stands in at once for its part of the unknown mean, while its stale share
+  s_{k-1} (`sent`) is swapped out of Δ̄_{k-1} (`in_flight`). Shared with Streaming DiLoCo,
+  which calls it on one fragment.
+  """
+  share = jax.tree.map(
+      lambda o, x: (o - x) * (mine / jnp.maximum(n_live, 1.0)).astype(x.dtype),
+      outer_params, local)
+  grad = jax.tree.map(lambda a, s, p: a + s - p, in_flight, share, sent)
+  return grad, mean, share
+
+
 def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
            sync_every: int, axis_name: comm.AxisName = "data", *,
            codec: codecs.CodecLike | None = None, memory: str | None = None,
@@ -233,13 +250,9 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
       key, sub = jax.random.split(key)
       grad, mem, nbytes = outer_gradient(outer_params, local, mine, row, n_live, mem, sub,
                                          codec, axis_name, decay, collective)
-      if eager:  # the mean arrives at the next sync; this worker's own share stands in now
-        share = jax.tree.map(
-            lambda o, x: (o - x) * (mine / jnp.maximum(n_live, 1.0)).astype(x.dtype),
-            outer_params, local)
-        in_flight, grad = grad, jax.tree.map(lambda a, s, p: a + s - p, in_flight, share,
-                                             sent)
-        sent = share
+      if eager:
+        grad, in_flight, sent = eager_gradient(grad, outer_params, local, mine, n_live,
+                                               in_flight, sent)
       step, outer_state = outer.update(grad, outer_state, outer_params)
       outer_params = optax.apply_updates(outer_params, step)
       return (outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes),

@@ -27,6 +27,9 @@ class StreamingDilocoState(NamedTuple):
   # arrival of its outer gradient, and each worker remembers what it sent.
   in_flight: Any = None    # f32[P, m]: row p, fragment p's last outer gradient Δ_p (replicated)
   sent_params: Any = None  # f32[P, m]: row p, θ_w,p when fragment p last synced (per-worker)
+  # Eager updates only (None otherwise): in_flight as above; outer_params and outer_state
+  # are then per-worker.
+  sent: Any = None         # f32[P, m]: row p, this worker's share of in_flight[p] (per-worker)
 
 
 def default_codec() -> codecs.Codec:
@@ -85,14 +88,17 @@ class Fragments:
   def send(self, t, local, outer_params, key, wire):
     """All-reduces fragment p's outer gradient: (p, Δ_p, this worker's θ_w,p, key, wire)."""
     p = self.phases.slot(t)
-    mine, row, n_live = _core.live_weights(self.live_fn, self.phases.sync_index(t),
-                                           self.axis_name)
+    mine, row, n_live = self.live(t)
     frag_local = _deal(codecs.flatten(local)[0], self.fragments)[p]
     key, sub = jax.random.split(key)
     grad, _, nbytes = _diloco.outer_gradient(outer_params[p], frag_local, mine, row, n_live,
                                              None, sub, self.codec, self.axis_name,
                                              collective=self.collective)
     return p, grad, frag_local, key, comm.add_bytes(wire, nbytes)
+
+  def live(self, t):
+    """(this worker's weight, all weights, live count) of the fragment sync at update t."""
+    return _core.live_weights(self.live_fn, self.phases.sync_index(t), self.axis_name)
 
   def outer_step(self, p, grad, outer_params, outer_state):
     """Steps fragment p's outer parameters with the outer gradient `grad`."""

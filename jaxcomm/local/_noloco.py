@@ -28,7 +28,8 @@ class NolocoState(NamedTuple):
 
 def noloco(inner: optax.GradientTransformation, sync_every: int,
            axis_name: comm.AxisName = "data", *, outer_lr: float = 0.7,
-           momentum: float = 0.5, gamma: float = 0.5, matchings: int = 8, seed: int = 0
+           momentum: float = 0.5, gamma: float = 0.7, matchings: int = 8, seed: int = 0,
+           participation: _core.Participation = None
            ) -> optax.GradientTransformationExtraArgs:
   """NoLoCo: H inner steps, then an outer momentum step averaged with one random partner.
 
@@ -54,10 +55,19 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
       None for one device (the partner is the worker itself).
     outer_lr: β > 0.
     momentum: α in [0, 1).
-    gamma: γ >= 0, the pull of φ_i towards the pair's mean.
+    gamma: γ >= 0, the pull of φ_i towards the pair's mean. The defaults (β, α, γ) =
+      (0.7, 0.5, 0.7) are those of the authors' released code and configs (pairs,
+      outer_lr 0.7, outer_momentum 0.5, 50 inner steps; their step applies outer_lr to the
+      pull term too, so γ = β); they were not checked against the paper's text.
     matchings: how many random matchings are drawn (each is one branch of the compiled
       step); outer step k uses matching k mod `matchings`.
     seed: the seed of the matchings, shared by every worker.
+    participation: optional live-worker mask per outer step: bool[num_outer_steps, W]
+      (rows past the end all live) or a traceable `fn(k) -> bool[W]`. A dropped worker's
+      inner phase is lost: it keeps φ_i and δ_i and restarts from φ_i. A live worker whose
+      partner is dropped steps alone (its own message stands in for the partner's:
+      δ_i ← α δ_i − β Δ_i). The ppermute still travels (a static collective), so the bytes
+      are unchanged.
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
@@ -72,7 +82,8 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
   >>> state.outer_params["w"]  # φ − β Δ = 1 − 0.7 * 0.1
   Array([0.93, 0.93], dtype=float32)
   """
-  inner, sync_every, axis_name, _ = _core.schedule_args(inner, sync_every, axis_name, None)
+  inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
+                                                              participation)
   outer_lr = v.number("outer_lr", outer_lr, low=0.0, low_open=True)
   momentum = v.number("momentum", momentum, low=0.0, high=1.0, high_open=True)
   gamma = v.number("gamma", gamma, low=0.0)
@@ -114,6 +125,16 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
     return lax.switch(k % graph.period, [branch(p) for p in range(graph.period)],
                       message, wire)
 
+  def live_pair(k):
+    """(bool[]: this worker is live, bool[]: it and its partner in matching k are live)."""
+    mine, row, _ = _core.live_weights(live_fn, k, axis_name)
+    if not axes:
+      return mine > 0, mine > 0
+    graph = pairs(comm.axis_size(axes))
+    table = jnp.asarray(np.stack([s[0] for s in graph.sources]), jnp.int32)
+    partner = table[k % graph.period, _core.worker_index(axis_name)]
+    return mine > 0, (mine > 0) & (row[partner] > 0)
+
   def init_fn(params):
     return NolocoState(
         count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
@@ -128,13 +149,18 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
     t = state.count + 1
 
     def outer_step(local, phi, delta, wire):
+      k = phases.sync_index(t)
       grad = jax.tree.map(jnp.subtract, phi, local)
       message = jax.tree.map(lambda g, f: outer_lr * g - gamma * f, grad, phi)
-      received, wire = partner_message(phases.sync_index(t), message, wire)
-      delta = jax.tree.map(
+      received, wire = partner_message(k, message, wire)
+      mine, paired = live_pair(k)
+      received = jax.tree.map(lambda r, m: jnp.where(paired, r, m), received, message)
+      new_delta = jax.tree.map(
           lambda d, g, f, m: momentum * d - 0.5 * (outer_lr * g + gamma * f + m),
           delta, grad, phi, received)
-      phi = jax.tree.map(jnp.add, phi, delta)
+      # A dropped worker keeps its outer state (its inner phase is lost).
+      phi = jax.tree.map(lambda f, n: jnp.where(mine, f + n, f), phi, new_delta)
+      delta = jax.tree.map(lambda n, d: jnp.where(mine, n, d), new_delta, delta)
       return phi, phi, delta, wire
 
     local, phi, delta, wire = comm.cond(

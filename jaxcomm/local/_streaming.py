@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 from jaxcomm.local import _cocodc
 from jaxcomm.local import _core
+from jaxcomm.local import _diloco
 from jaxcomm.local import _fragments
 from jaxcomm.local import _stale
 from jaxcomm.local._fragments import StreamingDilocoState
@@ -21,7 +23,8 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
                      collective: str | None = None,
                      participation: _core.Participation = None,
                      key: jax.Array | None = None,
-                     compensation: str | None = None, dc_lambda: float = 1.0
+                     compensation: str | None = None, dc_lambda: float = 1.0,
+                     eager: bool = False
                      ) -> optax.GradientTransformationExtraArgs:
   """Streaming DiLoCo: fragments sync in turn, overlapped with inner steps, in low precision.
 
@@ -57,12 +60,20 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
     compensation: None, or "dc": the same as `cocodc(..., dc_lambda=dc_lambda)` (kept for
       existing configs; new code calls `cocodc`).
     dc_lambda: λ of `cocodc` (unused without compensation).
+    eager: eager outer updates per fragment, as `diloco(..., eager=True)`: fragment p's
+      all-reduce at its sync k overlaps the next H inner steps and its mean Δ̄_p,k is used at
+      its sync k + 1; meanwhile worker w steps fragment p's outer optimiser at once with
+      Δ̄_p,k-1 + s_w,p,k − s_w,p,k-1, s_w,p,k = δ_w,p,k / W its own share of the mean (the
+      live-weighted share with a mask). Outer parameters and outer state become per-worker;
+      the merge τ updates later mixes in this worker's eager θ_out,p. Bytes are unchanged.
+      Not combined with compensation.
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`.
 
   References:
-    Douillard et al., Streaming DiLoCo, arXiv 2501.18512.
+    Douillard et al., Streaming DiLoCo, arXiv 2501.18512. Kale et al., Eager Updates For
+    Overlapped Communication and Computation in DiLoCo, arXiv 2502.12996.
 
   >>> import jax.numpy as jnp, optax
   >>> tx = streaming_diloco(optax.sgd(0.1), optax.sgd(1.0), sync_every=2, fragments=2,
@@ -71,6 +82,10 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   (2, 2)
   """
   compensation = v.one_of("compensation", compensation, _stale.COMPENSATIONS)
+  eager = v.one_of("eager", eager, (False, True))
+  if eager and compensation is not None:
+    raise ValueError(f"eager=True cannot be combined with compensation={compensation!r} "
+                     f"(use compensation=None).")
   if compensation is not None:
     return _cocodc.cocodc(inner, outer, sync_every, fragments, overlap, alpha, axis_name,
                           codec=codec, collective=collective, participation=participation,
@@ -79,17 +94,25 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   f = _fragments.Fragments("streaming_diloco", inner, outer, sync_every, fragments, overlap, alpha,
                 axis_name, codec, collective, participation, key)
 
-  def sync(t, local, outer_params, outer_state, key, wire):
+  def sync(t, local, outer_params, outer_state, key, wire, in_flight, sent):
     """Sends fragment p's outer gradient and steps its outer parameters."""
-    p, grad, _, key, wire = f.send(t, local, outer_params, key, wire)
-    return (*f.outer_step(p, grad, outer_params, outer_state), key, wire)
+    p, grad, frag_local, key, wire = f.send(t, local, outer_params, key, wire)
+    if eager:  # DiLoCo's eager rule on row p
+      mine, _, n_live = f.live(t)
+      grad, mean, share = _diloco.eager_gradient(grad, outer_params[p], frag_local, mine,
+                                                 n_live, in_flight[p], sent[p])
+      in_flight, sent = in_flight.at[p].set(mean), sent.at[p].set(share)
+    return (*f.outer_step(p, grad, outer_params, outer_state), key, wire, in_flight, sent)
 
   def step(t, local, state):
-    outer_params, outer_state, key, wire = comm.cond(
+    outer_params, outer_state, key, wire, in_flight, sent = comm.cond(
         f.phases.slot(t) >= 0, lambda *ops: sync(t, local, *ops), lambda *ops: ops,
-        state.outer_params, state.outer_state, state.key, state.wire_bytes)
+        state.outer_params, state.outer_state, state.key, state.wire_bytes, state.in_flight,
+        state.sent)
     local = comm.cond(f.merging(t), lambda x: f.merge(t, x, lambda q, *_: outer_params[q]),
                       lambda x: x, local)
-    return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire)
+    return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire,
+                                       in_flight=in_flight, sent=sent)
 
-  return f.transform(step)
+  return f.transform(step, **({"in_flight": jnp.zeros_like, "sent": jnp.zeros_like}
+                              if eager else {}))
