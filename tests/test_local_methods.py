@@ -129,7 +129,7 @@ def test_noloco_matches_reference_with_the_same_pairs_and_bytes(task):
                     matchings=count, seed=seed, participation=mask)
   trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
   _, unravel = ravel_pytree(params)
-  vec = lambda tree: np.stack([ravel_pytree(jax.tree.map(lambda x: x[w], tree))[0]
+  vec = lambda tree: np.stack([ravel_pytree(jax.tree.map(lambda x: np.asarray(x)[w], tree))[0]
                                for w in range(W)])
   tree = lambda rows: jax.tree.map(lambda *xs: jnp.stack(xs), *[unravel(r) for r in rows])
   pairs = np_pairs(count, seed)
@@ -243,6 +243,7 @@ def ref_streaming_eager(task, h, frags, tau, alpha, steps, mask):
   for t in range(1, steps + 1):
     ps = jax.vmap(unravel)(jnp.asarray(worker))
     g = grads(ps, blocks(batches[t - 1]))
+    g = jax.tree.map(np.asarray, g)  # on the host: no eager collective per worker row
     worker = worker - LR * np.stack([flat(jax.tree.map(lambda x: x[w], g)) for w in range(W)])
     if t % h in offsets:
       idx, live = elems(offsets.index(t % h)), mask[t - 1].astype(np.float32)
@@ -265,7 +266,7 @@ def test_eager_streaming_matches_reference_with_corrections_mask_and_bytes(task)
                               codec=None, participation=STREAM_MASK, eager=True)
   trainer, state, sent = run_trainer(loss, tx, params, batches, 6)
   worker, outer = ref_streaming_eager(task, 2, 2, 1, 0.5, 6, STREAM_MASK)
-  got = np.stack([ravel_pytree(jax.tree.map(lambda x: x[w], state.params))[0]
+  got = np.stack([ravel_pytree(jax.tree.map(lambda x: np.asarray(x)[w], state.params))[0]
                   for w in range(W)])
   np.testing.assert_allclose(got, worker, atol=1e-5)
   # Row p of a worker's outer parameters holds elements p, p + 2, ... (dealt like cards).
