@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm, local, models, parallel, sync, train
 from tests.test_replicas import LM, MESH, R, compile_step, gradients, host, layout_scales
-from tests.test_replicas import linear_loss
+from tests.test_replicas import linear_loss, run_against_unsharded
 
 LR = 0.05
 STEPS = 3
@@ -251,17 +251,7 @@ def muloco_runs(setup):
                                   memory="ef")
   trainer = _trainer(setup, method(specs))
   mesh2 = parallel.make_mesh({"replica": R}, devices=jax.devices()[:R])
-  ones = jax.tree.map(lambda _: 1.0, params)
-  ref = train.Trainer(linear_loss(ones), parallel.by_sharding(method(None), specs), mesh2,
-                      axis_name="replica")
-  state, ref_state = trainer.init(params), ref.init(params)
-  compiled, report = compile_step(trainer, state, grads[0])
-  sent = []
-  for g in grads:
-    state, _, nbytes = compiled(state, g)
-    sent.append(int(nbytes))
-    ref_state, _ = ref.step(ref_state, g)
-  return trainer, state, ref, ref_state, report, sent
+  return (trainer, *run_against_unsharded(trainer, method, params, specs, mesh2, grads))
 
 
 def test_muloco_sharded_replicas_equal_unsharded_workers(setup, muloco_runs):

@@ -104,9 +104,16 @@ def _run_both(setup, name, steps):
                           layout.optimizer(METHODS[name](specs), specs), layout.mesh,
                           axis_name=layout.batch_axes, param_specs=specs,
                           batch_specs=batch_specs)
+  return Run(sharded, *run_against_unsharded(sharded, METHODS[name], params, specs, mesh2,
+                                              grads))
+
+
+def run_against_unsharded(sharded, method, params, specs, mesh2, grads):
+  """Steps `sharded` and unsharded workers on `mesh2` running `method(None)` through the same
+  gradients: (sharded state, reference trainer, its state, compiled report, bytes per step)."""
   ones = jax.tree.map(lambda _: 1.0, params)
-  ref = train.Trainer(linear_loss(ones), parallel.by_sharding(METHODS[name](None), specs),
-                      mesh2, axis_name="replica")
+  ref = train.Trainer(linear_loss(ones), parallel.by_sharding(method(None), specs), mesh2,
+                      axis_name="replica")
   s, r = sharded.init(params), ref.init(params)
   compiled, report = compile_step(sharded, s, grads[0])
   sent = []
@@ -114,7 +121,7 @@ def _run_both(setup, name, steps):
     s, _, nbytes = compiled(s, g)
     sent.append(int(nbytes))
     r, _ = ref.step(r, g)
-  return Run(sharded, s, ref, r, report, sent)
+  return s, ref, r, report, sent
 
 
 class Run(NamedTuple):
