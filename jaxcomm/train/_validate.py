@@ -124,21 +124,21 @@ def _collective_axes(jaxpr: Any, found: set) -> set:
 def batch_axes_reduced(step_jaxpr: Any, config: Any) -> None:
   """Every mesh axis the batch is split over is reduced by someone in the step.
 
-  A batch axis that no collective of the step crosses trains copies that are never
-  averaged: each worker along it sees only its share of the data and nothing ever combines
-  them (a mesh axis misspelt `fdsp` for `fsdp` does this silently). The check reads the
-  traced step (`jax.make_jaxpr` of the shard_map'ed step: the loss, its gradient and the
-  transform's update) and collects the axis names of its collectives, every branch of a
-  `lax.cond` included, so a method that syncs every H steps counts. Reading the program
-  rather than the transform's arguments makes it hold for any transform, a user's own
-  included, and for reductions inside the layout (ZeRO-3's reduce-scatter, the gradient of
-  an FSDP all-gather). Any collective counts (psum, reduce-scatter, all-gather, all-to-all,
-  ppermute: gossip mixes by ppermute); a collective of a scalar flag alone, such as
-  `sync.skip_nonfinite`'s, also counts, so the check can miss a transform that reduces
-  nothing but such a flag. Axes of size 1 split nothing and are not checked.
+  A batch axis that no collective of the step crosses trains copies that are never averaged: each
+  worker along it sees only its share of the data and nothing ever combines them (a mesh axis
+  misspelt `fdsp` for `fsdp` does this silently). The check reads the traced step (the jaxpr of
+  `make_step`'s one trace of the shard_map'ed step: the loss, its gradient and the transform's
+  update) and collects the axis names of its collectives, every branch of a `lax.cond` included,
+  so a method that syncs every H steps counts. Reading the program rather than the transform's
+  arguments makes it hold for any transform, a user's own included, and for reductions inside the
+  layout (ZeRO-3's reduce-scatter, the gradient of an FSDP all-gather). Any collective counts
+  (psum, reduce-scatter, all-gather, all-to-all, ppermute: gossip mixes by ppermute); a collective
+  of a scalar flag alone, such as `sync.skip_nonfinite`'s, also counts, so the check can miss a
+  transform that reduces nothing but such a flag. Axes of size 1 split nothing and are not
+  checked.
 
   Args:
-    step_jaxpr: `jax.make_jaxpr` of the step (`make_step`'s) for a state and a batch.
+    step_jaxpr: the step's jaxpr for a state and a batch (`jax.jit(...).trace(...).jaxpr`).
     config: the step's `StepConfig` (its batch axes and mesh).
 
   Raises:
