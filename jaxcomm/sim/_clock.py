@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +117,7 @@ def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
   if len(compute_s) != len(comm_s):
     raise ValueError(f"compute_seconds has {len(compute_s)} steps but comm_seconds has "
                      f"{len(comm_s)}.")
-  k = overlap_steps
-  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-    raise ValueError(f"overlap_steps must be an integer >= 0, got {k!r}.")
+  k = v.integer("overlap_steps", overlap_steps, low=0)
   steps = len(comm_s)
   compute_end, comm_end = np.zeros(steps), np.zeros(steps)
   free = 0.0      # when the network is next free

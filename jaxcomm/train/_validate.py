@@ -14,8 +14,7 @@ from jaxcomm import comm
 
 def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
   """The data axes of a Trainer as a tuple: at least one, all in the mesh."""
-  if not isinstance(mesh, jax.sharding.Mesh):
-    raise ValueError(f"mesh must be a jax.sharding.Mesh (see make_mesh), got {mesh!r}.")
+  v.mesh("mesh", mesh)
   if axis_name is None or axis_name == ():
     raise ValueError("axis_name must name at least one mesh axis; for one device use a "
                      "mesh of size 1 or call the transform directly.")
@@ -25,11 +24,6 @@ def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
     raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
                      f"{tuple(mesh.axis_names)}.")
   return axes
-
-
-def trainer_args(loss_fn: Any, optimizer: Any) -> None:
-  v.callable_("loss_fn", loss_fn)
-  v.transform("optimizer", optimizer)
 
 
 def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
@@ -51,16 +45,6 @@ def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
     if n is None or n % num_workers:
       raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
                        f"size {num_workers} (axis_name={axis_name!r}).")
-
-
-def optional_callable(name: str, value: Any) -> None:
-  if value is not None:
-    v.callable_(name, value)
-
-
-def fit_args(steps: Any, log_every: Any) -> None:
-  v.integer("steps", steps, low=0)
-  v.integer("log_every", log_every, low=1)
 
 
 def checkpoint_args(directory: Any, every: Any, keep: Any) -> tuple[str, int, int]:
