@@ -167,8 +167,7 @@ def comm_seconds_per_step(step_bytes: Sequence[float], comm_cost: comm.CommCost)
   step_bytes = np.asarray(step_bytes, dtype=np.float64)
   if step_bytes.ndim != 1 or not np.all(np.isfinite(step_bytes)) or np.any(step_bytes < 0):
     raise ValueError("step_bytes must be a 1-D sequence of finite byte counts >= 0.")
-  if not isinstance(comm_cost, comm.CommCost):
-    raise ValueError(f"comm_cost must be a comm.CommCost (from comm.cost), got {comm_cost!r}.")
+  v.instance("comm_cost", comm_cost, comm.CommCost, "comm.CommCost (from comm.cost)")
   every = comm_cost.seconds(conditional=False)
   every_bytes = comm_cost.wire_bytes(conditional=False)
   branch, branch_bytes = comm_cost.seconds(conditional=True), comm_cost.wire_bytes(
