@@ -410,6 +410,18 @@ def int_at_least(c, path: str, low: int) -> None:
     raise ValueError(f"config.{path} must be an integer >= {low}, got {value!r}.")
 
 
+def values_at_least(c, path: str, low: float, kind: type = numbers.Integral) -> tuple:
+  """config.<path> is a non-empty tuple of `kind` (integers by default) >= low, else a
+  ValueError naming it; returns the tuple (a sweep's values)."""
+  values = _get(c, path)
+  if not isinstance(values, tuple) or not values or not all(
+      isinstance(v, kind) and not isinstance(v, bool) and v >= low for v in values):
+    what = "integers" if kind is numbers.Integral else "numbers"
+    raise ValueError(f"config.{path} must be a non-empty tuple of {what} >= {low} (written "
+                     f"--config.{path}=1,2), got {values!r}.")
+  return values
+
+
 def _get(c, path: str) -> Any:
   for part in path.split("."):
     c = c[part]

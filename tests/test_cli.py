@@ -108,15 +108,19 @@ def _leaves(tree, prefix=""):
       yield f"{prefix}{key}", value
 
 
-def _parse(argv):
-  """train.py's command line, parsed in-process with the programs' own parser: the config
-  (with its overrides) or the SystemExit the program would end with."""
+def _parse(argv, define=None):
+  """train.py's command line (or that of the program whose flags `define(flag_values)`
+  defines, returning the config's holder), parsed in-process with the programs' own
+  parser: the config (with its overrides) or the SystemExit the program would end with."""
   from absl import flags
   from experiments import _cli
   fv = flags.FlagValues()
-  saved, sys.argv = sys.argv, ["train.py", *argv]
+  saved, sys.argv = sys.argv, ["program.py", *argv]
   try:
-    holder = _cli.config_flag(f"{ROOT}/experiments/configs/dp.py", "the config", fv)
+    if define is None:
+      holder = _cli.config_flag(f"{ROOT}/experiments/configs/dp.py", "the config", fv)
+    else:
+      holder = define(fv)
     _cli.parse_flags(sys.argv, fv)
     return holder.value
   finally:
@@ -186,6 +190,64 @@ def test_a_bad_default_py_name_is_one_line():
   assert str(e.value.code).startswith("error: flag --config=") and \
       "config.method.name 'dilocoo' is unknown; allowed: acco" in str(e.value.code)
   assert "\n" not in str(e.value.code)
+
+
+# ---------------------------------------------------------------- the reproductions
+REPRODUCTIONS = ("demo", "diloco", "powersgd", "topk", "streaming")
+
+
+def _reproduction(program):
+  from experiments import _reproduce
+  return lambda fv: _reproduce.define_flags(program, fv)
+
+
+def test_every_reproduction_has_its_config_and_nothing_else_does():
+  names = {f[len("reproduce_"):-3] for f in os.listdir(f"{ROOT}/experiments")
+           if f.startswith("reproduce_")}
+  configs = {f[:-3] for f in os.listdir(f"{ROOT}/experiments/configs/reproduce")
+             if not f.startswith("__")}
+  assert names == configs == set(REPRODUCTIONS)
+
+
+@pytest.mark.parametrize("program", REPRODUCTIONS)
+def test_a_misspelt_or_mistyped_reproduction_setting_is_one_line_naming_it(program):
+  """Each of the reproduction's own settings (config.reproduce, experiments/configs/
+  reproduce/<program>.py) misspelt, and given a value of the wrong type, through the parser the
+  program uses: one line naming it (with ml_collections' "Did you mean" for a misspelling)."""
+  from experiments import _reproduce
+  own = _reproduce.load(program).reproduce
+  for name in own.keys():
+    wrong = name + name[-1]  # hs -> hss
+    hint = (f'Did you mean "{name}"',) if len(name) > 2 else ()  # ml_collections' difflib
+    for flag, words in ((f"--config.reproduce.{wrong}=1", (f"no such setting {wrong!r}", *hint)),
+                        (f"--config.reproduce.{name}=[oops", (f"--config.reproduce.{name}",))):
+      if flag.endswith("[oops") and isinstance(own[name], tuple):
+        continue  # a tuple takes any text; the program checks its items (below)
+      with pytest.raises(SystemExit) as e:
+        _parse([flag], _reproduction(program))
+      message = str(e.value.code)
+      assert message.startswith("error: ") and "\n" not in message, (flag, message)
+      assert all(w in message for w in words), (flag, message)
+
+
+def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_path):
+  """Overrides are typed and reach what the runs read (a tuple written 4,8; the LM's MLP
+  follows its width as the old --d_model did); a sweep value out of range is a ValueError
+  naming it (one line under _cli.run) before anything trains or is written."""
+  from experiments import _cli, _reproduce, reproduce_diloco
+  c = _parse(["--config.reproduce.hs=4,8", "--config.model.d_model=32",
+              "--config.data.batch_size=8"], _reproduction("diloco"))
+  c = c.copy_and_resolve_references()
+  assert c.reproduce.hs == (4, 8) and c.model.d_ff == 128
+  assert c.reproduce.warm_start_batch == 8 and c.steps == 150
+  run = _reproduce.config(c, "diloco", sync_every=4)
+  assert "hs" not in run.reproduce and run.method.sync_every == 4  # one run: no sweep
+  for flag in ("--config.reproduce.hs=0,4", "--config.reproduce.hs=a"):
+    c = _parse([flag], _reproduction("diloco"))
+    with pytest.raises(ValueError, match=r"config\.reproduce\.hs must be") as e:
+      reproduce_diloco.run(c.copy_and_resolve_references(), str(tmp_path / "run"))
+    assert "\n" not in _cli.one_line(e.value)
+  assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow
