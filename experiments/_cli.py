@@ -17,6 +17,8 @@ experiments/configs/) or `settings_flag` (a program's own settings, from its `ge
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 from typing import Callable, NoReturn
@@ -77,20 +79,30 @@ def settings_flag(defaults: ml_collections.ConfigDict, help_text: str,
   return _define(config_flags.DEFINE_config_dict, defaults, text, flag_values)
 
 
-def program_flags(defaults: ml_collections.ConfigDict, help_text: str, *,
-                  workdir: str | None = None, devices: int | None = None,
+def program_flags(defaults: ml_collections.ConfigDict, help_text: str = "The program's settings.",
+                  *, workdir: str | None = None, devices: int | None = None, out: bool = False,
                   flag_values=flags.FLAGS):
   """A study's or benchmark's command line: `--config` holding its own settings
   (`settings_flag`), and, where the program takes them, `--workdir` (this default) and
-  `--devices` (emulated CPU devices, this default), as train.py takes them. Returns the
-  config's flag holder; call it under `if __name__ == "__main__"` (importing the program
-  then defines nothing)."""
+  `--devices` (emulated CPU devices, this default), as train.py takes them, or `--out` (an
+  optional JSON file of the results, `write_json`). Returns the config's flag holder; call
+  it under `if __name__ == "__main__"` (importing the program then defines nothing)."""
   holder = settings_flag(defaults, help_text, flag_values)
   if workdir is not None:
     flags.DEFINE_string("workdir", workdir, "Where the results go.", flag_values=flag_values)
   if devices is not None:
     flags.DEFINE_integer("devices", devices, "Emulated CPU devices.", flag_values=flag_values)
+  if out:
+    flags.DEFINE_string("out", None, "Optional JSON output path.", flag_values=flag_values)
   return holder
+
+
+def write_json(path: str | None, value) -> None:
+  """Writes `value` as JSON to `path` (its folder made), when a path is given (`--out`)."""
+  if path:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=1)
 
 
 def _define(define: Callable, default, help_text: str, flag_values):
@@ -137,19 +149,24 @@ def parse_flags(argv: list, flag_values=flags.FLAGS) -> list:
 
 
 def _key_flags() -> None:
-  """`--config`, `--verbose` (and `--workdir`, `--devices` where a helper here or in
-  experiments/_reproduce.py defined them) are listed by the program's `--help`."""
-  for name in ("config", "verbose", "workdir", "devices"):
+  """`--config`, `--verbose` (and `--workdir`, `--devices`, `--out` where a helper here or
+  in experiments/_reproduce.py defined them) are listed by the program's `--help`."""
+  for name in ("config", "verbose", "workdir", "devices", "out"):
     if name in flags.FLAGS:
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
-def run(main: Callable) -> None:
+def run(main: Callable, settings: ml_collections.ConfigDict | None = None, **program) -> None:
   """`absl.app.run(main)` with one-line errors and quiet logs (see the module docstring).
 
   A ValueError out of `main` is a user's mistake (every setting is checked before anything
-  compiles or is written): one line, exit status 1; with `--verbose`, its traceback.
+  compiles or is written): one line, exit status 1; with `--verbose`, its traceback. With
+  `settings` (a study's or benchmark's `get_config()`), `program_flags(settings, **program)`
+  defines its command line first (`main` reads `flags.FLAGS.config`).
   """
+  if settings is not None:
+    program_flags(settings, **program)
+
   def wrapped(argv):
     logging.set_verbosity(logging.INFO if VERBOSE.value else logging.WARNING)
     try:
@@ -164,4 +181,4 @@ def run(main: Callable) -> None:
 
 
 __all__ = ["VERBOSE", "config_flag", "fail", "one_line", "parse_flags", "program_flags", "run",
-           "settings", "settings_flag"]
+           "settings", "settings_flag", "write_json"]

@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -99,6 +99,13 @@ def define_flags(name: str, flag_values=flags.FLAGS):
                       "figure go.", flag_values=flag_values)
   flags.DEFINE_integer("devices", 8, "Emulated CPU devices.", flag_values=flag_values)
   return holder
+
+
+def main(name: str, run: Callable[[ml_collections.ConfigDict, str], Any]) -> None:
+  """The program `python -m experiments.reproduce_<name>`: its command line
+  (`define_flags`), then `run(config, workdir)` (`start`) through `_cli.run`."""
+  define_flags(name)
+  _cli.run(lambda argv: run(*start()))
 
 
 def start() -> tuple[ml_collections.ConfigDict, str]:

@@ -422,6 +422,17 @@ def values_at_least(c, path: str, low: float, kind: type = numbers.Integral) -> 
   return values
 
 
+def names_in(c, path: str, allowed) -> list:
+  """config.<path>: comma-separated names out of `allowed` ("": all of them, in order), else
+  a ValueError naming the first unknown one and the allowed names."""
+  names = [n for n in (_get(c, path) or "").split(",") if n] or list(allowed)
+  unknown = [n for n in names if n not in allowed]
+  if unknown:
+    raise ValueError(f"config.{path}: {unknown[0]!r} is unknown; allowed: "
+                     f"{', '.join(allowed)}.")
+  return names
+
+
 def _get(c, path: str) -> Any:
   for part in path.split("."):
     c = c[part]

@@ -129,6 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _cli.program_flags(get_config(), "The study's settings.", workdir="runs/heterogeneous",
-                     devices=8)
-  _cli.run(main)
+  _cli.run(main, get_config(), workdir="runs/heterogeneous", devices=8)

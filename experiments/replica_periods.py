@@ -102,5 +102,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _cli.program_flags(get_config(), "The study's settings.", workdir="runs/replica_periods")
-  _cli.run(main)
+  _cli.run(main, get_config(), workdir="runs/replica_periods")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 
-from experiments import _cli
 from experiments import _reproduce as rep
 from experiments import config as _config
 
@@ -52,11 +51,5 @@ def run(base, workdir: str, workers: int = 8) -> dict:
                            sections, base, {"runs": runs, "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  run(*rep.start())
-
-
 if __name__ == "__main__":
-  rep.define_flags("demo")
-  _cli.run(main)
+  rep.main("demo", run)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 
-from experiments import _cli
 from experiments import _reproduce as rep
 from experiments import config as _config
 
@@ -101,11 +100,5 @@ def run(base, workdir: str) -> dict:
                                              "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  run(*rep.start())
-
-
 if __name__ == "__main__":
-  rep.define_flags("diloco")
-  _cli.run(main)
+  rep.main("diloco", run)

@@ -24,7 +24,7 @@ import os
 
 import jax
 
-from experiments import _cli, compression_table
+from experiments import compression_table
 from experiments import _reproduce as rep
 from experiments import config as _config
 
@@ -82,11 +82,5 @@ def run(base, workdir: str, workers: int = 8) -> dict:
                                              "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  run(*rep.start())
-
-
 if __name__ == "__main__":
-  rep.define_flags("powersgd")
-  _cli.run(main)
+  rep.main("powersgd", run)

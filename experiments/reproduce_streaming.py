@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 
-from experiments import _cli
 from experiments import _reproduce as rep
 from experiments import config as _config
 
@@ -57,11 +56,5 @@ def run(base, workdir: str, workers: int = 8) -> dict:
                            {"runs": runs, "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  run(*rep.start())
-
-
 if __name__ == "__main__":
-  rep.define_flags("streaming")
-  _cli.run(main)
+  rep.main("streaming", run)

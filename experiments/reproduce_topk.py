@@ -21,7 +21,6 @@ import os
 
 import numpy as np
 
-from experiments import _cli
 from experiments import _reproduce as rep
 from experiments import config as _config
 
@@ -57,11 +56,5 @@ def _cumsum(values):
   return np.cumsum(values)
 
 
-def main(argv):
-  del argv
-  run(*rep.start())
-
-
 if __name__ == "__main__":
-  rep.define_flags("topk")
-  _cli.run(main)
+  rep.main("topk", run)

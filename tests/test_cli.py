@@ -250,6 +250,67 @@ def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_pa
   assert not list(tmp_path.iterdir())
 
 
+# Programs on `--config.<path>` settings through `_cli.run(main, get_config(), **flags)` (the
+# studies and benchmarks) or `_reproduce.main(name, run)` (the reproductions).
+SETTINGS_PROGRAMS = (
+    *(f"experiments.reproduce_{name}" for name in REPRODUCTIONS),
+    "experiments.replica_periods", "experiments.heterogeneous", "experiments.compression_table",
+    "experiments.elastic_goodput", "benchmarks.codec_table", "benchmarks.fit_speed",
+    "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
+    "benchmarks.profile_step", "benchmarks.replicas")
+
+
+def _program(module_name):
+  """A function defining `module_name`'s command line on a FlagValues, as its `if __name__
+  == "__main__"` line does (its keyword arguments read from the source)."""
+  import ast
+  import importlib
+  import inspect
+  from experiments import _cli
+  if module_name.startswith("experiments.reproduce_"):
+    return _reproduction(module_name.rsplit("_", 1)[1])
+  module = importlib.import_module(module_name)
+  guard = [node for node in ast.parse(inspect.getsource(module)).body
+           if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+  call = guard[0].body[-1].value
+  assert ast.unparse(call.func) == "_cli.run", module_name
+  assert ast.unparse(call.args[1]) == "get_config()", module_name
+  kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+  return lambda fv: _cli.program_flags(module.get_config(), flag_values=fv, **kwargs)
+
+
+def _documented_commands():
+  """(program, argv, where) of every `python -m <program> ...` written in README.md, docs/,
+  experiments/RESULTS.md and the programs' own docstrings, for SETTINGS_PROGRAMS."""
+  paths = ["README.md", "experiments/RESULTS.md", "CONTRIBUTING.md"]
+  paths += [f"docs/{f}" for f in os.listdir(f"{ROOT}/docs") if f.endswith(".md")]
+  paths += [m.replace(".", "/") + ".py" for m in SETTINGS_PROGRAMS]
+  found = []
+  for path in paths:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      text = f.read().replace("\\\n", " ")
+    for m in re.finditer(r"python -m ((?:experiments|benchmarks)\.\w+)([^\n`]*)", text):
+      if m.group(1) in SETTINGS_PROGRAMS:
+        found.append((m.group(1), shlex.split(m.group(2), comments=True), path))
+  return found
+
+
+def test_every_documented_command_of_a_settings_program_parses():
+  """The commands as written (settings' names and types, the flags beside --config) parse
+  with each program's own command line, in-process: nothing runs."""
+  commands = _documented_commands()
+  wrong = []
+  for program, argv, where in commands:
+    try:
+      _parse(argv, _program(program))
+    except SystemExit as e:
+      wrong.append((where, program, argv, str(e.code)))
+  assert not wrong, "\n".join(map(str, wrong))
+  written = {program for program, _, _ in commands}
+  assert written == set(SETTINGS_PROGRAMS), set(SETTINGS_PROGRAMS) - written
+  assert any("--config.reproduce.warm_start_steps=150" in argv for _, argv, _ in commands)
+
+
 @pytest.mark.slow
 def test_the_programs_exit_1_with_one_line_and_help_lists_config(tmp_path):
   """The real exit status and stderr of plan.py for a bad default.py:NAME (nothing written),
