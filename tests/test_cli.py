@@ -311,6 +311,24 @@ def test_every_documented_command_of_a_settings_program_parses():
   assert any("--config.reproduce.warm_start_steps=150" in argv for _, argv, _ in commands)
 
 
+@pytest.mark.parametrize("program", SETTINGS_PROGRAMS)
+def test_help_lists_every_setting_of_a_settings_program(program):
+  """`--help` shows `--config` with each of the program's own settings and its default (the
+  reproductions: those under `reproduce`, beside the shared sizes)."""
+  import importlib
+  from absl import flags
+  from experiments import _cli, _reproduce
+  fv = flags.FlagValues()
+  _program(program)(fv)
+  text = " ".join(fv["config"].help.split())
+  if program.startswith("experiments.reproduce_"):
+    own = _reproduce.load(program.rsplit("_", 1)[1]).reproduce
+    listed = _cli.settings(own, "reproduce.").split(", ") + ["steps=", "model.d_model="]
+  else:
+    listed = _cli.settings(importlib.import_module(program).get_config()).split(", ")
+  assert all(item in text for item in listed), (listed, text)
+
+
 @pytest.mark.slow
 def test_the_programs_exit_1_with_one_line_and_help_lists_config(tmp_path):
   """The real exit status and stderr of plan.py for a bad default.py:NAME (nothing written),
