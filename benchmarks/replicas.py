@@ -95,10 +95,10 @@ def measure(name: str, factory, syncs: float, c, lm_kwargs: dict) -> dict:
     if donate:
       report = comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
       per_axis = {}
-      for c in report:
-        key = ",".join(c.axes) or "?"
-        per_axis[key] = per_axis.get(key, 0.0) + c.total_bytes * (syncs if c.in_conditional
-                                                                  else 1.0)
+      for op in report:
+        key = ",".join(op.axes) or "?"
+        per_axis[key] = per_axis.get(key, 0.0) + op.total_bytes * (syncs if op.in_conditional
+                                                                   else 1.0)
       row["bytes_per_axis"] = per_axis
       row["state_bytes"] = sum(x.addressable_shards[0].data.nbytes
                                for x in jax.tree.leaves(state))

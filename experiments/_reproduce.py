@@ -19,6 +19,7 @@ Numbers in the tables are read from these records; nothing is typed in.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -87,7 +88,7 @@ def define_flags(name: str, flag_values=flags.FLAGS):
   "__main__"`), so that importing the reproductions in tests registers nothing that could
   clash with another program's flags."""
   c = load(name)
-  value = lambda path: c[path.split(".")[0]][path.split(".")[1]] if "." in path else c[path]
+  value = lambda path: functools.reduce(lambda tree, key: tree[key], path.split("."), c)
   shared = ", ".join(f"{path}={value(path)}" for path in LISTED)
   holder = _cli.config_flag(
       os.path.join(CONFIGS, f"{name}.py"),
