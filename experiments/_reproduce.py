@@ -105,8 +105,12 @@ def define_flags(name: str, flag_values=flags.FLAGS):
 def main(name: str, run: Callable[[ml_collections.ConfigDict, str], Any]) -> None:
   """The program `python -m experiments.reproduce_<name>`: its command line
   (`define_flags`), then `run(config, workdir)` (`start`) through `_cli.run`."""
+  def program(argv):
+    del argv
+    run(*start())  # its summary is in the workdir; app.run would exit with it as a status
+
   define_flags(name)
-  _cli.run(lambda argv: run(*start()))
+  _cli.run(program)
 
 
 def start() -> tuple[ml_collections.ConfigDict, str]:
