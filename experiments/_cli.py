@@ -1,8 +1,9 @@
 """How every program of experiments/ meets its user: one line per mistake, quiet logs, help.
 
-train.py, plan.py, compare.py, the reproductions and the studies start with `run(main)`
-instead of `absl.app.run(main)`, and define `--config` with `config_flag` (a config file of
-experiments/configs/) or `settings_flag` (a program's own settings, from its `get_config()`):
+train.py, plan.py, compare.py and the reproductions start with `run(main)` instead of
+`absl.app.run(main)`, and define `--config` with `config_flag` (a config file of
+experiments/configs/); the studies and benchmarks start with `run(main, get_config(),
+workdir=...)`, whose `--config` holds the program's own settings (`settings_flag`):
 
 * a mistake in a flag or a setting (an unknown setting, with ml_collections' "Did you mean";
   a value of the wrong type; a config file or `default.py:NAME` that does not load; a value
@@ -156,16 +157,16 @@ def _key_flags() -> None:
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
-def run(main: Callable, settings: ml_collections.ConfigDict | None = None, **program) -> None:
+def run(main: Callable, defaults: ml_collections.ConfigDict | None = None, **program) -> None:
   """`absl.app.run(main)` with one-line errors and quiet logs (see the module docstring).
 
   A ValueError out of `main` is a user's mistake (every setting is checked before anything
   compiles or is written): one line, exit status 1; with `--verbose`, its traceback. With
-  `settings` (a study's or benchmark's `get_config()`), `program_flags(settings, **program)`
+  `defaults` (a study's or benchmark's `get_config()`), `program_flags(defaults, **program)`
   defines its command line first (`main` reads `flags.FLAGS.config`).
   """
-  if settings is not None:
-    program_flags(settings, **program)
+  if defaults is not None:
+    program_flags(defaults, **program)
 
   def wrapped(argv):
     logging.set_verbosity(logging.INFO if VERBOSE.value else logging.WARNING)
