@@ -140,14 +140,14 @@ def test_population_of_nnx_models_and_loss_keys(mesh8):
   pop = train.Trainer(loss, tx, mesh8, has_aux=True, trials=2, key=keys)
   state = pop.init(stacked)
   for batch in batches:
-    state, m = pop.step(state, jax.tree.map(lambda x: jnp.stack([x, x[::-1]]), batch))
+    state, m = pop.step(state, jax.tree.map(lambda x: np.stack([x, x[::-1]]), batch))
   for t, seed in enumerate((0, 5)):
     single = train.Trainer(loss, tx, mesh8, has_aux=True, key=keys[t])
     one = single.init(mlp(seed))
     for batch in batches:
       one, m1 = single.step(one, jax.tree.map(lambda x, t=t: x[::-1] if t else x, batch))
-    np.testing.assert_allclose(m["loss"][t], m1["loss"], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(m["loss"])[t], m1["loss"], rtol=1e-5)
     for got, want in ((state.params, one.params),
                       (state.model_state["BatchNorm_0"], one.model_state["BatchNorm_0"])):
-      jax.tree.map(lambda a, b, t=t: np.testing.assert_allclose(a[t], b, rtol=1e-5, atol=1e-6),
-                   got, want)
+      jax.tree.map(lambda a, b, t=t: np.testing.assert_allclose(np.asarray(a)[t], b, rtol=1e-5,
+                                                                atol=1e-6), got, want)
