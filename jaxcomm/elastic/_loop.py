@@ -195,7 +195,8 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
       try:
         with _round(membership, step) as gen:
           if gen is None or jax.process_index() in gen.held:  # an empty round for it
-            record.waiting(step, membership.waiting if gen is None else "held")
+            # (a joiner's own step is 0: the round's is the run's)
+            record.waiting(membership.step, membership.waiting if gen is None else "held")
             continue
           record.waiting(step, "")
           state = island.prepare(gen)
