@@ -13,9 +13,9 @@ Two ways out, both with exit status `EVICTED` (75) and one log line naming the g
   answers "heartbeat request from an already-in-error task" (a C++ `LOG(FATAL)`, status
   SIGABRT). That handler (`missed_heartbeat_callback`) cannot be replaced from Python: jaxlib
   0.10 accepts a Python callable but cannot convert the `absl::Status` it is called with,
-  and the process ends in `std::bad_cast`. The heartbeat comes about 1 s after the process
-  resumes (gRPC's first reconnect backoff); this thread ticks every 50 ms, sees the time
-  it did not run, and exits first.
+  and the process ends in `std::bad_cast`. That heartbeat came 1.0 s after the process
+  resumed (two probes, heartbeat timeout 3 s); this thread ticks every 50 ms, sees the time
+  it did not run, and exits first (10 ms after SIGCONT in the same probes).
 """
 
 from __future__ import annotations
