@@ -3,9 +3,11 @@ r"""Rounds of `jaxcomm.elastic`'s membership alone (no training): the agreement,
   python tests/membership_runner.py <coordinator> <process> <processes> <hang_at>
 
 Each process joins the run, then takes rounds of one step (an empty body) until step 10,
-printing `committed T live [...]` after each. The process with the highest index hangs
-(sleeps) before step `hang_at` right after the round's decision, before JAX's membership
-barrier: a process that voted and still heartbeats, which the others must not wait for.
+printing `committed T live [...]` after each; from step 8 on, all `processes` must be live
+(`min_workers`). The process with the highest index hangs (sleeps) in the round from step
+`hang_at` (-1: never) right after the decision, before JAX's membership barrier: a process
+that voted and still heartbeats, which the others must not wait for. Started again, it
+rejoins as a new member.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ STEPS = 10
 def main(coordinator: str, pid: int, n: int, hang_at: int) -> None:
   jax.config.update("jax_num_cpu_devices", 1)
   elastic.start_distributed(coordinator, n, pid, heartbeat_timeout_s=3)
-  membership = elastic.Membership(timeout_s=30, deadline_s=2)
+  quorum = elastic.Quorum(min_workers=lambda t: n if t >= 8 else 1, timeout_s=60)
+  membership = elastic.Membership(timeout_s=30, quorum=quorum, deadline_s=2)
   if pid == n - 1:
     arrive = membership._arrive
 
@@ -41,15 +44,17 @@ def main(coordinator: str, pid: int, n: int, hang_at: int) -> None:
   step = 0
   while step < STEPS:
     try:
-      with membership.round(step) as gen:
+      with membership.round(step, step + 1) as gen:
         pass
     except (elastic.RoundAborted, jax.errors.JaxRuntimeError,
             multihost_utils.ProcessFailureError):
       if not membership.decided:
         membership.failed()
         continue
-    membership.committed(step + 1, 0.01)
-    step += 1
+    if gen is None:  # waiting for a quorum
+      continue
+    step = membership.step + 1  # a joiner's first round starts where the run is
+    membership.committed(0.01)
     print(f"runner: process {pid}: committed {step} live {list(gen.processes)}",
           file=sys.stderr, flush=True)
   membership.finish(step)

@@ -484,39 +484,45 @@ def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_refe
                               rtol=1e-5, atol=1e-6)
 
 
-def test_a_process_hung_between_its_vote_and_the_barrier_is_evicted_not_waited_for():
+def test_a_process_hung_between_its_vote_and_the_barrier_is_evicted_and_may_rejoin():
   """JAX's membership barrier has no timeout and waits for every process the service holds
   live. 3 processes take membership rounds only (tests/membership_runner.py); process 2
   hangs after the decision of the round from step 4, before the barrier, heartbeats going
   on. The others evict it 2 s (the deadline) after they arrived, its watchdog ends it
-  (status 75), the round stays committed everywhere, and 0 and 1 go on to step 10."""
+  (status 75), the round stays committed everywhere, and 0 and 1 go on, until step 8 needs
+  all 3 (min_workers): process 2, started again, rejoins there as a new member."""
   n, port = 3, launch_local.free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   coordinator = subprocess.Popen(
       [sys.executable, "-m", "jaxcomm.elastic.coordinator", f"--address=127.0.0.1:{port}",
        f"--num_processes={n}", "--heartbeat_timeout=3"], cwd=ROOT, env=env,
       stderr=subprocess.DEVNULL, start_new_session=True)
-  procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "membership_runner.py"),
-                             f"127.0.0.1:{port}", str(i), str(n), "4"], cwd=ROOT, env=env,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-           for i in range(n)]
+  start = lambda i, hang_at: subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "tests", "membership_runner.py"),
+       f"127.0.0.1:{port}", str(i), str(n), str(hang_at)], cwd=ROOT, env=env,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  procs = [start(i, 4) for i in range(n)]
   try:
-    logs = [p.communicate(timeout=120)[1] for p in procs]
+    first = procs[2].communicate(timeout=120)[1]
+    procs.append(start(2, -1))  # its restart
+    logs = [p.communicate(timeout=120)[1] for p in (procs[0], procs[1], procs[3])]
   finally:  # nothing left running (SIGKILL: JAX turns SIGTERM into a preemption notice)
     for p in [*procs, coordinator]:
       if p.poll() is None:
         os.killpg(p.pid, 9)
         p.wait()
-  assert [p.returncode for p in procs] == [0, 0, elastic.EVICTED], logs
+  assert [p.returncode for p in procs] == [0, 0, elastic.EVICTED, 0], logs
   assert ("process 2: evicted at generation 0 (round from step 4): the others evicted it"
-          in logs[2]), logs[2][-3000:]
+          in first), first[-3000:]
+  assert "committed 5" not in first  # it hung before it could commit
   for p in (0, 1):
     assert (f"process {p}: process 2 voted but did not reach the membership barrier within "
             f"2.0 s; evicting it") in logs[p], logs[p][-3000:]
-    done = re.findall(rf"runner: process {p}: committed (\d+) live (\[.*\])", logs[p])
-    assert [int(t) for t, _ in done] == list(range(1, 11)), logs[p][-3000:]
-    assert dict(done)["5"] == "[0, 1, 2]" and dict(done)["10"] == "[0, 1]"
-  assert "committed 5" not in logs[2]  # it hung before it could commit
+    done = dict(re.findall(rf"runner: process {p}: committed (\d+) live (\[.*\])", logs[p]))
+    assert list(done) == [str(t) for t in range(1, 11)], logs[p][-3000:]
+    assert (done["5"], done["6"], done["9"]) == ("[0, 1, 2]", "[0, 1]", "[0, 1, 2]")
+  rejoined = re.findall(r"runner: process 2: committed (\d+) live (\[.*\])", logs[2])
+  assert rejoined == [("9", "[0, 1, 2]"), ("10", "[0, 1, 2]")], logs[2][-3000:]
 
 
 def test_dp_loses_process_0_and_discards_the_step_in_flight_everywhere(tmp_path):

@@ -173,9 +173,11 @@ class Membership:
 
   # ---------------------------------------------------------------- rounds
   @contextlib.contextmanager
-  def round(self, step: int) -> Iterator[Generation | None]:
-    """One round from `step`: yields its generation (None: an empty round, `waiting` says
-    why); on exit all processes commit or all abort.
+  def round(self, step: int, stop: int | None = None) -> Iterator[Generation | None]:
+    """One round from `step` to `stop` (default `step`): yields its generation (None: an
+    empty round, `waiting` says why); on exit all processes commit or all abort. On a
+    commit the generation's leader records `stop` and the members for the processes that
+    join next, before the membership barrier (so a joiner, once past it, reads this round's).
 
     Raises (on every live process alike) `RoundAborted`, JAX's `ProcessFailureError`, or
     the body's own exception when the round is not committed; `ProcessFailureError` also
@@ -207,6 +209,10 @@ class Membership:
         raise RoundAborted(f"round {self._streak} over {_sig(live)} was aborted"
                            + (f"; evicted {self.evicted} (no vote within "
                               f"{self.deadline():.1f} s)" if self.evicted else ""))
+      if gen is not None and gen.leader == self.pid:
+        self.client.key_value_set(COMMITTED, json.dumps(
+            {"step": step if stop is None else stop,
+             "members": sorted(dict(gen.live).items())}), allow_overwrite=True)
 
   @contextlib.contextmanager
   def _bounded_barrier(self):
@@ -338,15 +344,13 @@ class Membership:
     return self.decided
 
   # ---------------------------------------------------------------- outcomes
-  def committed(self, step: int, seconds: float) -> None:
-    """Records that the current generation's round committed (its joiners are healed)."""
+  def committed(self, seconds: float) -> None:
+    """Records that the current generation's round committed (its joiners are healed) and
+    took `seconds`."""
     gen = self.generation
     self.planner.committed(gen.live)
     self._joining = False
     self.round_seconds.append(seconds)
-    if gen.leader == self.pid:
-      self.client.key_value_set(COMMITTED, json.dumps(
-          {"step": step, "members": sorted(dict(gen.live).items())}), allow_overwrite=True)
     self.generation = gen._replace(joiners=())
     self._records = {k: (g._replace(joiners=()) if g.live == gen.live else g)
                      for k, g in self._records.items()}
