@@ -21,7 +21,7 @@ from jaxcomm import codecs, comm, data, models, parallel, sync, testing, train
 from test_validation import JUNK, builds_or_value_error, junk, ok, valid_or
 
 W = 8
-LM = dict(d_model=16, num_layers=1, num_heads=4, d_ff=32, max_len=8)
+LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=8)
 BATCH, SEQ = 16, 8
 
 
