@@ -80,6 +80,7 @@ def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
                     "wire_bytes": t.step_bytes.tolist()},
           "evals": {"step": steps, "heldout_loss": losses},
           "links": {n: {**accounts[k][s][n], "time": tl.known.tolist(),
+                        "eval_steps": t.evals_on(n)[0].tolist(),
                         "comm_seconds": tl.comm_seconds.tolist()}
                     for n, tl in timelines.items()}})
   return out
@@ -122,10 +123,19 @@ def aligned(headers, table_rows) -> str:
 
 
 # ---------------------------------------------------------------- verdicts
+def reference_on(summary: dict, link: str, reference: str) -> str:
+  """The label that stands as the reference on `link` (its verdict says "reference"), or
+  `reference` when no summary names one."""
+  named = [m for m, a in summary.items() if a[link].get("verdict") == "reference"]
+  return named[0] if named else reference
+
+
 def verdict(summary: dict, link: str, reference: str, target: float) -> str:
   """One line for `link`: the method that reaches the target first by a speed-up whose 95 %
   interval lies above 1 (with the interval and its seeds), or that no method is
-  distinguishable from the reference there. `summary[label][link]` as compare.summarise."""
+  distinguishable from the reference there (the link's own, `reference_on`).
+  `summary[label][link]` as `_compare_summary.summarise`."""
+  reference = reference_on(summary, link, reference)
   ref = summary[reference][link]
   seeds = len(ref["study_times"])
   faster = [(a[link]["speedup"], m) for m, a in summary.items()
@@ -152,6 +162,7 @@ def sensitivity_line(sensitivity: dict, link: str, reference: str) -> str:
   """How the verdict on `link` moves when every compute figure is 20 % smaller or larger."""
   parts = []
   for scale, summary in sorted(sensitivity.items()):
+    reference = reference_on(summary, link, reference)
     faster = [(a[link]["speedup"], m) for m, a in summary.items()
               if m != reference and a[link]["verdict"] == stats.FASTER]
     if faster:
@@ -185,9 +196,11 @@ def _heading(config, records: list, target: float, source: str) -> str:
           f"layers={m.num_layers} on {config.data.name} ({config.data.split} split; batch "
           f"{config.data.batch_size} x {config.data.seq_len}). {c.ruleset} ruleset, "
           f"{c.seeds} seeds, {schedule_text(c)}. Target: held-out loss {target:.4f} "
-          f"({source}; evaluated every {c.eval_every} steps on {c.eval_batch} test sequences, "
-          f"untimed). Budget on each link: {c.reference}'s median time to the target there "
-          f"x {c.budget:g}; at most {c.max_steps} steps per trial.")
+          f"({source}; evaluated on {c.eval_batch} test sequences, untimed, at fixed "
+          f"intervals of simulated time on each link: {c.reference}'s time for "
+          f"{c.eval_every} steps there). Reference on each link: the fastest of "
+          f"{', '.join(c.get('reference_pool', (c.reference,)))}; budget: its median time "
+          f"to the target there x {c.budget:g}; at most {c.max_steps} steps per trial.")
 
 
 def schedule_text(c) -> str:
@@ -198,8 +211,9 @@ def schedule_text(c) -> str:
           "its evaluation parameters)")
 
 
-def _link_heading(name: str, link, budget: float) -> str:
-  return f"{name} ({_link_text(link)}): budget {_seconds(budget)}"
+def _link_heading(name: str, link, budget: float, reference: str = "") -> str:
+  return (f"{name} ({_link_text(link)}): budget {_seconds(budget)}"
+          + (f", reference {reference}" if reference else ""))
 
 
 def text(config, links: dict, budgets: dict, target: float, source: str, records: list,
@@ -208,7 +222,8 @@ def text(config, links: dict, budgets: dict, target: float, source: str, records
   c = config.compare
   parts = [_heading(config, records, target, source)]
   for name, link in links.items():
-    parts.append(f"\n{_link_heading(name, link, budgets[name])}\n"
+    ref = reference_on(summary, name, c.reference)
+    parts.append(f"\n{_link_heading(name, link, budgets[name], ref)}\n"
                  + aligned(HEADERS, rows(records, name)))
   verdicts = [verdict(summary, n, c.reference, target) for n in links]
   parts.append("\nVerdict (time to the held-out target on each link, median over seeds):\n"
@@ -233,7 +248,8 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
       "interval lies above 1.",
       "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts)]
   for name, link in links.items():
-    sections.append(f"## {_link_heading(name, link, budgets[name])}\n\n"
+    ref = reference_on({r["method"]: r["links"] for r in records}, name, c.reference)
+    sections.append(f"## {_link_heading(name, link, budgets[name], ref)}\n\n"
                     + rep.markdown_table(HEADERS, rows(records, name))
                     + "\n\nPer seed (study), time to the target:\n\n"
                     + rep.markdown_table(["method"] + [f"seed {s}" for s in range(c.seeds)],
@@ -259,7 +275,7 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
       + "\n\nProfile: per link the ratio of a method's median time to the fastest method's; "
       "rho(tau) = fraction of links within tau, tau in [1, 4]; area = mean of rho (1: "
       "fastest everywhere). Geometric mean over the links where both the method and the "
-      f"reference reach the target, of the median speed-up over {c.reference}.")
+      "reference reach the target, of the median speed-up over each link's reference.")
   sections.append("## Links\n\n" + rep.markdown_table(
       ["link", "bandwidth, latency", "source"],
       [[n, _link_text(l), l.source or "-"] for n, l in links.items()]))
@@ -391,7 +407,9 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
       "schedule": config.compare.get("schedule", "constant"),
       "target_loss": target, "target_source": source,
       "links": {n: {"bandwidth": l.bandwidth, "latency": l.latency, "source": l.source,
-                    "budget_seconds": budgets[n]} for n, l in links.items()},
+                    "budget_seconds": budgets[n], "reference": extra["references"][n],
+                    "eval_interval_seconds": extra["intervals"][n]}
+                for n, l in links.items()},
       "compute": extra["compute"], "compute_shares": extra["shares"],
       "compute_keys": extra["keys"], "reference_setting": extra["reference_setting"],
       "wall_seconds": extra["wall_seconds"], "scores": score, "methods": records,

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from optax import contrib
 
+from experiments import _compare_settings as compare_settings
+from experiments import _compare_trials as compare_trials
 from experiments import _compare_report as report
 from experiments import _compare_schedule as schedule
 from experiments import build
@@ -32,7 +34,7 @@ def _free(config=TINY, warmup=0):
 def test_schedule_free_sgd_follows_the_hand_recurrence_on_a_quadratic():
   c = _free(warmup=3)
   c.optimizer.update(name="sgd", lr=0.1)
-  tx = build.inner_optimizer(compare.method_config(c, {"method": "dp"}))
+  tx = build.inner_optimizer(compare_settings.method_config(c, {"method": "dp"}))
   a = np.array([1.0, 3.0, 0.5])  # f(w) = sum(a w^2) / 2, gradient a w
   w0 = np.array([1.0, -2.0, 4.0])
   params = {"w": jnp.asarray(w0, jnp.float32)}
@@ -58,7 +60,7 @@ def test_schedule_free_sgd_follows_the_hand_recurrence_on_a_quadratic():
 
 
 def test_adamw_becomes_schedule_free_adamw_and_constant_leaves_it_alone():
-  free = build.inner_optimizer(compare.method_config(_free(warmup=2), {"method": "dp"}))
+  free = build.inner_optimizer(compare_settings.method_config(_free(warmup=2), {"method": "dp"}))
   state = free.init({"w": jnp.ones(2)})
   assert isinstance(state, contrib.ScheduleFreeState)
   ref = contrib.schedule_free_adamw(TINY.optimizer.lr, warmup_steps=2,
@@ -66,7 +68,7 @@ def test_adamw_becomes_schedule_free_adamw_and_constant_leaves_it_alone():
   g, p = {"w": jnp.array([0.5, -1.0])}, {"w": jnp.ones(2)}
   np.testing.assert_array_equal(free.update(g, state, p)[0]["w"],
                                 ref.update(g, ref.init(p), p)[0]["w"])
-  const = compare.method_config(TINY, {"method": "dp"})
+  const = compare_settings.method_config(TINY, {"method": "dp"})
   assert "schedule" not in const.optimizer
   assert not isinstance(build.inner_optimizer(const).init(p), contrib.ScheduleFreeState)
 
@@ -90,7 +92,7 @@ def test_evaluation_parameters_from_flat_worker_shards_with_a_trial_axis():
 def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
   c = _free()
   for label in ("acco", "diloco_h10"):  # a flat ZeRO-1 shard; per-worker inner states
-    run = build.build(compare.method_config(c, compare.METHODS[label]))
+    run = build.build(compare_settings.method_config(c, compare.METHODS[label]))
     state = run.trainer().init(run.params)
     leaves = jax.tree.leaves(state.opt_state,
                              is_leaf=lambda s: isinstance(s, contrib.ScheduleFreeState))
@@ -102,9 +104,10 @@ def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
 
 def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
   c = _free()
-  config = compare.method_config(c, compare.METHODS["dp_bf16"])
-  heldout = compare._heldout_fn(config)
-  pop = compare.Population("dp_bf16", 0, [config], compare.links(config), heldout, False)
+  config = compare_settings.method_config(c, compare.METHODS["dp_bf16"])
+  heldout = compare_trials.heldout_fn(config)
+  pop = compare_trials.Population("dp_bf16", 0, [config], compare_settings.links(config),
+                                  heldout, False)
   pop.train_to(2)
   state = pop.states[0]
   (free,) = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda s: isinstance(
