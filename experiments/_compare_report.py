@@ -11,7 +11,9 @@ import os
 
 import numpy as np
 
+from experiments import _compare_figures as _figures
 from experiments import _compare_stats as stats
+from experiments import _compare_wsd as _wsd
 from experiments import _reproduce as rep
 
 HEADERS = ("method", "bytes/step (mean)", "DP bytes / bytes", "compute/step",
@@ -207,6 +209,10 @@ def schedule_text(c) -> str:
   """Which learning-rate schedule ran (config.compare.schedule), in words."""
   if c.get("schedule", "constant") == "constant":
     return "constant learning rate"
+  if c.schedule == "wsd":
+    return (f"warmup-stable-decay (warmup {c.warmup_steps} steps; the trials are the stable "
+            f"phase, a decay over the last {c.decay_fraction:g} of each budget branches per "
+            "link)")
   return (f"schedule-free inner optimiser (warmup {c.warmup_steps} steps; held-out loss at "
           "its evaluation parameters)")
 
@@ -254,6 +260,9 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
                     + "\n\nPer seed (study), time to the target:\n\n"
                     + rep.markdown_table(["method"] + [f"seed {s}" for s in range(c.seeds)],
                                          seed_rows(records, name)))
+  if extra.get("wsd"):
+    sections.append(_wsd.markdown(extra["wsd"], list(links), _first(records, links),
+                                  c.decay_fraction, rep.markdown_table))
   sections.append("## Sensitivity to the compute figure\n\nEvery compute figure 20 % smaller "
                   "and larger (the budgets follow the reference; from the steps trained):\n\n"
                   + "\n".join(f"* {sensitivity_line(extra['sensitivity'], n, c.reference)}"
@@ -297,93 +306,14 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
   return "\n\n".join(sections) + "\n"
 
 
+def _first(records: list, links) -> dict:
+  """Per link the method with the lowest median time to the target."""
+  return {n: min(records, key=lambda r, n=n: r["links"][n]["median"])["method"]
+          for n in links}
+
+
 def _settings_text(settings: dict) -> str:
   return ", ".join(f"{k}={v}" for k, v in settings.items() if k != "name" and v is not None)
-
-
-# ---------------------------------------------------------------- figures
-_STYLES = {"dp": "-", "compressed": "--", "powersgd": "--", "demo": "--",
-           "diloco": "-.", "streaming_diloco": "-.", "acco": ":", "delayed": ":"}
-
-
-def _style(i: int, r: dict, reference: str) -> dict:
-  import matplotlib  # lazy: heavy, and only plots need it
-  colors = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
-  return {"color": colors[i % len(colors)], "linestyle": _STYLES.get(r["algo"], "-"),
-          "linewidth": 2.0 if r["method"] == reference else 1.4, "label": r["method"]}
-
-
-def _shown(r: dict, link: str) -> dict:
-  """The trial a figure shows: seed 0 at the setting study 0 chose on `link`."""
-  k = r["links"][link]["chosen_setting"][0]
-  return next(t for t in r["trials"] if t["setting"] == k and t["seed"] == 0)
-
-
-def plot(records: list, config, links: dict, budgets: dict, target: float, score: dict,
-         workdir: str) -> list:
-  """loss_vs_time.png (a panel per link: held-out loss of seed 0 against the clock, target
-  and budget marked), loss_vs_bytes.png and profile.png."""
-  import matplotlib  # lazy: heavy, and only plots need it
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  reference = config.compare.reference
-  paths = []
-  fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links) + 1.8, 4.5),
-                           squeeze=False)
-  for ax, name in zip(axes[0], links):
-    for i, r in enumerate(records):
-      t = _shown(r, name)
-      at = [s - 1 for s in t["evals"]["step"]]
-      ax.plot(np.asarray(t["links"][name]["time"])[at], t["evals"]["heldout_loss"],
-              **_style(i, r, reference))
-    ax.axvline(budgets[name], color="gray", linestyle="--", linewidth=1)
-    ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1,
-               label=f"target {target:.3f}")
-    ax.set_xlim(0, budgets[name] * 1.03)
-    ax.set(xlabel=f"simulated wall clock on '{name}' (s)", ylabel="held-out loss (seed 0)",
-           title=f"held-out loss vs time: {name}")
-    ax.grid(True, alpha=0.3)
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
-  fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
-  paths.append(os.path.join(workdir, "loss_vs_time.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
-
-  fig, ax = plt.subplots(figsize=(8.8, 4.5))
-  first = next(iter(links))
-  for i, r in enumerate(records):
-    t = _shown(r, first)
-    sent = np.cumsum(t["curve"]["wire_bytes"])[[s - 1 for s in t["evals"]["step"]]]
-    keep = sent > 0  # a local-update method sends nothing before its first sync
-    ax.plot(sent[keep], np.asarray(t["evals"]["heldout_loss"])[keep],
-            **_style(i, r, reference))
-  ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1)
-  ax.set_xscale("log")
-  ax.set(xlabel="cumulative wire bytes sent per device (log scale)",
-         ylabel="held-out loss (seed 0)", title="held-out loss vs communication")
-  ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8, frameon=False, loc="upper right")
-  fig.tight_layout()
-  paths.append(os.path.join(workdir, "loss_vs_bytes.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
-
-  fig, ax = plt.subplots(figsize=(7.5, 4.5))
-  for i, r in enumerate(records):
-    s = score[r["method"]]
-    ax.step(stats.TAUS, s["profile"], where="post", **{
-        **_style(i, r, reference), "label": f"{r['method']} (area {s['area']:.2f})"})
-  ax.set(xlabel="tau: time within tau x of the fastest method",
-         ylabel=f"fraction of the {len(links)} links", title="performance profile",
-         ylim=(-0.02, 1.02))
-  ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8, frameon=False, loc="lower right")
-  fig.tight_layout()
-  paths.append(os.path.join(workdir, "profile.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
-  return paths
 
 
 def write(config, workdir: str, links: dict, budgets: dict, target: float, source: str,
@@ -393,8 +323,12 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
   os.makedirs(workdir, exist_ok=True)
   summary = {r["method"]: r["links"] for r in records}
   printed, verdicts = text(config, links, budgets, target, source, records, summary)
+  if extra.get("wsd"):
+    printed += ("\n\nWarmup-stable-decay (held-out loss at the budget, median over seeds):\n"
+                + "\n".join(f"  {x}" for x in _wsd.lines(extra["wsd"]["summary"], list(links),
+                                                         _first(records, links))))
   score = scores(records, list(links))
-  plots = plot(records, config, links, budgets, target, score, workdir)
+  plots = _figures.plot(records, config, links, budgets, target, score, workdir)
   path = os.path.join(workdir, "report.md")
   with open(path, "w", encoding="utf-8") as f:
     f.write(markdown(config, links, budgets, target, source, records, verdicts, extra, score,
@@ -413,6 +347,7 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
       "compute": extra["compute"], "compute_shares": extra["shares"],
       "compute_keys": extra["keys"], "reference_setting": extra["reference_setting"],
       "wall_seconds": extra["wall_seconds"], "scores": score, "methods": records,
+      "wsd": extra.get("wsd"),
       "text": printed, "verdicts": verdicts, "sensitivity": sensitivity, "plots": plots,
       "report": path, "command": command}
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:

@@ -36,6 +36,8 @@ def check(config) -> None:
     raise ValueError("config.compare.schedule must be one of "
                      f"{', '.join(_config.SCHEDULES)}, got {c.schedule!r}.")
   _config.number_in(config, "compare.budget", 1, math.inf, False, "a finite number >= 1")
+  _config.number_in(config, "compare.decay_fraction", 0, 1, True,
+                    "a number in (0, 1) (the part of each budget that decays)")
   if c.target_loss is not None and not math.isfinite(c.target_loss):
     raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
   links(config)

@@ -35,11 +35,7 @@ class Population:
     self.label, self.setting, self.configs, self.heldout = label, setting, configs, heldout
     self.runs = [build.build(c) for c in configs]
     r = self.runs[0]
-    size = len(configs) if together else None
-    self.trainers = [train.Trainer(
-        r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name, param_specs=r.specs,
-        has_aux=r.has_aux, batch_specs=r.batch_specs, mutable=r.config.model.mutable,
-        trials=size) for r in (self.runs[:1] if together else self.runs)]
+    self.trainers = trainers(self.runs, together)
     if together:
       params = jax.tree.map(lambda *x: jnp.stack(x), *[run.params for run in self.runs])
       state = self.trainers[0].init(params)
@@ -60,7 +56,7 @@ class Population:
       batch = self._batch(0, 0)
       report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
                             batch)
-    if (r.config.compare.get("schedule", "constant") != "constant"
+    if (r.config.compare.get("schedule", "constant") == "schedule_free"
         and _schedule.eval_params(self.states[0].params, self.states[0].opt_state) is
         self.states[0].params):
       print(f"  {label}: no inner optimiser (config.optimizer) to make schedule-free; it "
@@ -73,6 +69,7 @@ class Population:
     self.overlap_backward = bool(fn(r.config.method)) if fn else False
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
+    self.watch, self.snapshots = {}, {}  # link -> seconds; link -> (step, states)
 
   @property
   def trained(self) -> int:
@@ -88,9 +85,11 @@ class Population:
     return self.trainers[k].shard_batch(local)
 
   def _evaluate(self, k: int) -> list:
-    """Held-out losses of trainer k's trials: the parameters (a schedule-free optimiser's
+    return self.evaluate(self.trainers[k], self.states[k])
+
+  def evaluate(self, trainer, state) -> list:
+    """Held-out losses of a trainer's trials: the parameters (a schedule-free optimiser's
     evaluation parameters) averaged over workers."""
-    trainer, state = self.trainers[k], self.states[k]
     lead = 1 if trainer.trials else 0
     params = jax.tree.map(lambda x: np.asarray(x),
                           _schedule.eval_params(state.params, state.opt_state))
@@ -112,6 +111,7 @@ class Population:
         if self._due(owned, step + 1):
           for trial, value in zip(owned, self._evaluate(k)):
             trial.evals.append((step + 1, value))
+      self._snapshot(step + 1)
     self.seconds += time.perf_counter() - start
 
   def evaluate_on(self, clock, intervals: dict) -> None:
@@ -137,6 +137,17 @@ class Population:
         if m > trial.reached[n]:
           trial.reached[n], due = m, True
     return due
+
+  def _snapshot(self, step: int) -> None:
+    """Keeps a copy of the states (the step donates their buffers) at the first step whose
+    clock (the first trial's) reaches a watched link's seconds (`_compare_wsd`'s branch
+    points)."""
+    todo = [n for n in self.watch if n not in self.snapshots]
+    if todo:
+      timelines = self.trials[0].clocks(self.grid[0])
+      for n in todo:
+        if timelines[n].known[-1] >= self.watch[n]:
+          self.snapshots[n] = (step, [jax.tree.map(jnp.copy, x) for x in self.states])
 
   def train_until_reached(self, clock, target: float, cap: int, chunk: int) -> None:
     """Trains until every trial has reached the target on every link (no budget), or to
@@ -217,20 +228,32 @@ class Trial:
     return max(acc.steps_to_try(timelines[n].known, budgets[n], cap) for n in open_links)
 
 
+def trainers(runs: list, together: bool) -> list:
+  """The trainers of a population's runs (one per seed): one over a leading trial axis
+  (`together`), or one per run."""
+  size = len(runs) if together else None
+  return [train.Trainer(
+      r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name, param_specs=r.specs,
+      has_aux=r.has_aux, batch_specs=r.batch_specs, mutable=r.config.model.mutable,
+      trials=size) for r in (runs[:1] if together else runs)]
+
+
 # ---------------------------------------------------------------- trials of a population
 def train_population(label: str, setting: int, configs: list, links_: dict, heldout,
-                     steps: int, together: bool = True, grid: tuple | None = None
-                     ) -> Population:
+                     steps: int, together: bool = True, grid: tuple | None = None,
+                     watch: dict | None = None) -> Population:
   """The trials of one method at one setting, one per seed, trained to `steps`: as one
   program when `together` and there are several seeds, else one after the other; a method
   whose step cannot be vmapped (a ValueError, TypeError or NotImplementedError while it is
   built or traced) falls back to one after the other, and says so on stderr. `grid`:
-  (clock, intervals) of `Population.evaluate_on`, from the first step."""
+  (clock, intervals) of `Population.evaluate_on`, from the first step; `watch`: its
+  `Population.watch` (the links' branch points of `_compare_wsd`)."""
   together = together and len(configs) > 1
   try:
     pop = Population(label, setting, configs, links_, heldout, together)
     if grid:
       pop.evaluate_on(*grid)
+    pop.watch = dict(watch or {})
     pop.train_to(steps)
   except (ValueError, TypeError, NotImplementedError) as e:
     if not together:
@@ -241,6 +264,7 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
     pop = Population(label, setting, configs, links_, heldout, False)
     if grid:
       pop.evaluate_on(*grid)
+    pop.watch = dict(watch or {})
     pop.train_to(steps)
   return pop
 

@@ -83,6 +83,7 @@ from experiments import _compare_settings as settings_
 from experiments import _compare_stats as stats
 from experiments import _compare_summary as summary_
 from experiments import _compare_trials as trials_
+from experiments import _compare_wsd as _wsd
 from experiments import config as _config
 
 # label -> the method and its settings (experiments/methods/<method>.py; every setting not
@@ -231,11 +232,11 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   keys, local, loss_fn, params = _clock.local_steps(config, configs, compiler)
   heldout = trials_.heldout_fn(config)
 
-  def population(label, k, steps, grid=None):
+  def population(label, k, steps, grid=None, watch=None):
     t0 = time.perf_counter()
     seeds = [settings_.seeded(configs[(label, k)], s) for s in range(c.seeds)]
     pop = trials_.train_population(label, k, seeds, links_, heldout, steps, c.population,
-                                   grid)
+                                   grid, watch)
     _log(verbose, f"  {label}" + (f" setting {k}" if len(settings[label]) > 1 else "") +
          f": {c.seeds} seeds to step {steps} in {time.perf_counter() - t0:.1f} s"
          f"{' (one program)' if pop.together else ''}")
@@ -274,9 +275,13 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   for pop in (p for ps in pops.values() for p in ps):  # the pool's times set the budgets
     pop.train_until_reached(clock, target, c.max_steps, chunk)
   budgets, refs = summary_.budgets_and_references(trials, clock, target, config)
+  wsd = c.schedule == "wsd"
+  watch = _wsd.watch(budgets, c.decay_fraction) if wsd else None
+  for pop in (p for ps in pops.values() for p in ps):
+    pop.watch = dict(watch or {})
   for label in entries:
     if label not in pops:
-      pops[label] = [population(label, k, min(chunk, c.max_steps), grid)
+      pops[label] = [population(label, k, min(chunk, c.max_steps), grid, watch)
                      for k in range(len(settings[label]))]
     for pop in pops[label]:
       pop.train_within(clock, budgets, target, c.max_steps, chunk)
@@ -286,6 +291,11 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   sensitivity = {scale: summary_.summarise(trials, _clock.Clock(
       compute, keys, shares, clock.buckets, links_, scale), target, config)[1]
                  for scale in (0.8, 1.2)}
+  decays = None
+  if wsd:  # the decay branches (trials may train on to a branch point: after the summary)
+    _log(verbose, "decay branches per link (warmup-stable-decay)...")
+    found = _wsd.branches(pops, budgets, c.max_steps, chunk, links_)
+    decays = {"branches": found, "summary": _wsd.summary(found, list(links_))}
   dp_bytes = summary_.exact_dp_bytes(config, trials)
   records = [report.record(label, settings[label], entries[label], trials[label],
                            accounts[label], summary[label], clock, dp_bytes)
@@ -293,7 +303,7 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   out = report.write(config, workdir, links_, budgets, target, source, records,
                      {"compute": compute, "shares": shares, "keys": _keys_by_label(keys),
                       "sensitivity": sensitivity, "reference_setting": ref_k,
-                      "intervals": grid[1], "references": refs,
+                      "intervals": grid[1], "references": refs, "wsd": decays,
                       "wall_seconds": time.perf_counter() - start_all}, command)
   if verbose:
     print(out["text"])

@@ -1,7 +1,8 @@
 """experiments/compare.py's learning-rate schedule (config.compare.schedule): the
 schedule-free inner optimiser against the recurrence written out by hand on a quadratic,
 its evaluation parameters (per leaf and from ACCO's flat shards), the held-out loss read at
-them, bad values refused, and the report saying which schedule ran."""
+them, bad values refused, the report saying which schedule ran; warmup-stable-decay's rate
+by hand, and a decay branched from a kept stable state against the whole schedule."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ from optax import contrib
 
 from experiments import _compare_settings as compare_settings
 from experiments import _compare_trials as compare_trials
+from experiments import _compare_wsd as wsd
 from experiments import _compare_report as report
 from experiments import _compare_schedule as schedule
 from experiments import build
@@ -118,9 +120,11 @@ def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
 
 
 def test_bad_schedules_are_refused_and_the_report_names_the_one_that_ran(tmp_path):
-  for key, value, words in (("schedule", "wsd", "schedule must be one of constant, "
-                             "schedule_free, got 'wsd'"),
-                            ("warmup_steps", -1, "warmup_steps")):
+  for key, value, words in (("schedule", "cosine", "schedule must be one of constant, "
+                             "schedule_free, wsd, got 'cosine'"),
+                            ("warmup_steps", -1, "warmup_steps"),
+                            ("decay_fraction", 1.0, "decay_fraction must be a number in "
+                             r"\(0, 1\)")):
     c = TINY.copy_and_resolve_references()
     c.compare[key] = value
     with pytest.raises(ValueError, match=words):
@@ -133,3 +137,50 @@ def test_bad_schedules_are_refused_and_the_report_names_the_one_that_ran(tmp_pat
   assert "constant learning rate" in heading(TINY, [{"workers": 8}], 2.0, "given")
   assert "schedule-free inner optimiser (warmup 5 steps" in heading(
       _free(warmup=5), [{"workers": 8}], 2.0, "given")
+  wsd = TINY.copy_and_resolve_references()
+  wsd.compare.update(schedule="wsd", decay_fraction=0.25)
+  assert "warmup-stable-decay (warmup 0 steps; the trials are the stable phase, a decay " \
+      "over the last 0.25 of each budget" in heading(wsd, [{"workers": 8}], 2.0, "given")
+
+
+# ---------------------------------------------------------------- warmup-stable-decay
+def test_the_wsd_rate_by_hand():
+  """Warmup over 2 updates, stable, then from update 4 a linear fall over 4 updates."""
+  f = build.wsd_schedule(0.1, warmup=2, decay_start=4, decay_steps=4)
+  np.testing.assert_allclose([float(f(c)) for c in range(9)],
+                             [0.05, 0.1, 0.1, 0.1, 0.1, 0.075, 0.05, 0.025, 0.0], rtol=1e-6)
+  stable = build.wsd_schedule(0.1, warmup=0, decay_start=None, decay_steps=None)
+  assert [float(stable(c)) for c in (0, 100)] == [pytest.approx(0.1)] * 2
+
+
+@pytest.mark.slow
+def test_a_decay_branched_from_the_stable_state_equals_the_whole_schedule_from_scratch():
+  """The stable phase trained once, its state kept at step 4 (the first step whose clock
+  reaches the watched seconds), a 3-step decay branched from it: the same held-out loss
+  as training warmup-stable-decay with the decay at update 4 from the start."""
+  c = TINY.copy_and_resolve_references()
+  c.compare.update(schedule="wsd", warmup_steps=2)
+  config = compare_settings.method_config(c, compare.METHODS["dp"])
+  links = compare_settings.links(config)
+  heldout = compare_trials.heldout_fn(config)
+  pop = compare_trials.Population("dp", 0, [config], links, heldout, False)
+  clock = lambda trial, link: (1.0, None)  # noqa: E731 (1 s a step plus DP's bytes)
+  pop.evaluate_on(clock, {"wan": 100.0})
+  pop.train_to(1)
+  per_step = float(pop.trials[0].clocks(clock)["wan"].known[0])
+  pop.watch = {"wan": 3.5 * per_step}  # reached at step 4
+  pop.train_to(7)  # the stable phase goes on past the branch point
+  step, states = pop.snapshots["wan"]
+  assert step == 4 and wsd._updates(states[0].opt_state) == 4
+  losses, stable, decayed = wsd.decay(pop, step, states, 3)
+  assert decayed
+  whole = config.copy_and_resolve_references()
+  with whole.unlocked():
+    whole.optimizer.update(decay_start=4, decay_steps=3)
+  scratch = compare_trials.Population("dp", 0, [whole], links, heldout, False)
+  scratch.train_to(7)
+  np.testing.assert_allclose(losses, scratch.evaluate(scratch.trainers[0], scratch.states[0]),
+                             rtol=1e-5)
+  # The stable rate over the same 3 steps from the kept state is the stable phase's step 7.
+  np.testing.assert_allclose(stable, pop.evaluate(pop.trainers[0], pop.states[0]), rtol=1e-5)
+  assert not np.allclose(losses, stable, rtol=1e-4)

@@ -33,8 +33,9 @@ def get_config(arg: str | None = None):
                                      # steps on each link
       eval_batch=128,                # test-split sequences in the held-out evaluation
       smooth=10,                     # records in the trailing mean of the training curve
-      schedule="constant",           # constant | schedule_free (the inner optimiser's)
-      warmup_steps=0,                # schedule_free: its linear warmup (0: none)
+      schedule="constant",           # constant | schedule_free | wsd (the inner optimiser's)
+      warmup_steps=0,                # schedule_free, wsd: its linear warmup (0: none)
+      decay_fraction=0.2,            # wsd: the last fraction of each link's budget decays
       target_loss=config_dict.placeholder(float),  # default: from the reference's trials
       compute_repeats=10))           # interleaved rounds timing each local step
   if arg == "long":  # ~0.3 CPU-seconds per step on 8 emulated devices (measured)
