@@ -310,17 +310,18 @@ def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformati
 def wsd_schedule(lr: float, warmup: int, decay_start: int | None, decay_steps: int | None):
   """Warmup-stable-decay (`schedule="wsd"`): the rate of update `count` (0 first) rises
   linearly over `warmup` updates, stays at `lr`, and from update `decay_start` falls
-  linearly over `decay_steps` updates (the last at lr / decay_steps; none with
-  `decay_start` None: the stable phase, whose optimiser state a decay branches from).
+  linearly towards 0 over `decay_steps` updates, lr (D - i) / (D + 1) at the decay's i-th
+  (0 first; 0 only after it; no decay with `decay_start` None: the stable phase, whose
+  optimiser state a decay branches from).
 
   >>> f = wsd_schedule(1.0, warmup=2, decay_start=4, decay_steps=4)
-  >>> [float(f(c)) for c in range(9)]
-  [0.5, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+  >>> [round(float(f(c)), 6) for c in range(9)]
+  [0.5, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0]
   """
   def rate(count):
     x = jnp.minimum(1.0, (count + 1.0) / warmup) if warmup else jnp.ones(())
     if decay_start is not None:
-      x = x * jnp.clip((decay_start + decay_steps - count) / decay_steps, 0.0, 1.0)
+      x = x * jnp.clip((decay_start + decay_steps - count) / (decay_steps + 1.0), 0.0, 1.0)
     return lr * x
   return rate
 

@@ -272,8 +272,9 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     source = (f"{c.reference}'s best held-out loss in {config.steps} steps, median of "
               f"{c.seeds} seeds")
   chunk = max(c.eval_every, config.steps // 5)
-  for pop in (p for ps in pops.values() for p in ps):  # the pool's times set the budgets
-    pop.train_until_reached(clock, target, c.max_steps, chunk)
+  for label, ps in pops.items():  # the pool's times (at its tuned setting) set the budgets
+    ps[summary_.reference_setting(trials[label], config.steps)[0]].train_until_reached(
+        clock, target, c.max_steps, chunk)
   budgets, refs = summary_.budgets_and_references(trials, clock, target, config)
   wsd = c.schedule == "wsd"
   watch = _wsd.watch(budgets, c.decay_fraction) if wsd else None

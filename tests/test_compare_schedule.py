@@ -145,10 +145,13 @@ def test_bad_schedules_are_refused_and_the_report_names_the_one_that_ran(tmp_pat
 
 # ---------------------------------------------------------------- warmup-stable-decay
 def test_the_wsd_rate_by_hand():
-  """Warmup over 2 updates, stable, then from update 4 a linear fall over 4 updates."""
+  """Warmup over 2 updates, stable, then from update 4 a linear fall over 4 updates (1 of
+  them: half the rate, not a full-rate step)."""
   f = build.wsd_schedule(0.1, warmup=2, decay_start=4, decay_steps=4)
   np.testing.assert_allclose([float(f(c)) for c in range(9)],
-                             [0.05, 0.1, 0.1, 0.1, 0.1, 0.075, 0.05, 0.025, 0.0], rtol=1e-6)
+                             [0.05, 0.1, 0.1, 0.1, 0.08, 0.06, 0.04, 0.02, 0.0], rtol=1e-6)
+  one = build.wsd_schedule(0.1, warmup=0, decay_start=7, decay_steps=1)
+  assert [float(one(c)) for c in (6, 7, 8)] == [pytest.approx(0.1), pytest.approx(0.05), 0.0]
   stable = build.wsd_schedule(0.1, warmup=0, decay_start=None, decay_steps=None)
   assert [float(stable(c)) for c in (0, 100)] == [pytest.approx(0.1)] * 2
 
