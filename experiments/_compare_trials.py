@@ -19,6 +19,7 @@ from experiments import _compare_schedule as _schedule
 from experiments import build
 from jaxcomm import comm, data, train
 
+CAPPED = "step cap"  # the snapshot key of a run's branch point when the step cap ends it
 
 class Population:
   """The trials of one method at one setting, one per seed (`configs[s]`), built and
@@ -69,7 +70,9 @@ class Population:
     self.overlap_backward = bool(fn(r.config.method)) if fn else False
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
-    self.watch, self.snapshots = {}, {}  # link -> seconds; link -> (step, states)
+    # _compare_wsd's branch points: link -> seconds, and a step (for a run the cap ends);
+    # what is kept there: link (or CAPPED) -> (step, states)
+    self.watch, self.watch_step, self.snapshots = {}, 0, {}
 
   @property
   def trained(self) -> int:
@@ -142,6 +145,8 @@ class Population:
     """Keeps a copy of the states (the step donates their buffers) at the first step whose
     clock (the first trial's) reaches a watched link's seconds (`_compare_wsd`'s branch
     points)."""
+    if step == self.watch_step and CAPPED not in self.snapshots:
+      self.snapshots[CAPPED] = (step, [jax.tree.map(jnp.copy, x) for x in self.states])
     todo = [n for n in self.watch if n not in self.snapshots]
     if todo:
       timelines = self.trials[0].clocks(self.grid[0])
@@ -247,13 +252,15 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
   whose step cannot be vmapped (a ValueError, TypeError or NotImplementedError while it is
   built or traced) falls back to one after the other, and says so on stderr. `grid`:
   (clock, intervals) of `Population.evaluate_on`, from the first step; `watch`: its
-  `Population.watch` (the links' branch points of `_compare_wsd`)."""
+  {"links": `Population.watch`, "step": `Population.watch_step`} (the branch points of
+  `_compare_wsd`)."""
   together = together and len(configs) > 1
   try:
     pop = Population(label, setting, configs, links_, heldout, together)
     if grid:
       pop.evaluate_on(*grid)
-    pop.watch = dict(watch or {})
+    if watch:
+      pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
     pop.train_to(steps)
   except (ValueError, TypeError, NotImplementedError) as e:
     if not together:
@@ -264,7 +271,8 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
     pop = Population(label, setting, configs, links_, heldout, False)
     if grid:
       pop.evaluate_on(*grid)
-    pop.watch = dict(watch or {})
+    if watch:
+      pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
     pop.train_to(steps)
   return pop
 

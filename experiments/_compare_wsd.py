@@ -14,7 +14,10 @@ per link, median over seeds: does the decay change which method is best?
 
 A population that passed a branch point before the budgets were known (the reference pool,
 which sets them) is trained again from its seeds to that point (the same trajectory); one
-that stopped before it (it reached the target early) trains on to it.
+that stopped before it (it reached the target early) trains on to it. Where the step cap
+(`max_steps`) ends a run before the link's budget, the last `decay_fraction` of the capped
+run decays instead (branch step floor((1 - f) cap)): the loss at the end of what it may
+train.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from experiments import _compare_trials as trials_
 from experiments import build
 
 
-def watch(budgets: dict, fraction: float) -> dict:
-  """{link: seconds}: each link's branch point (`Population.watch`)."""
-  return {n: (1.0 - fraction) * b for n, b in budgets.items()}
+def watch(budgets: dict, fraction: float, cap: int) -> dict:
+  """The branch points: {"links": {link: seconds} (`Population.watch`), "step": the one of
+  a run the step cap ends before its budget (`Population.watch_step`)}."""
+  return {"links": {n: (1.0 - fraction) * b for n, b in budgets.items()},
+          "step": max(1, math.floor((1.0 - fraction) * cap))}
 
 
 def _updates(opt_state) -> int | None:
@@ -53,7 +58,7 @@ def _snapshot(pop, link: str, links_: dict, cap: int, chunk: int):
       again = trials_.Population(pop.label, pop.setting, pop.configs, links_, pop.heldout,
                                  pop.together)
       again.evaluate_on(*pop.grid)
-      again.watch = dict(pop.watch)
+      again.watch, again.watch_step = dict(pop.watch), pop.watch_step
       while link not in again.snapshots and again.trained < pop.trained:
         again.train_to(min(again.trained + chunk, pop.trained))
       pop.snapshots.update({n: v for n, v in again.snapshots.items()
@@ -111,9 +116,11 @@ def branches(pops: dict, budgets: dict, cap: int, chunk: int, links_: dict) -> d
       per_link = {}
       for n in budgets:
         snap = _snapshot(pop, n, links_, cap, chunk)
-        if snap is None:
-          per_link[n] = None
-          continue
+        if snap is None:  # the step cap ends the run first: its last fraction decays
+          snap = pop.snapshots.get(trials_.CAPPED)
+          if snap is None:
+            per_link[n] = None
+            continue
         step, states = snap
         known = pop.trials[0].clocks(pop.grid[0])[n].known
         per = known[step - 1] / step

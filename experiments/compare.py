@@ -277,9 +277,10 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
         clock, target, c.max_steps, chunk)
   budgets, refs = summary_.budgets_and_references(trials, clock, target, config)
   wsd = c.schedule == "wsd"
-  watch = _wsd.watch(budgets, c.decay_fraction) if wsd else None
+  watch = _wsd.watch(budgets, c.decay_fraction, c.max_steps) if wsd else None
   for pop in (p for ps in pops.values() for p in ps):
-    pop.watch = dict(watch or {})
+    if watch:
+      pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
   for label in entries:
     if label not in pops:
       pops[label] = [population(label, k, min(chunk, c.max_steps), grid, watch)
