@@ -48,6 +48,10 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   ends, so each trial still trains once for every link), its held-out loss read at the
   schedule-free evaluation parameters (`experiments/_compare_schedule.py`). A method
   without an inner optimiser (DeMo) runs as its module builds it, and says so on stderr.
+  Or `wsd`: the trials are the warmup and stable phase; per link a decay branches from the
+  state kept at `1 - decay_fraction` of the budget and ends with it, and the report sets
+  the held-out loss at the budget with and without it side by side
+  (`experiments/_compare_wsd.py`).
 * `--ruleset=default`: each method's settings as `METHODS` has them, S seeds.
   `--ruleset=tuned`: each method module's `tuning()` list (at most 5 settings, the same on
   every link), S studies; per study and link the fastest setting's time, then the median
