@@ -1,6 +1,7 @@
 r"""Every codec's speed against its roofline, measured in one run (one device).
 
-  python -m benchmarks.codec_table --n=4194304 --repeats=7 --out=runs/codec_table.json
+  python -m benchmarks.codec_table --config.n=4194304 --config.repeats=7 \
+      --out=runs/codec_table.json    # or codec_table.md: the table as markdown
 
 The vector is gradient-like: Gaussian entries times a log-normal magnitude (heavy tails).
 The run first measures the two limits of this machine:
@@ -26,7 +27,7 @@ max errors against the codec's stated bound, and two timings, each against its l
   and the update written (16n) plus the payload written and read (2P); compute limit as
   above.
 
-Timings are the minimum over --repeats rounds; within a round every codec is timed in turn
+Timings are the minimum over `repeats` rounds; within a round every codec is timed in turn
 (interleaved, so drift on a shared machine hits all alike) and the bandwidth and matmul
 probes are re-timed every round. Donated inputs are fresh copies made outside the timed
 call. glibc is told to keep freed memory (`mallopt`): by default it returns a freed heap top
@@ -38,7 +39,6 @@ codec. Run it when the machine is quiet (`uptime`).
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
 import time
@@ -46,17 +46,22 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 from jax import lax
 
+from experiments import _cli
+from experiments import config as _config
 from jaxcomm import codecs, sync
 
-_N = flags.DEFINE_integer("n", 1 << 22, "Vector length.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed rounds (the minimum is reported).")
-_ONLY = flags.DEFINE_string("only", None, "Only codecs whose name contains this string.")
-_OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
-_MD = flags.DEFINE_string("md", None, "Optional path of the table as markdown (RESULTS.md).")
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      n=1 << 22,      # vector length
+      repeats=7,      # timed rounds (the minimum is reported)
+      only=""))       # only codecs whose name contains this text ("": all)
 
 
 def codecs_to_compare(n: int):
@@ -114,11 +119,14 @@ def _best(fn, args_fn, repeats: int) -> float:
 
 def main(argv):
   del argv
+  c = flags.FLAGS.config
+  for name in ("n", "repeats"):
+    _config.int_at_least(c, name, 1)
   _keep_freed_memory()
   # Donation is for the codecs whose payload is their input (identity): the others' payloads
   # have other shapes, and jax says so once per program.
   warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-  n = _N.value
+  n = c.n
   load = os.getloadavg()
   k1, k2 = jax.random.split(jax.random.key(0))
   x = jax.random.normal(k1, (n,)) * jnp.exp(jax.random.normal(k2, (n,)))
@@ -133,7 +141,7 @@ def main(argv):
 
   entries = []
   for codec, flops in codecs_to_compare(n):
-    if _ONLY.value and _ONLY.value not in codec.name:
+    if c.only not in codec.name:
       continue
     enc = jax.jit(codec.encode, donate_argnums=0)
     dec = jax.jit(lambda p, key, c=codec: c.decode_with(p, n, key), donate_argnums=0)
@@ -154,7 +162,7 @@ def main(argv):
     jax.block_until_ready(e["enc"](*fresh()))
     jax.block_until_ready(e["dec"](*fresh_dec(e)))
     jax.block_until_ready(e["ef"](*fresh_ef(e)))
-  for _ in range(_REPEATS.value):
+  for _ in range(c.repeats):
     t_copy = min(t_copy, _best(lambda: np.copyto(dst, x_np), tuple, 3),
                  _best(copy, lambda: (x,), 3))
     t_mm = min(t_mm, _best(matmul_big, lambda: (mats[0],), 1) / (2 * 1024 ** 3),
@@ -168,20 +176,19 @@ def main(argv):
 
   rows = [_row(e, n, x, key, bandwidth, flop_rate) for e in entries]
   head = (f"n = {n:,} float32 ({4 * n:,} bytes), heavy-tailed; {jax.devices()[0].platform}, "
-          f"one device; min of {_REPEATS.value} interleaved rounds; load average "
+          f"one device; min of {c.repeats} interleaved rounds; load average "
           f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after\n"
           f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write: memcpy of 4n bytes in "
           f"{1e3 * t_copy:.2f} ms); matmul {flop_rate / 1e9:.1f} GFLOP/s")
   print(head + "\n" + _text(rows))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-    with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump({"n": n, "platform": jax.devices()[0].platform, "load_before": load[0],
-                 "copy_bandwidth_bytes_per_s": bandwidth, "matmul_flop_per_s": flop_rate,
-                 "rows": rows}, f, indent=2)
-  if _MD.value:
-    os.makedirs(os.path.dirname(_MD.value) or ".", exist_ok=True)
-    with open(_MD.value, "w", encoding="utf-8") as f:
+  out = flags.FLAGS.out
+  if not (out or "").endswith(".md"):
+    _cli.write_json(out, {
+        "n": n, "platform": jax.devices()[0].platform, "load_before": load[0],
+        "copy_bandwidth_bytes_per_s": bandwidth, "matmul_flop_per_s": flop_rate, "rows": rows})
+  else:  # the table as RESULTS.md shows it
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
       f.write(head.replace("\n", "; ") + "\n\n" + _markdown(rows) + "\n")
 
 
@@ -236,4 +243,4 @@ def _markdown(rows) -> str:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), out=True)

@@ -1,17 +1,17 @@
 r"""Steps per second of the training loop, reading the devices every step or at log steps.
 
-  python -m benchmarks.fit_speed --steps=40 --repeats=3 --log_every=10 --devices=8
+  python -m benchmarks.fit_speed --config.steps=40 --config.repeats=3 --devices=8
 
 The LM of `make run` (d_model 64, 2 layers, 4 heads, d_ff 256, batch 32, sequence 64) with
 exact data parallelism and AdamW on --devices devices, trained by two loops over the same
-compiled step, alternated --repeats times (so drift on a shared machine hits both alike):
+compiled step, alternated `repeats` times (so drift on a shared machine hits both alike):
 
 * `every step`, the loop `fit` ran before: `Trainer.step` (the step, then the measurement
   program) and `int(np.asarray(m["wire_bytes"]))` every step, the loss at log steps;
 * `log steps`, `train.fit` now: `Trainer.dispatch` only; bytes and losses stay on the
   devices until a log step reads them.
 
-Then each loop runs --profile_steps steps under the JAX profiler, and the table gives the
+Then each loop runs `profile_steps` steps under the JAX profiler, and the table gives the
 *dispatch gap*: the time between the last instruction of one execution of the step program
 and the first instruction of the next, on any device (the devices are all idle meanwhile),
 median over the steps. On emulated CPU devices the Trainer still waits for every step before
@@ -33,16 +33,23 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 import optax
-from absl import app, flags
+from absl import flags
 
 from benchmarks import profile_step
+from experiments import _cli
+from experiments import config as _config
 from jaxcomm import data, models, sync, train
 
-# --steps (per timed repeat), --repeats and --devices are benchmarks.overhead's flags.
-_LOG_EVERY = flags.DEFINE_integer("log_every", 10, "Log every this many steps (both loops).")
-_PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 10, "Steps traced per loop.")
-FLAGS = flags.FLAGS
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      steps=10,           # steps per timed repeat
+      repeats=5,          # timed repeats of each loop (the median is reported)
+      log_every=10,       # log every this many steps (both loops)
+      profile_steps=10))  # steps traced per loop
 
 LM = dict(d_model=64, num_layers=2, num_heads=4, d_ff=256, max_len=64)
 BATCH, SEQ = 32, 64
@@ -95,7 +102,8 @@ def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
   ops = compiled(trainer.step_fn(state, probe), state, probe)
   # Trace events name instructions, not programs: keep the names only the step program has
   # (the measurement program's fusions are named alike).
-  _, per_device, sent = trainer.dispatch(state, probe)
+  # The step donates its state: go on from the state this probe step returns.
+  state, per_device, sent = trainer.dispatch(state, probe)
   for name in compiled(jax.jit(trainer.measurements), per_device, sent):
     ops.pop(name, None)
   with tempfile.TemporaryDirectory() as workdir:
@@ -109,8 +117,11 @@ def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
 
 def main(argv):
   del argv
-  jax.config.update("jax_num_cpu_devices", FLAGS.devices)
-  devices = min(FLAGS.devices, jax.device_count())
+  c = flags.FLAGS.config
+  for name in ("steps", "repeats", "log_every", "profile_steps"):
+    _config.int_at_least(c, name, 1)
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
+  devices = min(flags.FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})
   lm = models.TransformerLM(**LM)
   params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, SEQ), jnp.int32))
@@ -121,27 +132,25 @@ def main(argv):
   state = every_step_loop(trainer, trainer.init(params), batch_fn, 2, 1)  # compile
   state = log_step_loop(trainer, state, batch_fn, 2, 1)
   seconds = {name: [] for name in LOOPS}
-  for _ in range(FLAGS.repeats):
+  for _ in range(c.repeats):
     for name, loop in LOOPS.items():
       start = time.perf_counter()
-      state = jax.block_until_ready(loop(trainer, state, batch_fn, FLAGS.steps,
-                                         _LOG_EVERY.value))
+      state = jax.block_until_ready(loop(trainer, state, batch_fn, c.steps, c.log_every))
       seconds[name].append(time.perf_counter() - start)
   gaps = {}
   for name, loop in LOOPS.items():
-    state, gaps[name] = profile(loop, trainer, state, batch_fn, _PROFILE_STEPS.value,
-                                _LOG_EVERY.value)
-  print(f"{jax.devices()[0].platform} x {devices} devices; median of {FLAGS.repeats} "
-        f"repeats of {FLAGS.steps} steps, log every {_LOG_EVERY.value}; dispatch gap: "
-        f"median over {_PROFILE_STEPS.value} traced steps")
+    state, gaps[name] = profile(loop, trainer, state, batch_fn, c.profile_steps, c.log_every)
+  print(f"{jax.devices()[0].platform} x {devices} devices; median of {c.repeats} "
+        f"repeats of {c.steps} steps, log every {c.log_every}; dispatch gap: "
+        f"median over {c.profile_steps} traced steps")
   base = statistics.median(seconds["every step"])
   print(f"{'loop':12s} {'steps/s':>9s} {'speed-up':>9s} {'dispatch gap ms':>16s}")
   for name in LOOPS:
-    rate = FLAGS.steps / statistics.median(seconds[name])
+    rate = c.steps / statistics.median(seconds[name])
     speedup = base / statistics.median(seconds[name])
     gap = 1e3 * statistics.median(gaps[name]) if gaps[name] else float("nan")
     print(f"{name:12s} {rate:9.2f} {speedup:8.2f}x {gap:16.2f}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), devices=8)

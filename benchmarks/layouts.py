@@ -1,6 +1,6 @@
 r"""Wire bytes per step by mesh axis and compiled memory per device, for each LM layout.
 
-  python -m benchmarks.layouts --seq_lens=64,256 --out=runs/layouts.json
+  python -m benchmarks.layouts --config.seq_lens=64,256 --out=runs/layouts.json
 
 Every layout trains the same transformer LM (one training step: forward, backward,
 gradient mean, AdamW) on 8 emulated CPU devices. For each layout and sequence length the
@@ -10,27 +10,29 @@ program's memory analysis gives the per-device bytes of temporaries and of argum
 (parameters, optimiser state and the batch shard).
 
 Each layout is a few config overrides (`LAYOUTS`) of one base run, built by
-experiments/build.py like every other run.
+experiments/build.py like every other run. The settings are `get_config()`'s (`--help`
+lists them).
 """
 
 from __future__ import annotations
 
-import json
-import os
 
 import jax
-from absl import app, flags
+import ml_collections
+from absl import flags
 
-from experiments import build, config
+from experiments import _cli, build, config
 from jaxcomm import comm
 
-_SEQ_LENS = flags.DEFINE_string("seq_lens", "64,256", "Comma-separated sequence lengths.")
-_BATCH = flags.DEFINE_integer("batch_size", 16, "Global batch size.")
-_D_MODEL = flags.DEFINE_integer("d_model", 64, "LM width.")
-_LAYERS = flags.DEFINE_integer("num_layers", 4, "LM depth (divisible by the pipeline axis).")
-_HEADS = flags.DEFINE_integer("num_heads", 4, "Heads (divisible by the sequence axis).")
-_ONLY = flags.DEFINE_string("only", None, "Comma-separated layout names to run.")
-_OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      seq_lens=(64, 256),                    # sequence lengths
+      batch_size=16,                         # global batch
+      d_model=64, num_layers=4, num_heads=4,  # layers divisible by the pipeline axis, heads
+                                             # by the sequence axis; the MLP 4 x d_model
+      only=""))                              # comma-separated layout names ("": all)
 
 # layout -> config overrides (experiments/config.py paths) of the base run.
 LAYOUTS: dict[str, dict] = {
@@ -98,28 +100,28 @@ def _table(rows) -> str:
 
 def main(argv):
   del argv
+  c = flags.FLAGS.config
+  seq_lens = config.values_at_least(c, "seq_lens", 1)
+  names = config.names_in(c, "only", list(LAYOUTS))
   jax.config.update("jax_num_cpu_devices", 8)
 
-  names = _ONLY.value.split(",") if _ONLY.value else list(LAYOUTS)
   rows = []
-  for seq_len in (int(t) for t in _SEQ_LENS.value.split(",")):
+  for seq_len in seq_lens:
     base = config.base_config("dp")
-    base.data.update(batch_size=_BATCH.value, seq_len=seq_len)
-    base.model.update(d_model=_D_MODEL.value, num_layers=_LAYERS.value,
-                      num_heads=_HEADS.value, d_ff=4 * _D_MODEL.value)
+    base.data.update(batch_size=c.batch_size, seq_len=seq_len)
+    base.model.update(d_model=c.d_model, num_layers=c.num_layers, num_heads=c.num_heads,
+                      d_ff=4 * c.d_model)
+    config.check(base)  # a size out of range: one line naming it
     for name in names:
       rows.append(measure(name, base))
       print(_table(rows[-1:]).splitlines()[-1], flush=True)
   print()
-  print(f"LM d_model={_D_MODEL.value} layers={_LAYERS.value} heads={_HEADS.value} "
-        f"batch={_BATCH.value}, AdamW, 8 emulated devices; wire bytes per device per step "
+  print(f"LM d_model={c.d_model} layers={c.num_layers} heads={c.num_heads} "
+        f"batch={c.batch_size}, AdamW, 8 emulated devices; wire bytes per device per step "
         f"from the compiled HLO, memory per device from XLA's memory analysis")
   print(_table(rows))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-    with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump(rows, f, indent=2)
+  _cli.write_json(flags.FLAGS.out, rows)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), out=True)

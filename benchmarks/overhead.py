@@ -1,21 +1,23 @@
 r"""Step-time overhead of every compressor over exact data parallelism.
 
-  python -m benchmarks.overhead --model=lm,mlp --repeats=5 --steps=10 --devices=8
-  python -m benchmarks.overhead --model=lm --method="DeMo 64/32"   # DeMo against DP only
-  python -m benchmarks.overhead --mesh=replica=2,fsdp=2,tensor=2    # sharded Muon vs AdamW DP
+  python -m benchmarks.overhead --config.model=lm,mlp --config.repeats=5 --config.steps=10
+  python -m benchmarks.overhead --config.model=lm --config.methods="'DeMo 64/32'"  # vs DP
+  python -m benchmarks.overhead --config.mesh=replica=2,fsdp=2,tensor=2  # sharded Muon, DP
 
 For each model (the experiments' default LM; the MLP on digits) each method trains inside
 the `Trainer` on a mesh of --devices devices (emulated CPU devices, or the accelerators
 there are: on one GPU, --devices=1). After a compile and warm-up step, every repeat times
---steps steps of every method in turn (round-robin, so drift from a shared machine hits all
+`steps` steps of every method in turn (round-robin, so drift from a shared machine hits all
 methods alike); the table shows each method's median step time over the repeats divided by
 exact DP's. On emulated CPU devices the collectives are memory copies: the ratio is the
 compute overhead of encoding, decoding and the extra ops, not network time.
 
-With --mesh (a laid-out mesh such as replica=2,fsdp=2,tensor=2) the LM of `make run` is laid
+With `mesh` (a laid-out mesh such as replica=2,fsdp=2,tensor=2) the LM of `make run` is laid
 out over it (experiments.build: ZeRO-3 over fsdp, Megatron over tensor) and the methods are
 `SHARDED`: AdamW with exact DP over the replicas, and Muon (`sync.muon`) with its matrices
-orthogonalised owner-based or by Gram all-reduces.
+orthogonalised owner-based or by Gram all-reduces. The settings are `get_config()`'s
+(`--help` lists them); `methods` is a tuple of names, each quoted where it holds a space or
+a comma: `--config.methods="'PowerSGD rank 1','DeMo 64/32'"`.
 """
 
 from __future__ import annotations
@@ -24,20 +26,24 @@ import statistics
 import time
 
 import jax
+import ml_collections
 import optax
-from absl import app, flags
+from absl import flags
 
-from experiments import build, config
+from experiments import _cli, build, config
 from jaxcomm import codecs, sync, train
 
-_MODEL = flags.DEFINE_list("model", ["lm", "mlp"], "Models: lm, mlp.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats per method (median reported).")
-_STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed repeat.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Devices on the data axis (CPU: emulated).")
-_MESH = flags.DEFINE_string("mesh", None, "A laid-out mesh (e.g. replica=2,fsdp=2,tensor=2): "
-                            "time the SHARDED methods on the LM laid out over it.")
-_METHODS = flags.DEFINE_multi_string("method", None, "Only this method (a name as in the table, "
-                                     "repeatable); exact DP always runs, it is the reference.")
+MODELS = ("lm", "mlp")
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      model=MODELS,   # models timed
+      repeats=5,      # timed repeats per method (the median is reported)
+      steps=10,       # steps per timed repeat
+      mesh="",        # a laid-out mesh (replica=2,fsdp=2,tensor=2): the SHARDED methods
+      methods=()))    # only these methods (names as in the table; (): all); DP always runs
 
 
 def methods():
@@ -102,40 +108,51 @@ def time_steps(trainer, state, batch, steps):
   return state, (time.perf_counter() - start) / steps
 
 
-def selected():
-  """`methods()` filtered by --method (exact DP always first: the ratios' reference)."""
+def selected(names=()) -> list:
+  """`methods()`, only `names` where given (exact DP always first: the ratios' reference);
+  an unknown name is a ValueError naming config.methods and the allowed names."""
   chosen = methods()
-  if _METHODS.value:
-    unknown = set(_METHODS.value) - {name for name, _ in chosen}
-    if unknown:
-      raise ValueError(f"--method: unknown {sorted(unknown)}; allowed: "
-                       f"{[name for name, _ in chosen]}.")
-    chosen = [m for m in chosen if m[0] == "exact DP" or m[0] in _METHODS.value]
-  return chosen
+  known = [name for name, _ in chosen]
+  unknown = sorted(set(names) - set(known))
+  if unknown:
+    raise ValueError(f"config.methods: unknown {unknown}; allowed: {known}.")
+  return [m for m in chosen if not names or m[0] == "exact DP" or m[0] in names]
+
+
+def check(c) -> list:
+  """The settings, checked (ValueError naming the first out of range); the methods chosen."""
+  for name in {"repeats", "steps"} & set(c.keys()):
+    config.int_at_least(c, name, 1)
+  if not c.model or set(c.model) - set(MODELS):
+    raise ValueError(f"config.model must name models out of {', '.join(MODELS)}, got "
+                     f"{c.model!r}.")
+  return selected(c.methods)
 
 
 def main(argv):
   del argv
-  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  devices = min(_DEVICES.value, jax.device_count())
+  c = flags.FLAGS.config
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)  # before methods() runs JAX
+  chosen = check(c)
+  devices = min(flags.FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})
-  where = f" on {_MESH.value}" if _MESH.value else ""
-  print(f"{jax.devices()[0].platform} x {devices} devices{where}; median of {_REPEATS.value} "
-        f"repeats of {_STEPS.value} steps; ratio = step time / exact DP step time")
+  where = f" on {c.mesh}" if c.mesh else ""
+  print(f"{jax.devices()[0].platform} x {devices} devices{where}; median of {c.repeats} "
+        f"repeats of {c.steps} steps; ratio = step time / exact DP step time")
   results = {}
-  for model in (["lm"] if _MESH.value else _MODEL.value):
-    runs = sharded_runs(_MESH.value) if _MESH.value else []
-    if not _MESH.value:
+  for model in (["lm"] if c.mesh else c.model):
+    runs = sharded_runs(c.mesh) if c.mesh else []
+    if not c.mesh:
       loss_fn, params, batch, has_aux = task(model)
-    for name, make in ([] if _MESH.value else selected()):
+    for name, make in ([] if c.mesh else chosen):
       trainer = train.Trainer(loss_fn, make(optax.adam(1e-3)), mesh, has_aux=has_aux)
       state = trainer.init(params)
       batch_d = trainer.shard_batch(batch) if jax.process_count() > 1 else batch
       state, _ = time_steps(trainer, state, batch_d, 2)  # compile and warm up
       runs.append([name, trainer, state, batch_d, []])
-    for _ in range(_REPEATS.value):
+    for _ in range(c.repeats):
       for run in runs:
-        run[2], seconds = time_steps(run[1], run[2], run[3], _STEPS.value)
+        run[2], seconds = time_steps(run[1], run[2], run[3], c.steps)
         run[4].append(seconds)
     base = statistics.median(runs[0][4])
     results[model] = {run[0]: (statistics.median(run[4]), statistics.median(run[4]) / base)
@@ -144,10 +161,10 @@ def main(argv):
   head = f"{'method':28s}" + "".join(f" | {m + ' ms':>10s} {'ratio':>6s}" for m in models)
   print(head)
   print("-" * len(head))
-  for name in (list(SHARDED) if _MESH.value else [n for n, _ in selected()]):
+  for name in (list(SHARDED) if c.mesh else [n for n, _ in chosen]):
     print(f"{name:28s}" + "".join(
         f" | {1e3 * results[m][name][0]:>10.2f} {results[m][name][1]:>5.2f}x" for m in models))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), devices=8)

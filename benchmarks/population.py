@@ -1,10 +1,11 @@
 r"""A population of seeds in one program against the same seeds one after the other.
 
-  python -m benchmarks.population --methods=dp_bf16,diloco_h10 --seeds=3 --steps=40
+  python -m benchmarks.population --config.methods=dp_bf16,diloco_h10 --config.seeds=3 \
+      --config.steps=40
 
-For each method of experiments/compare.py's `METHODS`, trains `--seeds` seeds of `make run`'s
-configuration (experiments/configs/compare.py) for `--steps` steps twice through
-`compare_trials.train_population`: as one program (`Trainer(trials=S)`) and one after the other
+For each method of experiments/compare.py's `METHODS`, trains `seeds` seeds of `make run`'s
+configuration (experiments/configs/compare.py) for `steps` steps twice through
+`_compare_trials.train_population`: as one program (`Trainer(trials=S)`) and one after the other
 (one run per seed), each with its compile, its held-out evaluations and its reads, as
 `make run` does. Prints the wall seconds of both and the speed-up. Without a persistent
 compilation cache, so that each side pays its own compiles.
@@ -15,33 +16,43 @@ from __future__ import annotations
 import time
 
 import jax
-from absl import app, flags
+import ml_collections
+from absl import flags
 
+from experiments import _cli, compare
 from experiments import _compare_settings as compare_settings
 from experiments import _compare_trials as compare_trials
-from experiments import compare
+from experiments import config as _config
 from experiments.configs import compare as compare_config
 
-_METHODS = flags.DEFINE_list("methods", ["dp_bf16", "diloco_h10"], "compare.METHODS labels.")
-_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds in the population.")
-_STEPS = flags.DEFINE_integer("steps", 40, "Steps each seed trains.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      methods="dp_bf16,diloco_h10",   # compare.METHODS labels, comma-separated
+      seeds=3,                        # seeds in the population
+      steps=40))                      # steps each seed trains
 
 
 def main(argv):
   del argv
-  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
+  c = flags.FLAGS.config
+  labels = _config.names_in(c, "methods", list(compare.METHODS))
+  for name in ("seeds", "steps"):
+    _config.int_at_least(c, name, 1)
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   config = compare_config.get_config()
   links = compare_settings.links(config)
   heldout = compare_trials.heldout_fn(config)
   print(f"{'method':<16}{'one program':>14}{'one after the other':>22}{'speed-up':>10}")
-  for label in _METHODS.value:
+  for label in labels:
     base = compare_settings.method_config(config, compare.METHODS[label])
-    seeds = [compare_settings.seeded(base, s) for s in range(_SEEDS.value)]
+    seeds = [compare_settings.seeded(base, s) for s in range(c.seeds)]
     seconds = {}
     for together in (True, False):
       start = time.perf_counter()
-      pop = compare_trials.train_population(label, 0, seeds, links, heldout, _STEPS.value, together)
+      pop = compare_trials.train_population(label, 0, seeds, links, heldout, c.steps,
+                                            together)
       seconds[together] = time.perf_counter() - start
       assert pop.together == together
     print(f"{label:<16}{seconds[True]:>12.1f} s{seconds[False]:>20.1f} s"
@@ -49,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), devices=8)

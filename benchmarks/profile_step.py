@@ -1,9 +1,9 @@
 r"""Where a compressor's step time goes: kernels, library calls, collectives, host.
 
-  python -m benchmarks.profile_step --model=mlp,lm --steps=10
-  python -m benchmarks.profile_step --model=mlp --methods="exact DP,PowerSGD rank 4"
+  python -m benchmarks.profile_step --config.model=mlp,lm --config.steps=10
+  python -m benchmarks.profile_step --config.model=mlp --config.methods="'PowerSGD rank 4'"
 
-For each method of `benchmarks.overhead` (same models, same Trainer), traces --steps steps
+For each method of `benchmarks.overhead` (same models, same Trainer), traces `steps` steps
 with the JAX profiler and attributes every executed HLO instruction (a "thunk" on CPU, a
 kernel on GPU) to one of:
 
@@ -35,16 +35,21 @@ import tempfile
 import time
 
 import jax
+import ml_collections
 import optax
-from absl import app, flags
+from absl import flags
 
 from benchmarks import overhead
+from experiments import _cli
 from jaxcomm import train
 
-# --model, --steps (traced steps per method) and --devices are benchmarks.overhead's flags.
-_METHODS = flags.DEFINE_list("methods", None, "Method names of benchmarks.overhead "
-                             "(default: all).")
-FLAGS = flags.FLAGS
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`): benchmarks.overhead's models and
+  methods (a tuple of names, (): all), and the steps traced per method."""
+  c = overhead.get_config()
+  del c.repeats, c.mesh
+  return c
 
 CATEGORIES = ("kernels", "library", "collective")
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter",
@@ -133,26 +138,22 @@ def table(rows: dict) -> str:
 
 def main(argv):
   del argv
-  jax.config.update("jax_num_cpu_devices", FLAGS.devices)
-  devices = min(FLAGS.devices, jax.device_count())
+  c = flags.FLAGS.config
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)  # before methods() runs JAX
+  known = dict(overhead.check(c))  # exact DP first: the second table's reference
+  devices = min(flags.FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})
-  known = dict(overhead.methods())
-  names = _METHODS.value or list(known)
-  unknown = [n for n in names if n not in known]
-  if unknown:
-    raise ValueError(f"methods {unknown} are unknown; allowed: {', '.join(known)}.")
-  if names[0] != "exact DP":
-    names = ["exact DP"] + [n for n in names if n != "exact DP"]
-  print(f"{jax.devices()[0].platform} x {devices} devices; {FLAGS.steps} traced steps; "
+  names = list(known)
+  print(f"{jax.devices()[0].platform} x {devices} devices; {c.steps} traced steps; "
         "ms per step and device")
-  for model in FLAGS.model:
+  for model in c.model:
     loss_fn, params, batch, has_aux = overhead.task(model)
     rows = {}
     for name in names:
       trainer = train.Trainer(loss_fn, known[name](optax.adam(1e-3)), mesh, has_aux=has_aux)
-      rows[name] = profile(trainer, trainer.init(params), batch, FLAGS.steps)
+      rows[name] = profile(trainer, trainer.init(params), batch, c.steps)
     print(f"\n== {model}\n{table(rows)}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), devices=8)

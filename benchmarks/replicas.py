@@ -1,6 +1,7 @@
 r"""Every method over replicas of a sharded LM: bytes per step per mesh axis, peak memory.
 
   python -m benchmarks.replicas --out=runs/replicas.json
+  python -m benchmarks.replicas --config.only=dp,diloco --config.d_model=64
 
 The LM is laid out on `replica=2,fsdp=2,tensor=2` (8 emulated CPU devices): ZeRO-3 over
 `fsdp` and Megatron tensor parallelism inside each replica, the method over `replica`
@@ -10,31 +11,33 @@ The LM is laid out on `replica=2,fsdp=2,tensor=2` (8 emulated CPU devices): ZeRO
 the compiled memory analysis gives the per-device peak with the train state donated to the
 step (as `Trainer` does) and without. `zero3` is the baseline of ZeRO-3 over
 replica x fsdp (parameters sharded over both, every gather crossing the slow axis);
-`zeropp` is ZeRO++ (qwZ, hpZ, qgZ; `parallel.zero`'s module docstring).
+`zeropp` is ZeRO++ (qwZ, hpZ, qgZ; `parallel.zero`'s module docstring). The settings are
+`get_config()`'s (`--help` lists them).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import warnings
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
-from absl import app, flags
+from absl import flags
 
+from experiments import _cli
+from experiments import config as _config
 from jaxcomm import codecs, comm, data, local, models, parallel, sync, train
 
-_MESH = flags.DEFINE_string("mesh", "replica=2,fsdp=2,tensor=2", "The mesh.")
-_BATCH = flags.DEFINE_integer("batch_size", 16, "Global batch size.")
-_SEQ = flags.DEFINE_integer("seq_len", 64, "Sequence length.")
-_D_MODEL = flags.DEFINE_integer("d_model", 128, "LM width.")
-_LAYERS = flags.DEFINE_integer("num_layers", 2, "LM depth.")
-_HEADS = flags.DEFINE_integer("num_heads", 4, "Heads.")
-_H = flags.DEFINE_integer("sync_every", 8, "H of the local-update methods.")
-_ONLY = flags.DEFINE_string("only", None, "Comma-separated method names to run.")
-_OUT = flags.DEFINE_string("out", None, "Optional JSON output path.")
+
+def get_config() -> ml_collections.ConfigDict:
+  """The benchmark's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      mesh="replica=2,fsdp=2,tensor=2",
+      batch_size=16, seq_len=64,            # global batch, sequence length
+      d_model=128, num_layers=2, num_heads=4,  # the LM (its MLP 4 x d_model)
+      sync_every=8,                          # H of the local-update methods
+      only=""))                              # comma-separated method names ("": all)
 
 
 def methods(h: int) -> dict:
@@ -62,9 +65,9 @@ def methods(h: int) -> dict:
   }
 
 
-def build(name: str, factory, mesh_text: str, lm_kwargs: dict, donate: bool):
+def build(name: str, factory, c, lm_kwargs: dict, donate: bool):
   """(trainer, state, batch) of one method on the laid-out LM."""
-  mesh = parallel.make_mesh(mesh_text)
+  mesh = parallel.make_mesh(c.mesh)
   rules = parallel.make_rules(embed=("replica", "fsdp")) if name == "zero3" else None
   layout = parallel.Layout(mesh, rules=rules) if rules else parallel.Layout(mesh)
   lm = models.TransformerLM(**lm_kwargs, layout=layout)
@@ -77,25 +80,25 @@ def build(name: str, factory, mesh_text: str, lm_kwargs: dict, donate: bool):
   tx = layout.optimizer(method, specs, lm.param_regather())
   trainer = train.Trainer(models.lm_loss(lm), tx, mesh, axis_name=layout.batch_axes,
                           param_specs=specs, donate=donate)
-  batch = trainer.shard_batch(data.pydoc_text().batch(0, _BATCH.value, seq_len=_SEQ.value))
+  batch = trainer.shard_batch(data.pydoc_text().batch(0, c.batch_size, seq_len=c.seq_len))
   return trainer, trainer.init(params), batch
 
 
-def measure(name: str, factory, syncs: float, lm_kwargs: dict) -> dict:
+def measure(name: str, factory, syncs: float, c, lm_kwargs: dict) -> dict:
   """Bytes per step per axis (schedule average) and peak memory, donated and not."""
-  row = {"method": name, "mesh": _MESH.value}
+  row = {"method": name, "mesh": c.mesh}
   for donate in (True, False):
-    trainer, state, batch = build(name, factory, _MESH.value, lm_kwargs, donate)
+    trainer, state, batch = build(name, factory, c, lm_kwargs, donate)
     compiled = trainer.step_fn(state, batch).lower(state, batch).compile()
     row["peak_bytes" if donate else "peak_bytes_undonated"] = (
         compiled.memory_analysis().peak_memory_in_bytes)
     if donate:
       report = comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
       per_axis = {}
-      for c in report:
-        key = ",".join(c.axes) or "?"
-        per_axis[key] = per_axis.get(key, 0.0) + c.total_bytes * (syncs if c.in_conditional
-                                                                  else 1.0)
+      for op in report:
+        key = ",".join(op.axes) or "?"
+        per_axis[key] = per_axis.get(key, 0.0) + op.total_bytes * (syncs if op.in_conditional
+                                                                   else 1.0)
       row["bytes_per_axis"] = per_axis
       row["state_bytes"] = sum(x.addressable_shards[0].data.nbytes
                                for x in jax.tree.leaves(state))
@@ -116,26 +119,25 @@ def table(rows) -> str:
 
 def main(argv):
   del argv
+  c = flags.FLAGS.config
+  for name in ("batch_size", "seq_len", "d_model", "num_layers", "num_heads", "sync_every"):
+    _config.int_at_least(c, name, 1)
+  table_of = methods(c.sync_every)
+  names = _config.names_in(c, "only", table_of)
   jax.config.update("jax_num_cpu_devices", 8)
-  lm_kwargs = dict(d_model=_D_MODEL.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
-                   d_ff=4 * _D_MODEL.value, max_len=_SEQ.value)
-  table_of = methods(_H.value)
-  names = _ONLY.value.split(",") if _ONLY.value else list(table_of)
+  lm_kwargs = dict(d_model=c.d_model, num_layers=c.num_layers, num_heads=c.num_heads,
+                   d_ff=4 * c.d_model, max_len=c.seq_len)
   rows = []
   for name in names:
     factory, syncs = table_of[name]
-    rows.append(measure(name, factory, syncs, lm_kwargs))
+    rows.append(measure(name, factory, syncs, c, lm_kwargs))
     print(table(rows[-1:]).splitlines()[-1], flush=True)
-  print(f"\nLM d_model={_D_MODEL.value} layers={_LAYERS.value} batch={_BATCH.value} "
-        f"T={_SEQ.value} on {_MESH.value}; bytes per device per step (sync branches "
-        f"weighted by syncs per step, H={_H.value}); memory per device.\n")
+  print(f"\nLM d_model={c.d_model} layers={c.num_layers} batch={c.batch_size} "
+        f"T={c.seq_len} on {c.mesh}; bytes per device per step (sync branches "
+        f"weighted by syncs per step, H={c.sync_every}); memory per device.\n")
   print(table(rows))
-  if _OUT.value:
-    os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
-    with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump(rows, f, indent=1)
+  _cli.write_json(flags.FLAGS.out, rows)
 
 
 if __name__ == "__main__":
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-  app.run(main)
+  _cli.run(main, get_config(), out=True)

@@ -1,7 +1,9 @@
 """How every program of experiments/ meets its user: one line per mistake, quiet logs, help.
 
 train.py, plan.py, compare.py and the reproductions start with `run(main)` instead of
-`absl.app.run(main)`, and define `--config` with `config_flag`:
+`absl.app.run(main)`, and define `--config` with `config_flag` (a config file of
+experiments/configs/); the studies and benchmarks start with `run(main, get_config(),
+workdir=...)`, whose `--config` holds the program's own settings (`settings_flag`):
 
 * a mistake in a flag or a setting (an unknown setting, with ml_collections' "Did you mean";
   a value of the wrong type; a config file or `default.py:NAME` that does not load; a value
@@ -9,16 +11,20 @@ train.py, plan.py, compare.py and the reproductions start with `run(main)` inste
   line, `error: <what, naming the flag or setting>`, on stderr and exit status 1;
 * `--verbose` shows INFO logging (Orbax's checkpoint messages, absl's) and, for a mistake,
   the traceback too; without it only warnings and errors are logged;
-* `--help` lists `--config` and `--verbose` with the program's own flags, under the
-  program's docstring (which shows how `--config.<path>=<value>` overrides are written).
+* `--help` lists `--config` (with a program's own settings and their defaults) and
+  `--verbose` with the program's own flags, under the program's docstring (which shows how
+  `--config.<path>=<value>` overrides are written).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 from typing import Callable, NoReturn
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -28,6 +34,8 @@ VERBOSE = flags.DEFINE_bool(
 OVERRIDES = ("Override any setting of the config with --config.<path>=<value>, typed, e.g. "
              "--config.steps=500 --config.method.sync_every=50 --config.mesh=replica=2,fsdp=4 "
              "(a path that names no setting is an error).")
+SETTING_OVERRIDES = ("Override a setting with --config.<path>=<value>, typed; a tuple as "
+                     "--config.<path>=1,2 (a path that names no setting is an error).")
 _TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -54,17 +62,72 @@ def fail(message: object) -> NoReturn:
   sys.exit(f"error: {one_line(message)}")
 
 
-def config_flag(default: str, help_text: str, flag_values=flags.FLAGS):
+def config_flag(default: str, help_text: str, flag_values=flags.FLAGS,
+                overrides: str = OVERRIDES):
   """`--config` (`ml_collections.config_flags`, locked: an override must name an existing
   setting), listed by `--help` with how overrides are written. config_flags reads the
   command line's `--config.<path>` overrides when the flag is defined: a path that names no
   setting ends the program here, as one line (with ml_collections' "Did you mean")."""
+  return _define(config_flags.DEFINE_config_file, default, f"{help_text} {overrides}",
+                 flag_values)
+
+
+def settings_flag(defaults: ml_collections.ConfigDict, help_text: str,
+                  flag_values=flags.FLAGS):
+  """`--config` holding a program's own settings (`defaults`, its `get_config()`), each
+  overridable as `--config.<path>=<value>`; `--help` lists them with their defaults."""
+  text = f"{help_text} Settings: {settings(defaults)}. {SETTING_OVERRIDES}"
+  return _define(config_flags.DEFINE_config_dict, defaults, text, flag_values)
+
+
+def program_flags(defaults: ml_collections.ConfigDict, help_text: str = "The program's settings.",
+                  *, workdir: str | None = None, devices: int | None = None, out: bool = False,
+                  flag_values=flags.FLAGS):
+  """A study's or benchmark's command line: `--config` holding its own settings
+  (`settings_flag`), and, where the program takes them, `--workdir` (this default) and
+  `--devices` (emulated CPU devices, this default), as train.py takes them, or `--out` (an
+  optional JSON file of the results, `write_json`). Returns the config's flag holder; call
+  it under `if __name__ == "__main__"` (importing the program then defines nothing)."""
+  holder = settings_flag(defaults, help_text, flag_values)
+  if workdir is not None:
+    flags.DEFINE_string("workdir", workdir, "Where the results go.", flag_values=flag_values)
+  if devices is not None:
+    flags.DEFINE_integer("devices", devices, "Emulated CPU devices.", flag_values=flag_values)
+  if out:
+    flags.DEFINE_string("out", None, "Optional JSON output path.", flag_values=flag_values)
+  return holder
+
+
+def write_json(path: str | None, value) -> None:
+  """Writes `value` as JSON to `path` (its folder made), when a path is given (`--out`)."""
+  if path:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=1)
+
+
+def _define(define: Callable, default, help_text: str, flag_values):
   try:
-    holder = config_flags.DEFINE_config_file("config", default, f"{help_text} {OVERRIDES}",
-                                             flag_values=flag_values, lock_config=True)
+    return define("config", default, help_text, flag_values=flag_values, lock_config=True)
   except (AttributeError, KeyError) as e:
     _no_such_setting(e)
-  return holder
+
+
+def settings(c: ml_collections.ConfigDict, prefix: str = "") -> str:
+  """Every leaf of `c` as `path=value`, for `--help`.
+
+  >>> settings(ml_collections.ConfigDict(dict(steps=5, sweep=dict(hs=(1, 2)))))
+  'steps=5, sweep.hs=1,2'
+  """
+  out = []
+  for key in c.keys():
+    value = c[key]
+    if isinstance(value, ml_collections.ConfigDict):
+      out.append(settings(value, f"{prefix}{key}."))
+    else:
+      shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+      out.append(f"{prefix}{key}={shown}")
+  return ", ".join(out)
 
 
 def _no_such_setting(e: Exception) -> NoReturn:
@@ -87,18 +150,24 @@ def parse_flags(argv: list, flag_values=flags.FLAGS) -> list:
 
 
 def _key_flags() -> None:
-  """`--config` and `--verbose` are listed by the program's `--help` (its key flags)."""
-  for name in ("config", "verbose"):
+  """`--config`, `--verbose` (and `--workdir`, `--devices`, `--out` where a helper here or
+  in experiments/_reproduce.py defined them) are listed by the program's `--help`."""
+  for name in ("config", "verbose", "workdir", "devices", "out"):
     if name in flags.FLAGS:
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
-def run(main: Callable) -> None:
+def run(main: Callable, defaults: ml_collections.ConfigDict | None = None, **program) -> None:
   """`absl.app.run(main)` with one-line errors and quiet logs (see the module docstring).
 
   A ValueError out of `main` is a user's mistake (every setting is checked before anything
-  compiles or is written): one line, exit status 1; with `--verbose`, its traceback.
+  compiles or is written): one line, exit status 1; with `--verbose`, its traceback. With
+  `defaults` (a study's or benchmark's `get_config()`), `program_flags(defaults, **program)`
+  defines its command line first (`main` reads `flags.FLAGS.config`).
   """
+  if defaults is not None:
+    program_flags(defaults, **program)
+
   def wrapped(argv):
     logging.set_verbosity(logging.INFO if VERBOSE.value else logging.WARNING)
     try:
@@ -112,4 +181,5 @@ def run(main: Callable) -> None:
   app.run(wrapped, flags_parser=parse_flags)
 
 
-__all__ = ["VERBOSE", "config_flag", "fail", "one_line", "parse_flags", "run"]
+__all__ = ["VERBOSE", "config_flag", "fail", "one_line", "parse_flags", "program_flags", "run",
+           "settings", "settings_flag", "write_json"]

@@ -52,7 +52,7 @@ def setting_text(entry: dict, base: dict) -> str:
 def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
            summary: dict, clock, dp_bytes: float) -> dict:
   """A method's results: its settings, bytes, compute figure, per link the summary over
-  studies (`compare.summarise`), and every trial's curve, evaluations and clocks."""
+  studies (`_compare_summary.summarise`), and every trial's curve, evaluations and clocks."""
   first = trials[0][0]
   step_bytes = np.concatenate([t.step_bytes for seeds in trials for t in seeds])
   per_step = float(step_bytes.mean()) if step_bytes.size else 0.0

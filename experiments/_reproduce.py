@@ -1,8 +1,10 @@
 """What every paper reproduction (`experiments/reproduce_*.py`) shares.
 
-* the flags (`--workdir`, `--steps`, sizes) and the base config they give
-  (`base_config`, experiments/config.py's tree): every reproduction runs the same task
-  sizes, so a flag means the same thing in each;
+* its settings: one config per reproduction, experiments/configs/reproduce/<name>.py
+  (`get_config()`: `base_config()`, experiments/config.py's tree at the reproductions'
+  sizes, with what the reproduction changes and its own settings under `reproduce`), read
+  with `--config.<path>=<value>` overrides (`define_flags`, `start`), so that a setting
+  means the same thing in every reproduction and in experiments/train.py;
 * `train_run`: one method for N steps on W emulated workers, built through
   `experiments/build.py` and `jaxcomm.train`, returning its loss curve, the wire bytes
   counted at every step (mean, peak) and its loss (and accuracy) on a held-out split the
@@ -17,95 +19,117 @@ Numbers in the tables are read from these records; nothing is typed in.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import build
+from experiments import _cli, build
 from experiments import config as _config
 from jaxcomm import comm, data, sim, train
 
-# Flags every reproduction takes: (kind, default, help). They are defined only when a
-# program runs (`define_flags` under `if __name__ == "__main__"`), so that importing the
-# reproductions in tests registers nothing that could clash with another program's flags.
-COMMON_FLAGS = {
-    "workdir": ("string", None, "Where results.md, results.json and the figure go "
-                "(default: runs/<program name>)."),
-    "steps": ("integer", None, "Training steps per method (default: the program's)."),
-    "d_model": ("integer", 64, "LM width."),
-    "num_layers": ("integer", 2, "LM layers."),
-    "seq_len": ("integer", 64, "LM sequence length."),
-    "batch_size": ("integer", 32, "Global batch of the 8-worker runs."),
-    "devices": ("integer", 8, "Emulated CPU devices."),
-    "seed": ("integer", 0, "Seed of parameters and batches."),
-}
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "reproduce")
+# What a run reads from config.reproduce; the rest of that section is the program's own
+# settings (its sweeps), which no single run depends on: a run two programs share (DP at
+# the same sizes) has one config and trains once per process.
+RUN_SETTINGS = ("eval_batch", "smooth", "warm_start_steps", "warm_start_batch")
+# The shared settings `--help` lists beside the program's own (any path of the tree works).
+LISTED = ("steps", "seed", "model.d_model", "model.num_layers", "data.seq_len",
+          "data.batch_size", "optimizer.name", "optimizer.lr")
 
 
-def define_flags(**program_flags) -> None:
-  """Defines COMMON_FLAGS and the program's own {name: (kind, default, help)}; a flag that
-  an imported module already defined is reused."""
-  for name, (kind, default, help_text) in {**COMMON_FLAGS, **program_flags}.items():
-    if name not in flags.FLAGS:
-      getattr(flags, f"DEFINE_{kind}")(name, default, help_text)
-
-
-def base_config(steps: int = 150, batch_size: int = 32, seq_len: int = 64, d_model: int = 64,
-                num_layers: int = 2, seed: int = 0, eval_batch: int = 256, smooth: int = 10,
-                warm_start_steps: int = 0):
-  """What every method of a reproduction shares (experiments/config.py's tree), with the
-  reproduction's own settings under `reproduce`: held-out LM sequences (`eval_batch`; digits
-  uses its whole held-out split), the steps in the trailing mean reported as the final
-  train loss (`smooth`), and the steps of exact DP every run starts from
-  (`warm_start_steps`, at this `batch_size` on `WARM_START_WORKERS`; 0: from the
-  initialisation). Training batches come from the train split only."""
+def base_config(**reproduce):
+  """What every method of a reproduction shares (experiments/config.py's tree): 150 steps on
+  the train split (the held-out split is the eval's), no checkpoints, the LM's MLP 4x its
+  width (`model.d_ff` follows an override of `model.d_model`), and under `reproduce`:
+  held-out LM sequences (`eval_batch`; digits uses its whole held-out split), the steps in
+  the trailing mean reported as the final train loss (`smooth`), and the steps of exact DP
+  every run starts from (`warm_start_steps`, at `warm_start_batch`, the base batch, on
+  `WARM_START_WORKERS`; 0: from the initialisation), then `reproduce`'s items (the
+  program's own settings)."""
   c = _config.base_config("dp")
-  c.steps, c.seed, c.checkpoint_every = steps, seed, 0
-  c.data.update(batch_size=batch_size, seq_len=seq_len, split="train")
-  c.model.update(d_model=d_model, num_layers=num_layers, d_ff=4 * d_model)
+  c.steps, c.checkpoint_every = 150, 0
+  c.data.split = "train"
+  c.model.d_ff = c.model.get_ref("d_model") * 4
   c.reproduce = ml_collections.ConfigDict(dict(
-      eval_batch=eval_batch, smooth=smooth, warm_start_steps=warm_start_steps,
-      warm_start_batch=batch_size))
-  for path, value, low in (("eval_batch", eval_batch, 1), ("smooth", smooth, 1),
-                           ("warm_start_steps", warm_start_steps, 0)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      raise ValueError(f"config.reproduce.{path} must be an integer >= {low}, got {value!r}.")
-  _config.check(c)
+      eval_batch=256, smooth=10, warm_start_steps=0,
+      warm_start_batch=c.data.get_ref("batch_size")))
+  c.reproduce.update(reproduce)
   return c
 
 
-def base_from_flags(default_steps: int, **settings):
-  """The base config the command line asks for (the program's step default unless --steps),
-  with the program's own base settings (e.g. `warm_start_steps`)."""
-  f = flags.FLAGS
-  steps = f.steps if f.steps is not None else default_steps
-  return base_config(steps=steps, batch_size=f.batch_size, seq_len=f.seq_len,
-                     d_model=f.d_model, num_layers=f.num_layers, seed=f.seed, **settings)
+def check(c) -> None:
+  """The shared settings of a reproduction's config (ValueError naming the first out of
+  range); each program checks its own (`config.values_at_least`, ...)."""
+  for path, low in (("eval_batch", 1), ("smooth", 1), ("warm_start_steps", 0),
+                    ("warm_start_batch", 1)):
+    _config.int_at_least(c, f"reproduce.{path}", low)
+  _config.check(c)
 
 
-def workdir_from_flags(program: str) -> str:
-  return flags.FLAGS.workdir or os.path.join("runs", program)
+def load(name: str):
+  """experiments/configs/reproduce/<name>.py's config (references resolved)."""
+  module = importlib.import_module(f"experiments.configs.reproduce.{name}")
+  return module.get_config().copy_and_resolve_references()
 
 
-def start_devices() -> None:
-  """Emulated CPU devices (--devices), set before JAX starts a backend."""
+def define_flags(name: str, flag_values=flags.FLAGS):
+  """`--config` (experiments/configs/reproduce/<name>.py; `--help` lists its settings),
+  `--workdir` (default runs/reproduce_<name>) and `--devices`, as train.py takes them;
+  returns the config's flag holder. Defined only when a program runs (under `if __name__ ==
+  "__main__"`), so that importing the reproductions in tests registers nothing that could
+  clash with another program's flags."""
+  c = load(name)
+  value = lambda path: functools.reduce(lambda tree, key: tree[key], path.split("."), c)
+  shared = ", ".join(f"{path}={value(path)}" for path in LISTED)
+  holder = _cli.config_flag(
+      os.path.join(CONFIGS, f"{name}.py"),
+      f"The reproduction's config (experiments/configs/reproduce/{name}.py): experiments/"
+      f"config.py's tree, the program's own settings under `reproduce`. Settings: {shared}, "
+      f"{_cli.settings(c.reproduce, 'reproduce.')}.",
+      flag_values, overrides=_cli.SETTING_OVERRIDES)
+  flags.DEFINE_string("workdir", f"runs/reproduce_{name}", "Where results.md, results.json and the "
+                      "figure go.", flag_values=flag_values)
+  flags.DEFINE_integer("devices", 8, "Emulated CPU devices.", flag_values=flag_values)
+  return holder
+
+
+def main(name: str, run: Callable[[ml_collections.ConfigDict, str], Any]) -> None:
+  """The program `python -m experiments.reproduce_<name>`: its command line
+  (`define_flags`), then `run(config, workdir)` (`start`) through `_cli.run`."""
+  def program(argv):
+    del argv
+    run(*start())  # its summary is in the workdir; app.run would exit with it as a status
+
+  define_flags(name)
+  _cli.run(program)
+
+
+def start() -> tuple[ml_collections.ConfigDict, str]:
+  """(the command line's config, checked, its references resolved; --workdir), with the
+  emulated devices (--devices) set before JAX starts a backend."""
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
+  c = flags.FLAGS.config.copy_and_resolve_references()
+  check(c)
+  return c, flags.FLAGS.workdir
 
 
-def config(base, model: str, method: str, *, optimizer: str | None = None,
-           lr: float | None = None, batch_size: int | None = None, **settings):
-  """`base` with `model` ("lm" on pydoc, "mlp" on digits), `method` and its `settings`."""
+def config(base, method: str, *, lr: float | None = None, batch_size: int | None = None,
+           **settings):
+  """One run of `base` (its model, data and optimizer): `method` with its `settings`, and
+  the run's own learning rate and global batch where given. The program's own settings are
+  left out of `reproduce` (see RUN_SETTINGS)."""
   c = base.copy_and_resolve_references()
-  c.model.name = model
-  c.data.name = "pydoc" if model == "lm" else "digits"
-  if optimizer is not None:
-    c.optimizer.name = optimizer
+  with c.unlocked():
+    c.reproduce = ml_collections.ConfigDict({k: c.reproduce[k] for k in RUN_SETTINGS})
   if lr is not None:
     c.optimizer.lr = lr
   if batch_size is not None:

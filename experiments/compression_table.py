@@ -1,6 +1,6 @@
 r"""Floats sent per step and compression ratio of every compressor, read from compiled programs.
 
-  python -m experiments.compression_table --devices=8 --models=resnet18,lm
+  python -m experiments.compression_table --devices=8 --config.models=resnet18,lm
 
 For each model (ResNet-18 on CIFAR-10 shapes, 11.2M parameters; the experiments' default LM)
 and each method, the gradient synchronisation step is compiled (never run) on a mesh of
@@ -16,21 +16,20 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+import ml_collections
+from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments import config
+from experiments import _cli, config
 from jaxcomm import codecs, comm, models, sync, train
 
+MODELS = ("resnet18", "lm")
 
-def define_flags() -> None:
-  """--devices and --models, defined when the program runs (not on import, so that importing
-  `sync_bytes` into another program or a test defines no flag that could clash)."""
-  if "devices" not in flags.FLAGS:
-    flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
-  if "models" not in flags.FLAGS:
-    flags.DEFINE_list("models", ["resnet18", "lm"], "Models: resnet18, lm.")
+
+def get_config() -> ml_collections.ConfigDict:
+  """The table's settings (`--config.<name>=<value>`): the models compiled."""
+  return ml_collections.ConfigDict(dict(models=MODELS))
 
 
 def methods():
@@ -98,12 +97,16 @@ def sync_bytes(tx, params, mesh, axis_name="data"):
 
 def main(argv):
   del argv
+  names = flags.FLAGS.config.models
+  if not names or set(names) - set(MODELS):
+    raise ValueError(f"config.models must name models out of {', '.join(MODELS)}, got "
+                     f"{names!r}.")
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()
   rows = {name: {} for name, _ in methods()}
   sizes = {}
-  for model in flags.FLAGS.models:
+  for model in names:
     params = model_params(model)
     sizes[model] = sum(x.size for x in jax.tree.leaves(params))
     for name, make in methods():
@@ -112,17 +115,16 @@ def main(argv):
         raise AssertionError(f"{model} {name}: counted {counted} bytes, compiled {inspected}")
       rows[name][model] = counted
   head = f"{'method':40s}" + "".join(
-      f" | {m + ' floats/step':>22s} {'ratio':>8s}" for m in flags.FLAGS.models)
+      f" | {m + ' floats/step':>22s} {'ratio':>8s}" for m in names)
   print(f"W = {w} devices; wire floats = bytes sent per device per step / 4; ratio = exact DP / "
-        f"method; parameters: " + ", ".join(f"{m} {sizes[m]:,}" for m in flags.FLAGS.models))
+        f"method; parameters: " + ", ".join(f"{m} {sizes[m]:,}" for m in names))
   print(head)
   print("-" * len(head))
   dp = rows[methods()[0][0]]
   for name, per_model in rows.items():
     print(f"{name:40s}" + "".join(
-        f" | {per_model[m] / 4:>22,.0f} {dp[m] / per_model[m]:>7.1f}x" for m in flags.FLAGS.models))
+        f" | {per_model[m] / 4:>22,.0f} {dp[m] / per_model[m]:>7.1f}x" for m in names))
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _cli.run(main, get_config(), devices=8)

@@ -411,6 +411,29 @@ def int_at_least(c, path: str, low: int) -> None:
     raise ValueError(f"config.{path} must be an integer >= {low}, got {value!r}.")
 
 
+def values_at_least(c, path: str, low: float, kind: type = numbers.Integral) -> tuple:
+  """config.<path> is a non-empty tuple of `kind` (integers by default) >= low, else a
+  ValueError naming it; returns the tuple (a sweep's values)."""
+  values = _get(c, path)
+  if not isinstance(values, tuple) or not values or not all(
+      isinstance(v, kind) and not isinstance(v, bool) and v >= low for v in values):
+    what = "integers" if kind is numbers.Integral else "numbers"
+    raise ValueError(f"config.{path} must be a non-empty tuple of {what} >= {low} (written "
+                     f"--config.{path}=1,2), got {values!r}.")
+  return values
+
+
+def names_in(c, path: str, allowed) -> list:
+  """config.<path>: comma-separated names out of `allowed` ("": all of them, in order), else
+  a ValueError naming the first unknown one and the allowed names."""
+  names = [n for n in (_get(c, path) or "").split(",") if n] or list(allowed)
+  unknown = [n for n in names if n not in allowed]
+  if unknown:
+    raise ValueError(f"config.{path}: {unknown[0]!r} is unknown; allowed: "
+                     f"{', '.join(allowed)}.")
+  return names
+
+
 def _get(c, path: str) -> Any:
   for part in path.split("."):
     c = c[part]

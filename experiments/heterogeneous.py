@@ -9,7 +9,8 @@ heavy-tailed times (1 + 0.1 * Lomax(0.5), infinite mean). Methods: synchronous m
 asynchronous SGD (one gradient per step, so its rate is divided by the number of workers),
 Rennala SGD (B = 8) and MindFlayer SGD (one attempt per step, cut at the allotted time).
 Writes `heterogeneous.png` and `summary.json` (loss at the common horizon, time to reach
---target_loss) into --workdir.
+`target_loss`) into --workdir. The settings are `get_config()`'s (`--help` lists them), e.g.
+`--config.steps=400 --config.lr=0.1`.
 """
 
 from __future__ import annotations
@@ -20,23 +21,38 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 import optax
-from absl import app, flags
+from absl import flags
 
+from experiments import _cli
+from experiments import config as _config
 from jaxcomm import data, sim, train
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/heterogeneous", "Where the plot and JSON go.")
-_STEPS = flags.DEFINE_integer("steps", 200, "Server steps of the batch methods (x8 for async).")
-_LR = flags.DEFINE_float("lr", 0.2, "Step size of the batch methods.")
-_BATCH = flags.DEFINE_integer("batch", 4, "Examples per stochastic gradient.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of compute times and data sampling.")
-_TARGET = flags.DEFINE_float("target_loss", 0.4, "Loss level for the time-to-target table.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (workers).")
+
+def get_config() -> ml_collections.ConfigDict:
+  """The study's settings (`--config.<name>=<value>`)."""
+  return ml_collections.ConfigDict(dict(
+      steps=200,           # server steps of the batch methods (x workers for async)
+      lr=0.2,              # step size of the batch methods
+      batch=4,             # examples per stochastic gradient
+      seed=0,              # seed of compute times and data sampling
+      target_loss=0.4))    # loss level for the time-to-target table
+
+
+def check(c) -> None:
+  """ValueError naming the first setting out of range."""
+  for name, low in (("steps", 1), ("batch", 1), ("seed", 0)):
+    _config.int_at_least(c, name, low)
+  for name in ("lr", "target_loss"):
+    _config.number_in(c, name, 0, float("inf"), True, "a number > 0")
 
 
 def main(argv):
   del argv
-  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
+  c = flags.FLAGS.config
+  check(c)
+  jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   import matplotlib  # lazy: heavy, and only plots need it
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -51,7 +67,7 @@ def main(argv):
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
   def grad_fn(params, key):
-    idx = jax.random.randint(key, (_BATCH.value,), 0, x_all.shape[0])
+    idx = jax.random.randint(key, (c.batch,), 0, x_all.shape[0])
     return jax.grad(loss_on)(params, x_all[idx], y_all[idx])
 
   loss_fn = lambda params: loss_on(params, x_all, y_all)
@@ -62,7 +78,7 @@ def main(argv):
           sim.lognormal(np.linspace(0.5, 3.0, w), 0.7), 2.0),
       "heavy-tailed (1 + 0.1 Lomax(0.5))": (sim.heavy_tailed(1.0, 0.1, 0.5), 2.0),
   }
-  steps, lr = _STEPS.value, _LR.value
+  steps, lr = c.steps, c.lr
   fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2))
   summary = {}
   for ax, (title, (compute, allotted)) in zip(np.atleast_1d(axes), models.items()):
@@ -73,9 +89,9 @@ def main(argv):
         (sim.mindflayer_sgd(allotted, trials=1), steps, lr),
     ]
     results = [sim.simulate_workers(m, grad_fn, loss_fn, params, compute, mesh=mesh, steps=k, lr=a,
-                            key=jax.random.key(_SEED.value)) for m, k, a in runs]
+                            key=jax.random.key(c.seed)) for m, k, a in runs]
     horizon = min(r.time[-1] for r in results)
-    target = _TARGET.value
+    target = c.target_loss
     summary[title] = {"horizon": horizon, "target_loss": target, "methods": {}}
     for r in results:
       keep = r.time <= horizon
@@ -99,9 +115,10 @@ def main(argv):
   fig.suptitle(f"Parallel SGD with heterogeneous workers: softmax regression on digits, {w} "
                "workers", fontsize=11)
   fig.tight_layout()
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  fig.savefig(os.path.join(_WORKDIR.value, "heterogeneous.png"), dpi=120)
-  with open(os.path.join(_WORKDIR.value, "summary.json"), "w", encoding="utf-8") as f:
+  workdir = flags.FLAGS.workdir
+  os.makedirs(workdir, exist_ok=True)
+  fig.savefig(os.path.join(workdir, "heterogeneous.png"), dpi=120)
+  with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   for title, s in summary.items():
     print(f"{title}: horizon {s['horizon']:.1f}, target loss {s['target_loss']:.3f}")
@@ -112,4 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main, get_config(), workdir="runs/heterogeneous", devices=8)

@@ -7,29 +7,33 @@ and 1B models). The byte-level LM on 8 workers: exact DP with AdamW against DeMo
 keeps its momentum, splits every tensor into tiles of up to 64 x 64 (each dimension in
 chunks of its largest divisor <= 64), sends the top k 2-D DCT-II coefficients of every tile
 as float32 values and uint16 indices, all-gathered; sign update) at the paper's k = 32 and
-at other k (--ks). The all-gather's bytes grow with the workers (W - 1 copies), the ring
+at other k. The all-gather's bytes grow with the workers (W - 1 copies), the ring
 all-reduce's do not.
+
+The settings are experiments/configs/reproduce/demo.py's (`--help` lists them), each
+overridden as in experiments/train.py, e.g. one k at a smaller scale:
+
+  python -m experiments.reproduce_demo --config.reproduce.ks=32 --config.steps=50
 """
 
 from __future__ import annotations
 
 import os
 
-from absl import flags
-
-from experiments import _cli
 from experiments import _reproduce as rep
+from experiments import config as _config
 
-
-STEPS = 150
 CHUNK = 64
 
 
-def run(base, workdir: str, ks=(128, 32, 8), demo_lr: float = 1e-3,
-        workers: int = 8) -> dict:
-  dp = rep.train_run("DP (AdamW)", rep.config(base, "lm", "dp"), workers)
+def run(base, workdir: str, workers: int = 8) -> dict:
+  """DP and DeMo at each k of `base.reproduce`; writes results.md, results.json, demo.png."""
+  ks = _config.values_at_least(base, "reproduce.ks", 1)
+  _config.number_in(base, "reproduce.demo_lr", 0, float("inf"), True, "a number > 0")
+  demo_lr = base.reproduce.demo_lr
+  dp = rep.train_run("DP (AdamW)", rep.config(base, "dp"), workers)
   runs = [dp] + [rep.train_run(f"DeMo chunk {CHUNK}, k {k}",
-                               rep.config(base, "lm", "demo", lr=demo_lr,
+                               rep.config(base, "demo", lr=demo_lr,
                                           chunk=CHUNK, k=k), workers, k=k)
                  for k in ks]
   sections = [(f"Byte-level LM, {workers} workers, {base.steps} steps, global batch "
@@ -47,15 +51,5 @@ def run(base, workdir: str, ks=(128, 32, 8), demo_lr: float = 1e-3,
                            sections, base, {"runs": runs, "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  rep.start_devices()
-  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_demo"),
-      [int(k) for k in flags.FLAGS.ks], flags.FLAGS.demo_lr)
-
-
 if __name__ == "__main__":
-  rep.define_flags(
-      ks=("list", ["128", "32", "8"], "DCT coefficients kept per tile of up to 64 x 64."),
-      demo_lr=("float", 1e-3, "DeMo's learning rate (sign updates)."))
-  _cli.run(main)
+  rep.main("demo", run)

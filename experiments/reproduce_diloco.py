@@ -6,51 +6,54 @@ The claims: with 8 workers DiLoCo matches fully synchronous training while commu
 times less, and the loss degrades only slowly as H grows; more replicas help with
 diminishing returns. Two sweeps on the byte-level LM (pydoc, held-out split for the eval):
 
-* H in --hs at 8 workers, against exact data parallelism (AdamW on the all-reduced
-  gradient) at the same steps and batches;
-* workers in --workers at H = --h_fixed, each worker taking --per_worker_batch sequences per
-  step (the global batch grows with the workers, as in the paper), against DP with the
-  same global batch.
+* H in `reproduce.hs` at 8 workers, against exact data parallelism (AdamW on the
+  all-reduced gradient) at the same steps and batches;
+* workers in `reproduce.workers` at H = `reproduce.h_fixed`, each worker taking
+  `reproduce.per_worker_batch` sequences per step (the global batch grows with the workers,
+  as in the paper), against DP with the same global batch.
 
 Inner AdamW (lr 3e-3), outer Nesterov SGD (lr 0.7, momentum 0.9) as in the paper. Each row
 gives the wire bytes per step counted by the transform: an all-reduce of |θ| every H steps.
 
-The paper's protocol (--warm_start_steps=N): every run, DP's and DiLoCo's alike, starts from
-the same parameters, pretrained by exact DP for N steps at --batch_size on 8 workers, and
-then trains --steps more on the batches that follow (the same tokens for every run of a
-sweep); each run starts a fresh inner optimiser. The H table then opens with that starting
-point's losses.
+The paper's protocol (`reproduce.warm_start_steps` = N): every run, DP's and DiLoCo's alike,
+starts from the same parameters, pretrained by exact DP for N steps at `data.batch_size` on
+8 workers, and then trains `steps` more on the batches that follow (the same tokens for
+every run of a sweep); each run starts a fresh inner optimiser. The H table then opens with
+that starting point's losses.
 
-  python -m experiments.reproduce_diloco --warm_start_steps=150 --workdir=runs/diloco_warm
+  python -m experiments.reproduce_diloco --config.reproduce.warm_start_steps=150 \
+      --workdir=runs/diloco_warm
+
+The settings are experiments/configs/reproduce/diloco.py's (`--help` lists them), each
+overridden as in experiments/train.py (`--config.<path>=<value>`, a tuple as 1,2,4).
 """
 
 from __future__ import annotations
 
 import os
 
-from absl import flags
-
-from experiments import _cli
 from experiments import _reproduce as rep
-
-
-STEPS = 150
+from experiments import config as _config
 
 
 def _diloco(base, h: int, workers: int, batch: int, **info) -> dict:
-  return rep.train_run(f"DiLoCo H={h}", rep.config(base, "lm", "diloco", batch_size=batch,
-                                                   sync_every=h),
+  return rep.train_run(f"DiLoCo H={h}", rep.config(base, "diloco", batch_size=batch, sync_every=h),
                        workers, H=h, **info)
 
 
 def _dp(base, workers: int, batch: int, **info) -> dict:
-  return rep.train_run("DP (AdamW)", rep.config(base, "lm", "dp", batch_size=batch),
+  return rep.train_run("DP (AdamW)", rep.config(base, "dp", batch_size=batch),
                        workers, H=1, **info)
 
 
-def run(base, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4, 8),
-        h_fixed: int = 10, per_worker_batch: int = 4) -> dict:
-  """Both sweeps; writes results.md, results.json and diloco.png into workdir."""
+def run(base, workdir: str) -> dict:
+  """Both sweeps of `base.reproduce`; writes results.md, results.json and diloco.png into
+  workdir."""
+  hs = _config.values_at_least(base, "reproduce.hs", 1)
+  workers = _config.values_at_least(base, "reproduce.workers", 1)
+  for path in ("reproduce.h_fixed", "reproduce.per_worker_batch"):
+    _config.int_at_least(base, path, 1)
+  h_fixed, per_worker_batch = base.reproduce.h_fixed, base.reproduce.per_worker_batch
   dp8 = _dp(base, 8, base.data.batch_size)
   by_h = [_diloco(base, h, 8, base.data.batch_size) for h in hs]
   # At 8 workers with per_worker_batch * 8 == batch_size these are the H sweep's runs
@@ -58,7 +61,7 @@ def run(base, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4, 8),
   by_w = [(_diloco(base, h_fixed, w, per_worker_batch * w), _dp(base, w, per_worker_batch * w))
           for w in workers]
 
-  start, _, warm = rep.warm_start(rep.config(base, "lm", "dp"))
+  start, _, warm = rep.warm_start(rep.config(base, "dp"))
   h_rows = [[start["label"], "-", start["final_train_loss"], start["heldout_loss"], "-", "-"]
             ] if start else []
   h_rows += [["DP (AdamW)", "every step", dp8["final_train_loss"], dp8["heldout_loss"],
@@ -97,21 +100,5 @@ def run(base, workdir: str, hs=(1, 5, 10, 25, 50), workers=(1, 2, 4, 8),
                                              "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  rep.start_devices()
-  f = flags.FLAGS
-  run(rep.base_from_flags(STEPS, warm_start_steps=f.warm_start_steps),
-      rep.workdir_from_flags("reproduce_diloco"),
-      [int(h) for h in f.hs], [int(w) for w in f.workers], f.h_fixed, f.per_worker_batch)
-
-
 if __name__ == "__main__":
-  rep.define_flags(
-      hs=("list", ["1", "5", "10", "25", "50"], "Sync periods H at 8 workers."),
-      workers=("list", ["1", "2", "4", "8"], "Worker counts at --h_fixed."),
-      h_fixed=("integer", 10, "H of the worker sweep."),
-      per_worker_batch=("integer", 4, "Sequences per worker per step in the worker sweep."),
-      warm_start_steps=("integer", 0, "Steps of exact DP every run starts from (the DiLoCo "
-                        "paper's protocol); 0: every run starts from the initialisation."))
-  _cli.run(main)
+  rep.main("diloco", run)

@@ -1,17 +1,21 @@
 r"""PowerSGD (arXiv 1905.13727): compression on ResNet-18 shapes, accuracy at rank 1/2/4.
 
   python -m experiments.reproduce_powersgd --workdir=runs/reproduce_powersgd
+  python -m experiments.reproduce_powersgd --config.reproduce.ranks=2 \
+      --config.reproduce.table=False    # one rank, no ResNet-18 table
 
 The claims: rank 2 on ResNet-18 / CIFAR-10 reaches SGD's accuracy with two orders of
 magnitude less traffic; error feedback is what makes low rank work.
 
-* Compression table: wire bytes per device of one step of exact DP and PowerSGD rank 1, 2, 4
-  on ResNet-18's CIFAR-10 parameter shapes (11.2M parameters), on --devices workers, read
+* Compression table (`reproduce.table`): wire bytes per device of one step of exact DP and
+  PowerSGD at each rank on ResNet-18's CIFAR-10 parameter shapes (11.2M parameters), read
   from the compiled program and checked against the bytes the transform counts
   (experiments/compression_table.py's `sync_bytes`; nothing is trained).
-* Accuracy: the digits MLP trained with momentum SGD for --steps on 8 workers, exact DP
-  against PowerSGD rank 1, 2, 4 with and without error feedback, same steps and batches;
-  held-out accuracy on the 20 % test split.
+* Accuracy: the digits MLP trained with momentum SGD for `steps` on 8 workers, exact DP
+  against PowerSGD at each rank (`reproduce.ranks`: 1, 2, 4) with and without error
+  feedback, same steps and batches; held-out accuracy on the 20 % test split.
+
+The settings are experiments/configs/reproduce/powersgd.py's (`--help` lists them).
 """
 
 from __future__ import annotations
@@ -19,13 +23,10 @@ from __future__ import annotations
 import os
 
 import jax
-from absl import flags
 
-from experiments import _cli, compression_table
+from experiments import compression_table
 from experiments import _reproduce as rep
-
-STEPS = 300
-LR = 0.1  # momentum SGD on the digits MLP
+from experiments import config as _config
 
 
 def compression_rows(ranks, workers: int) -> list:
@@ -44,19 +45,20 @@ def compression_rows(ranks, workers: int) -> list:
   return [[name, size, counted[name], counted[name] / 4, dp / counted[name]] for name in wanted]
 
 
-def run(base, workdir: str, ranks=(1, 2, 4), table: bool = True,
-        workers: int = 8) -> dict:
-  """Trains the digits runs (and compiles the ResNet-18 table); writes the results."""
-  cfg = lambda algo, **kw: rep.config(base, "mlp", algo, optimizer="momentum", lr=LR, **kw)
-  dp = rep.train_run("DP (momentum SGD)", cfg("dp"), workers)
+def run(base, workdir: str, workers: int = 8) -> dict:
+  """Trains the digits runs at `base.reproduce.ranks` (and compiles the ResNet-18 table);
+  writes the results."""
+  ranks = _config.values_at_least(base, "reproduce.ranks", 1)
+  table = base.reproduce.table
+  dp = rep.train_run("DP (momentum SGD)", rep.config(base, "dp"), workers)
   runs = [dp]
   for r in ranks:
     for memory in ("ef", None):
       runs.append(rep.train_run(f"PowerSGD rank {r}" + (" + EF" if memory == "ef" else ", no EF"),
-                                cfg("powersgd", rank=r, memory=memory),
+                                rep.config(base, "powersgd", rank=r, memory=memory),
                                 workers, rank=r, error_feedback=memory == "ef"))
   sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, "
-               f"global batch {base.data.batch_size}, momentum SGD lr {LR}",
+               f"global batch {base.data.batch_size}, momentum SGD lr {base.optimizer.lr}",
                rep.method_table(runs, dp, base.reproduce.smooth, accuracy=True))]
   rows = []
   if table:
@@ -80,14 +82,5 @@ def run(base, workdir: str, ranks=(1, 2, 4), table: bool = True,
                                              "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  rep.start_devices()
-  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_powersgd"),
-      [int(r) for r in flags.FLAGS.ranks], flags.FLAGS.table)
-
-
 if __name__ == "__main__":
-  rep.define_flags(ranks=("list", ["1", "2", "4"], "PowerSGD ranks."),
-                   table=("bool", True, "Compile the ResNet-18 compression table."))
-  _cli.run(main)
+  rep.main("powersgd", run)

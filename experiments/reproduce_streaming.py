@@ -5,30 +5,32 @@ r"""Streaming DiLoCo (arXiv 2501.18512): peak bytes per sync step and loss again
 The claim: splitting the parameters into P fragments that sync in turn cuts the peak
 bandwidth to 1/P of DiLoCo's (the same total), and with the outer gradients in 4 bits and
 the sync overlapped with inner steps the quality stays that of data parallelism. The
-byte-level LM on 8 workers, --steps inner steps: exact DP (AdamW), DiLoCo at H = --h, and
-Streaming DiLoCo with P = --fragments at the same H, once with float32 outer gradients and
-no overlap (isolates the fragmenting) and once as in the paper (fp4 E2M1 outer gradients,
-overlap τ = --overlap, merge α = 0.5). Peak = the most bytes one device sends in a single
-step.
+byte-level LM on 8 workers, `steps` inner steps: exact DP (AdamW), DiLoCo at H =
+`reproduce.h`, and Streaming DiLoCo with P = `reproduce.fragments` at the same H, once with
+float32 outer gradients and no overlap (isolates the fragmenting) and once as in the paper
+(fp4 E2M1 outer gradients, overlap τ = `reproduce.overlap`, merge α = 0.5). Peak = the most
+bytes one device sends in a single step.
+
+The settings are experiments/configs/reproduce/streaming.py's (`--help` lists them), e.g.
+
+  python -m experiments.reproduce_streaming --config.reproduce.fragments=2
 """
 
 from __future__ import annotations
 
 import os
 
-from absl import flags
-
-from experiments import _cli
 from experiments import _reproduce as rep
+from experiments import config as _config
 
 
-STEPS = 160
-
-
-def run(base, workdir: str, h: int = 20, fragments: int = 4, overlap: int = 1,
-        workers: int = 8) -> dict:
-  lm = lambda method, **settings: rep.config(base, "lm", method, sync_every=h, **settings)
-  dp = rep.train_run("DP (AdamW)", rep.config(base, "lm", "dp"), workers)
+def run(base, workdir: str, workers: int = 8) -> dict:
+  """DP, DiLoCo and Streaming DiLoCo at `base.reproduce`'s h, fragments and overlap."""
+  for path, low in (("h", 1), ("fragments", 1), ("overlap", 0)):
+    _config.int_at_least(base, f"reproduce.{path}", low)
+  h, fragments, overlap = (base.reproduce[k] for k in ("h", "fragments", "overlap"))
+  lm = lambda method, **settings: rep.config(base, method, sync_every=h, **settings)
+  dp = rep.train_run("DP (AdamW)", rep.config(base, "dp"), workers)
   diloco = rep.train_run(f"DiLoCo H={h}", lm("diloco"), workers)
   exact = rep.train_run(f"Streaming P={fragments}, f32, overlap 0",
                         lm("streaming_diloco", fragments=fragments, overlap=0,
@@ -54,17 +56,5 @@ def run(base, workdir: str, h: int = 20, fragments: int = 4, overlap: int = 1,
                            {"runs": runs, "figures": [figure]})
 
 
-def main(argv):
-  del argv
-  rep.start_devices()
-  f = flags.FLAGS
-  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_streaming"), f.h,
-      f.fragments, f.overlap)
-
-
 if __name__ == "__main__":
-  rep.define_flags(
-      h=("integer", 20, "Inner steps between two syncs of the same fragment."),
-      fragments=("integer", 4, "Streaming DiLoCo's fragments P."),
-      overlap=("integer", 1, "Steps between sending and merging (the paper-like run)."))
-  _cli.run(main)
+  rep.main("streaming", run)

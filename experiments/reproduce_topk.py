@@ -5,37 +5,39 @@ r"""Top-k sparsification with and without memory (Stich et al., NeurIPS 2018; EF
 The claim: SGD that applies only the top-k coordinates of its gradient converges at the rate
 of SGD when the coordinates left out are remembered and added to the next gradient (error
 feedback / memory); without the memory it stalls or lags. The digits MLP is trained with
-plain SGD on 8 workers: exact DP against top-k (each worker's top --fractions of its
-gradient, (index, value) pairs all-gathered, `sync.compressed(codecs.top_k(f), memory=...)`)
-with memory ("ef") and without, same steps and batches.
+plain SGD on 8 workers: exact DP against top-k (each worker's top `reproduce.fractions` of
+its gradient, (index, value) pairs all-gathered, `sync.compressed(codecs.top_k(f),
+memory=...)`) with memory ("ef") and without, same steps and batches.
+
+The settings are experiments/configs/reproduce/topk.py's (`--help` lists them), e.g.
+
+  python -m experiments.reproduce_topk --config.reproduce.fractions=0.01 --config.steps=100
 """
 
 from __future__ import annotations
 
+import numbers
 import os
 
 import numpy as np
-from absl import flags
 
-from experiments import _cli
 from experiments import _reproduce as rep
-
-STEPS = 300
-LR = 0.5  # plain SGD on the digits MLP
+from experiments import config as _config
 
 
-def run(base, workdir: str, fractions=(0.01, 0.1), workers: int = 8) -> dict:
-  cfg = lambda algo, **kw: rep.config(base, "mlp", algo, optimizer="sgd", lr=LR, **kw)
-  dp = rep.train_run("DP (SGD)", cfg("dp"), workers)
+def run(base, workdir: str, workers: int = 8) -> dict:
+  """DP and top-k at each of `base.reproduce.fractions`, with and without memory."""
+  fractions = _config.values_at_least(base, "reproduce.fractions", 0, numbers.Real)
+  dp = rep.train_run("DP (SGD)", rep.config(base, "dp"), workers)
   runs = [dp]
   for f in fractions:
     for memory in ("ef", None):
       runs.append(rep.train_run(
           f"top-{f:g} " + ("with memory" if memory == "ef" else "without memory"),
-          cfg("compressed", codec=f"top_k:fraction={f}", memory=memory),
+          rep.config(base, "compressed", codec=f"top_k:fraction={f}", memory=memory),
           workers, fraction=f, memory=memory))
   sections = [(f"Digits MLP {base.model.hidden}, {workers} workers, {base.steps} steps, "
-               f"global batch {base.data.batch_size}, SGD lr {LR}",
+               f"global batch {base.data.batch_size}, SGD lr {base.optimizer.lr}",
                rep.method_table(runs, dp, base.reproduce.smooth, accuracy=True))]
   figure = rep.save_figure(os.path.join(workdir, "topk.png"), [
       {"title": "training loss on digits", "xlabel": "step",
@@ -54,13 +56,5 @@ def _cumsum(values):
   return np.cumsum(values)
 
 
-def main(argv):
-  del argv
-  rep.start_devices()
-  run(rep.base_from_flags(STEPS), rep.workdir_from_flags("reproduce_topk"),
-      [float(f) for f in flags.FLAGS.fractions])
-
-
 if __name__ == "__main__":
-  rep.define_flags(fractions=("list", ["0.01", "0.1"], "Fractions of coordinates sent."))
-  _cli.run(main)
+  rep.main("topk", run)

@@ -6,8 +6,10 @@ Factories call them while resolving their static choices, before building any cl
 mistake surfaces where the transform or layout is built and never inside a trace.
 
 This module imports nothing of jaxcomm, so every subpackage (codecs included) may use it
-without breaking the one-way layering (CONTRIBUTING.md). The checks a subpackage's public API
-makes are collected in that subpackage's `_validate.py`, built from these.
+without breaking the one-way layering (CONTRIBUTING.md). A plain argument check (a number, a
+choice, a flag, a type) calls these directly, so the same mistake reads the same everywhere;
+a subpackage's `_validate.py` holds only its domain checks (shape relations, mesh facts,
+schedules), built from these.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def integer(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
-  """An integer in [low, high] (either bound optional); bools are not integers here."""
+def integer(name: str, value: Any, *, low: int | None = None, high: int | None = None,
+            allow_none: bool = False) -> int | None:
+  """An integer in [low, high] (either bound optional); bools are not integers here.
+
+  With `allow_none`, None is allowed too (and returned).
+  """
+  if allow_none and value is None:
+    return None
   ok = isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
   if ok:
     value = int(value)
     ok = (low is None or value >= low) and (high is None or value <= high)
   if not ok:
-    raise ValueError(f"{name} must be an integer{_range(low, high)}, got {value!r}.")
+    none = "None or " if allow_none else ""
+    raise ValueError(f"{name} must be {none}an integer{_range(low, high)}, got {value!r}.")
   return value
 
 
@@ -48,6 +57,13 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
       hi = "inf)" if high is None else f"{high}" + (")" if high_open else "]")
       where = f" in {lo}, {hi}"
     raise ValueError(f"{name} must be a finite number{where}, got {value!r}.")
+  return value
+
+
+def flag(name: str, value: Any) -> bool:
+  """True or False (not 0 or 1, which `one_of` would take for them)."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{name} must be True or False, got {value!r}.")
   return value
 
 
@@ -118,10 +134,34 @@ def key(name: str, value: Any) -> jax.Array:
                    f"(jax.random.key(0)) or None (that fixed default), got {value!r}.")
 
 
-def callable_(name: str, value: Any) -> Any:
-  """Anything callable."""
-  if not callable(value):
-    raise ValueError(f"{name} must be callable, got {value!r}.")
+def instance(name: str, value: Any, cls: type | tuple, what: str) -> Any:
+  """An instance of `cls`; `what` describes it for the message (e.g. "jax.sharding.Mesh (see
+  jaxcomm.parallel.make_mesh)")."""
+  if not isinstance(value, cls):
+    raise ValueError(f"{name} must be a {what}, got {value!r}.")
+  return value
+
+
+def mesh(name: str, value: Any) -> jax.sharding.Mesh:
+  """A `jax.sharding.Mesh`."""
+  return instance(name, value, jax.sharding.Mesh,
+                  "jax.sharding.Mesh (see jaxcomm.parallel.make_mesh)")
+
+
+def specs(name: str, value: Any) -> Any:
+  """A tree of `PartitionSpec`s (a None leaf is not one)."""
+  is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)
+  if not all(is_spec(s) for s in jax.tree.leaves(value, is_leaf=lambda s: s is None or
+                                                 is_spec(s))):
+    raise ValueError(f"{name} must be a tree of PartitionSpecs, got {value!r}.")
+  return value
+
+
+def callable_(name: str, value: Any, *, allow_none: bool = False) -> Any:
+  """Anything callable (or None, with `allow_none`)."""
+  if not (callable(value) or (allow_none and value is None)):
+    none = " or None" if allow_none else ""
+    raise ValueError(f"{name} must be callable{none}, got {value!r}.")
   return value
 
 

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from experiments import build
@@ -62,6 +63,19 @@ def test_ratios_on_a_replica_mesh_are_against_dp_on_that_mesh(tmp_path):
   assert dp["dp_wire_bytes_per_step"] == dp["method_wire_bytes_per_step"] > 0
 
 
+def test_the_dp_reference_compiles_the_global_batch_of_a_multi_process_run(monkeypatch):
+  """Each process builds its share of the batch (24 rows over 3 processes: 8); the DP
+  reference must compile the global 24 rows on the 3-device mesh, not 8 rows (which 3 devices
+  cannot split: a 3-process run used to fail at its summary)."""
+  from experiments import _reference
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  c = config.base_config("dp")
+  c.model.name, c.data.name, c.data.batch_size, c.mesh = "mlp", "digits", 24, "data=3"
+  step, run = _reference.step_plan(c, jax.devices()[:3])
+  assert jax.tree.leaves(run.batches(0))[0].shape[0] == 8  # this process's share
+  assert step.state_bytes["batch"] == 24 // 3 * (64 * 4 + 4)  # x: 64 f32, y: one int32
+
+
 def _readme_command() -> list:
   """The README's command-line block under "Your own model, data and dashboard"."""
   text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -108,15 +122,19 @@ def _leaves(tree, prefix=""):
       yield f"{prefix}{key}", value
 
 
-def _parse(argv):
-  """train.py's command line, parsed in-process with the programs' own parser: the config
-  (with its overrides) or the SystemExit the program would end with."""
+def _parse(argv, define=None):
+  """train.py's command line (or that of the program whose flags `define(flag_values)`
+  defines, returning the config's holder), parsed in-process with the programs' own
+  parser: the config (with its overrides) or the SystemExit the program would end with."""
   from absl import flags
   from experiments import _cli
   fv = flags.FlagValues()
-  saved, sys.argv = sys.argv, ["train.py", *argv]
+  saved, sys.argv = sys.argv, ["program.py", *argv]
   try:
-    holder = _cli.config_flag(f"{ROOT}/experiments/configs/dp.py", "the config", fv)
+    if define is None:
+      holder = _cli.config_flag(f"{ROOT}/experiments/configs/dp.py", "the config", fv)
+    else:
+      holder = define(fv)
     _cli.parse_flags(sys.argv, fv)
     return holder.value
   finally:
@@ -186,6 +204,143 @@ def test_a_bad_default_py_name_is_one_line():
   assert str(e.value.code).startswith("error: flag --config=") and \
       "config.method.name 'dilocoo' is unknown; allowed: acco" in str(e.value.code)
   assert "\n" not in str(e.value.code)
+
+
+# ---------------------------------------------------------------- the reproductions
+REPRODUCTIONS = ("demo", "diloco", "powersgd", "topk", "streaming")
+
+
+def _reproduction(program):
+  from experiments import _reproduce
+  return lambda fv: _reproduce.define_flags(program, fv)
+
+
+def test_every_reproduction_has_its_config_and_nothing_else_does():
+  names = {f[len("reproduce_"):-3] for f in os.listdir(f"{ROOT}/experiments")
+           if f.startswith("reproduce_")}
+  configs = {f[:-3] for f in os.listdir(f"{ROOT}/experiments/configs/reproduce")
+             if not f.startswith("__")}
+  assert names == configs == set(REPRODUCTIONS)
+
+
+@pytest.mark.parametrize("program", REPRODUCTIONS)
+def test_a_misspelt_or_mistyped_reproduction_setting_is_one_line_naming_it(program):
+  """Each of the reproduction's own settings (config.reproduce, experiments/configs/
+  reproduce/<program>.py) misspelt, and given a value of the wrong type, through the parser the
+  program uses: one line naming it (with ml_collections' "Did you mean" for a misspelling)."""
+  from experiments import _reproduce
+  own = _reproduce.load(program).reproduce
+  for name in own.keys():
+    wrong = name + name[-1]  # hs -> hss
+    hint = (f'Did you mean "{name}"',) if len(name) > 2 else ()  # ml_collections' difflib
+    for flag, words in ((f"--config.reproduce.{wrong}=1", (f"no such setting {wrong!r}", *hint)),
+                        (f"--config.reproduce.{name}=[oops", (f"--config.reproduce.{name}",))):
+      if flag.endswith("[oops") and isinstance(own[name], tuple):
+        continue  # a tuple takes any text; the program checks its items (below)
+      with pytest.raises(SystemExit) as e:
+        _parse([flag], _reproduction(program))
+      message = str(e.value.code)
+      assert message.startswith("error: ") and "\n" not in message, (flag, message)
+      assert all(w in message for w in words), (flag, message)
+
+
+def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_path):
+  """Overrides are typed and reach what the runs read (a tuple written 4,8; the LM's MLP
+  follows its width as the old --d_model did); a sweep value out of range is a ValueError
+  naming it (one line under _cli.run) before anything trains or is written."""
+  from experiments import _cli, _reproduce, reproduce_diloco
+  c = _parse(["--config.reproduce.hs=4,8", "--config.model.d_model=32",
+              "--config.data.batch_size=8"], _reproduction("diloco"))
+  c = c.copy_and_resolve_references()
+  assert c.reproduce.hs == (4, 8) and c.model.d_ff == 128
+  assert c.reproduce.warm_start_batch == 8 and c.steps == 150
+  run = _reproduce.config(c, "diloco", sync_every=4)
+  assert "hs" not in run.reproduce and run.method.sync_every == 4  # one run: no sweep
+  for flag in ("--config.reproduce.hs=0,4", "--config.reproduce.hs=a"):
+    c = _parse([flag], _reproduction("diloco"))
+    with pytest.raises(ValueError, match=r"config\.reproduce\.hs must be") as e:
+      reproduce_diloco.run(c.copy_and_resolve_references(), str(tmp_path / "run"))
+    assert "\n" not in _cli.one_line(e.value)
+  assert not list(tmp_path.iterdir())
+
+
+# Programs on `--config.<path>` settings through `_cli.run(main, get_config(), **flags)` (the
+# studies and benchmarks) or `_reproduce.main(name, run)` (the reproductions).
+SETTINGS_PROGRAMS = (
+    *(f"experiments.reproduce_{name}" for name in REPRODUCTIONS),
+    "experiments.replica_periods", "experiments.heterogeneous", "experiments.compression_table",
+    "experiments.elastic_goodput", "benchmarks.codec_table", "benchmarks.fit_speed",
+    "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
+    "benchmarks.profile_step", "benchmarks.replicas")
+
+
+def _program(module_name):
+  """A function defining `module_name`'s command line on a FlagValues, as its `if __name__
+  == "__main__"` line does (its keyword arguments read from the source)."""
+  import ast
+  import importlib
+  import inspect
+  from experiments import _cli
+  if module_name.startswith("experiments.reproduce_"):
+    return _reproduction(module_name.rsplit("_", 1)[1])
+  module = importlib.import_module(module_name)
+  guard = [node for node in ast.parse(inspect.getsource(module)).body
+           if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+  call = guard[0].body[-1].value
+  assert ast.unparse(call.func) == "_cli.run", module_name
+  assert ast.unparse(call.args[1]) == "get_config()", module_name
+  kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+  return lambda fv: _cli.program_flags(module.get_config(), flag_values=fv, **kwargs)
+
+
+def _documented_commands():
+  """(program, argv, where) of every `python -m <program> ...` written in README.md, docs/,
+  experiments/RESULTS.md and the programs' own docstrings, for SETTINGS_PROGRAMS."""
+  paths = ["README.md", "experiments/RESULTS.md", "CONTRIBUTING.md"]
+  paths += [f"docs/{f}" for f in os.listdir(f"{ROOT}/docs") if f.endswith(".md")]
+  paths += [m.replace(".", "/") + ".py" for m in SETTINGS_PROGRAMS]
+  found = []
+  for path in paths:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      text = f.read().replace("\\\n", " ")
+    for m in re.finditer(r"python -m ((?:experiments|benchmarks)\.\w+)([^\n`]*)", text):
+      if m.group(1) in SETTINGS_PROGRAMS:
+        found.append((m.group(1), shlex.split(m.group(2), comments=True), path))
+  return found
+
+
+def test_every_documented_command_of_a_settings_program_parses():
+  """The commands as written (settings' names and types, the flags beside --config) parse
+  with each program's own command line, in-process: nothing runs."""
+  commands = _documented_commands()
+  wrong = []
+  for program, argv, where in commands:
+    try:
+      _parse(argv, _program(program))
+    except SystemExit as e:
+      wrong.append((where, program, argv, str(e.code)))
+  assert not wrong, "\n".join(map(str, wrong))
+  written = {program for program, _, _ in commands}
+  assert written == set(SETTINGS_PROGRAMS), set(SETTINGS_PROGRAMS) - written
+  assert any("--config.reproduce.warm_start_steps=150" in argv for _, argv, _ in commands)
+
+
+@pytest.mark.parametrize("program", SETTINGS_PROGRAMS)
+def test_help_lists_every_setting_of_a_settings_program(program):
+  """`--help` shows `--config` with each of the program's own settings and its default (the
+  reproductions: those under `reproduce`, beside the shared sizes)."""
+  import importlib
+  from absl import flags
+  from experiments import _cli, _reproduce
+  fv = flags.FlagValues()
+  _program(program)(fv)
+  text = " ".join(fv["config"].help.split())
+  if program.startswith("experiments.reproduce_"):
+    own = _reproduce.load(program.rsplit("_", 1)[1]).reproduce
+    listed = _cli.settings(own, "reproduce.").split(", ") + ["steps=", "model.d_model="]
+  else:
+    listed = _cli.settings(importlib.import_module(program).get_config()).split(", ")
+  assert all(item in text for item in listed), (listed, text)
 
 
 @pytest.mark.slow

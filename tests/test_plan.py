@@ -173,7 +173,7 @@ def test_gpt2_zero3_holds_one_eighth_of_dp_parameters(gpt2):
     (dict(mesh="data=3"), "mesh 'data=3' has 3 devices, which does not divide the 8"),
     (dict(mesh="data=two"), "mesh 'data=two'"),
     (dict(mfu=-0.2), "mfu must be a number in (0, 1]"),
-    (dict(device="tpu_v9"), "device 'tpu_v9' is unknown; allowed: a100"),
+    (dict(device="tpu_v9"), "device must be one of 'a100'"),
     (dict(links=["lan"]), "links: 'lan' is not a link preset"),
     (dict(inner_link="pcie"), "inner_link: 'pcie' is not a link preset"),
     (dict(methods=["dp", "nope"]), "methods: 'nope' is unknown"),

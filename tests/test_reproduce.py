@@ -1,4 +1,5 @@
-"""experiments/reproduce_*.py at tiny settings, in-process: tables, JSON, figures, byte laws."""
+"""experiments/reproduce_*.py at tiny settings, in-process: tables, JSON, figures, byte laws;
+their command lines (experiments/configs/reproduce/*.py with --config.<path> overrides)."""
 
 import json
 import math
@@ -20,14 +21,24 @@ from experiments import reproduce_topk
 
 pytestmark = pytest.mark.slow  # end-to-end: `make test-fast` skips it
 
-# One scale for every test: the DP and DiLoCo runs the reproductions share train once.
-TINY = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
-                       eval_batch=8, smooth=2)
-TINY.model.update(num_heads=2, d_ff=32, hidden=(16,))
+STEPS = 8
+
+
+def tiny(program: str, **settings):
+  """experiments/configs/reproduce/<program>.py at one scale for every test (the DP and DiLoCo runs
+  the reproductions share train once), with the program's own `settings`."""
+  c = rep.load(program)
+  c.steps = STEPS
+  c.data.update(batch_size=16, seq_len=16)
+  c.model.update(d_model=16, num_layers=1, num_heads=2, d_ff=32, hidden=(16,))
+  c.reproduce.update(eval_batch=8, smooth=2, warm_start_batch=16, **settings)
+  rep.check(c)
+  return c
 
 
 def _params(model: str):
-  return build.model_task(rep.config(TINY, model, "dp"))[3]
+  program = "diloco" if model == "lm" else "topk"
+  return build.model_task(rep.config(tiny(program), "dp"))[3]
 
 
 def _num_params(model: str) -> int:
@@ -88,7 +99,7 @@ def _check_outputs(workdir, summary, records, figure):
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     assert json.load(f)["markdown"] == summary["markdown"]
   for r in records:
-    assert len(r["curve"]["loss"]) == TINY.steps
+    assert len(r["curve"]["loss"]) == STEPS
     for key in ("final_train_loss", "heldout_loss", "bytes_per_step", "peak_bytes_per_step"):
       assert math.isfinite(r[key]), (r["label"], key)
   image = matplotlib.image.imread(os.path.join(workdir, figure))
@@ -97,8 +108,8 @@ def _check_outputs(workdir, summary, records, figure):
 
 def test_diloco(tmp_path):
   workdir = str(tmp_path)
-  s = reproduce_diloco.run(TINY, workdir, hs=(4,), workers=(1, 8), h_fixed=4,
-                           per_worker_batch=2)
+  s = reproduce_diloco.run(tiny("diloco", hs=(4,), workers=(1, 8), h_fixed=4,
+                                per_worker_batch=2), workdir)
   _check_outputs(workdir, s, s["by_h"] + s["by_workers"], "diloco.png")
   dp, h4 = s["by_h"]
   # DP sends the all-reduce of every parameter every step; DiLoCo the same once every H.
@@ -107,7 +118,7 @@ def test_diloco(tmp_path):
   assert h4["bytes_per_step"] == dp["bytes_per_step"] / 4
   assert h4["peak_bytes_per_step"] == dp["bytes_per_step"] == h4["compiled_branch_bytes"]
   assert h4["compiled_step_bytes"] == 0  # nothing travels outside the sync branch
-  assert np.count_nonzero(h4["curve"]["wire_bytes"]) == TINY.steps // 4
+  assert np.count_nonzero(h4["curve"]["wire_bytes"]) == STEPS // 4
   one = [r for r in s["by_workers"] if r["workers"] == 1]
   assert len(one) == 2 and all(r["bytes_per_step"] == 0 for r in one)  # nobody to talk to
   # The worker sweep at 8 workers, 2 per worker, H=4 is the H sweep's run, not repeated.
@@ -119,23 +130,19 @@ def test_diloco_from_a_dp_warm_start(tmp_path):
   continues on the batches after the pretraining's, so every run's first loss is the
   pretrained parameters' loss on batch number `warm` (computed here on one device)."""
   warm = 4
-  base = rep.base_config(steps=8, batch_size=16, seq_len=16, d_model=16, num_layers=1,
-                         eval_batch=8, smooth=2, warm_start_steps=warm)
-  base.model.update(num_heads=2, d_ff=32, hidden=(16,))
-  s = reproduce_diloco.run(base, str(tmp_path), hs=(4,), workers=(8,), h_fixed=4,
-                           per_worker_batch=2)
+  base = tiny("diloco", hs=(4,), workers=(8,), h_fixed=4, per_worker_batch=2,
+              warm_start_steps=warm)
+  s = reproduce_diloco.run(base, str(tmp_path))
   dp, h4 = s["by_h"]
-  start, params, steps = rep.warm_start(rep.config(base, "lm", "dp"))
+  start, params, steps = rep.warm_start(rep.config(base, "dp"))
   assert steps == warm and start["steps"] == warm and start["method"]["name"] == "dp"
   assert dp["warm_start_steps"] == h4["warm_start_steps"] == warm
-  _, loss_fn, _, _, batches = build.model_task(rep.config(base, "lm", "dp"))
+  _, loss_fn, _, _, batches = build.model_task(rep.config(base, "dp"))
   first = float(loss_fn(params, batches(warm)))
   assert dp["curve"]["loss"][0] == h4["curve"]["loss"][0] == pytest.approx(first, rel=1e-5)
-  cold = reproduce_diloco._dp(TINY, 8, 16)
+  cold = reproduce_diloco._dp(tiny("diloco"), 8, 16)
   assert cold["curve"]["loss"][0] != pytest.approx(first, rel=1e-3)
   assert f"| {start['label']} |" in s["markdown"] and f"warm start of {warm}" in s["markdown"]
-  with pytest.raises(ValueError, match="warm_start_steps"):
-    rep.base_config(warm_start_steps=-1)
 
 
 def test_powersgd(tmp_path):
@@ -143,7 +150,8 @@ def test_powersgd(tmp_path):
   # table=True: ResNet-18's compression table, whose rows are checked counted == compiled.
   # 4 workers: the same laws at half the devices' memory and threads.
   w = 4
-  s = reproduce_powersgd.run(TINY, workdir, ranks=(1,), table=True, workers=w)
+  s = reproduce_powersgd.run(tiny("powersgd", ranks=(1,), table=True), workdir,
+                             workers=w)
   _check_outputs(workdir, s, s["runs"], "powersgd.png")
   params = _params("mlp")
   dp, *lowrank = s["runs"]
@@ -165,7 +173,7 @@ def test_powersgd(tmp_path):
 
 def test_topk(tmp_path):
   workdir = str(tmp_path)
-  s = reproduce_topk.run(TINY, workdir, fractions=(0.1,))
+  s = reproduce_topk.run(tiny("topk", fractions=(0.1,)), workdir)
   _check_outputs(workdir, s, s["runs"], "topk.png")
   dp, with_memory, without = s["runs"]
   n = _num_params("mlp")
@@ -178,7 +186,7 @@ def test_topk(tmp_path):
 
 def test_demo(tmp_path):
   workdir = str(tmp_path)
-  s = reproduce_demo.run(TINY, workdir, ks=(32,))  # one DeMo run keeps the test cheap
+  s = reproduce_demo.run(tiny("demo", ks=(32,)), workdir)  # one DeMo run: cheap
   _check_outputs(workdir, s, s["runs"], "demo.png")
   dp, k32 = s["runs"]
   params = _params("lm")
@@ -189,8 +197,8 @@ def test_demo(tmp_path):
 def test_streaming(tmp_path):
   workdir = str(tmp_path)
   h, p = 4, 2
-  scale = TINY
-  s = reproduce_streaming.run(scale, workdir, h=h, fragments=p, overlap=1)
+  s = reproduce_streaming.run(tiny("streaming", h=h, fragments=p, overlap=1),
+                              workdir)
   _check_outputs(workdir, s, s["runs"], "streaming.png")
   dp, diloco, exact, paper = s["runs"]
   n = _num_params("lm")
@@ -202,14 +210,16 @@ def test_streaming(tmp_path):
                                                            abs=_allreduce(4 * p))
   # Same total: P fragment syncs per H steps against one full sync.
   assert exact["total_bytes"] == pytest.approx(diloco["total_bytes"],
-                                               abs=scale.steps * _allreduce(4))
+                                               abs=STEPS * _allreduce(4))
   # fp4 codes (4 bits each, an f32 scale per 32) are not summable: they are all-gathered.
   assert paper["peak_bytes_per_step"] == (W - 1) * (math.ceil(m / 2) + 4 * math.ceil(m / 32))
-  assert np.count_nonzero(exact["curve"]["wire_bytes"]) == p * scale.steps // h
+  assert np.count_nonzero(exact["curve"]["wire_bytes"]) == p * STEPS // h
 
 
-def test_bad_base_config():
-  with pytest.raises(ValueError, match="steps"):
-    rep.base_config(steps=0)
-  with pytest.raises(ValueError, match="smooth"):
-    rep.base_config(smooth=0)
+def test_a_setting_out_of_range_is_refused():
+  for section, name, value in (("", "steps", 0), ("reproduce", "smooth", 0),
+                               ("reproduce", "warm_start_steps", -1)):
+    c = tiny("diloco")
+    (c[section] if section else c)[name] = value
+    with pytest.raises(ValueError, match=f"config.{section}{'.' * bool(section)}{name} must"):
+      rep.check(c)

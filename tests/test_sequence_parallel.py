@@ -222,7 +222,7 @@ def test_bad_sequence_layouts_fail_before_compile(mesh):
     models.check_sequence_layout(36, 4, W, "ring_zigzag")
   with pytest.raises(ValueError, match="num_heads"):
     models.check_sequence_layout(32, 6, W, "ulysses")
-  with pytest.raises(ValueError, match="allowed"):
+  with pytest.raises(ValueError, match="kind must be one of 'ring'"):
     models.check_sequence_layout(32, 4, W, "flash")
   with pytest.raises(ValueError, match="divisible"):
     models.lm_sequence_batch(np.zeros((2, 31), np.int32), W)

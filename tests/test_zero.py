@@ -262,6 +262,25 @@ def test_accumulation_stage1_vs_stage2(mesh8):
     chex.assert_trees_all_close(state.params, ref.params, atol=1e-6, rtol=1e-5)
 
 
+def test_zero_error_feedback_is_the_shared_memory_exactly():
+  """memory="ef" on one device: the update is -D(C(g + e)) and the memory keeps
+  e <- (g + e) - D(C(g + e)), step after step (numpy reference of error feedback)."""
+  codec = codecs.uniform(4)
+  tx = parallel.zero(optax.sgd(1.0), 1, None, codec, memory="ef")
+  params = {"w": jnp.zeros(5), "b": jnp.zeros(2)}
+  state, e = tx.init(params), np.zeros(7, np.float32)
+  update, roundtrip = jax.jit(tx.update), jax.jit(codec.roundtrip)
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    g = rng.normal(size=7).astype(np.float32)
+    updates, state = update({"b": jnp.asarray(g[:2]), "w": jnp.asarray(g[2:])}, state, params)
+    p = g + e
+    sent = np.asarray(roundtrip(jnp.asarray(p)))
+    e = p - sent
+    np.testing.assert_array_equal(np.concatenate([updates["b"], updates["w"]]), -sent)
+    np.testing.assert_array_equal(state.error, e)
+
+
 # ------------------------------------------------------------ the contract suite, bad input
 @pytest.mark.parametrize("kwargs", [dict(stage=1), dict(stage=2, accumulate_steps=2),
                                     dict(stage=1, codec=codecs.uniform(8), memory="ef"),

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
+
 
 def index_dtype(size: int) -> jnp.dtype:
   """Narrowest unsigned integer dtype holding the indices 0 .. size - 1.
@@ -154,18 +156,12 @@ def unblock(xb: jax.Array, n: int) -> jax.Array:
 
 def check_bits(bits, name: str = "bits", low: int = 1, high: int = 16) -> int:
   """Validates a bit width: an int in low..high, else ValueError naming the argument."""
-  if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not low <= bits <= high:
-    raise ValueError(f"{name} must be an integer in {low}..{high}, got {bits!r}.")
-  return int(bits)
+  return v.integer(name, bits, low=low, high=high)
 
 
 def check_block(block, name: str = "block") -> int | None:
   """Validates an optional block size: None or an int >= 1."""
-  if block is None:
-    return None
-  if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-    raise ValueError(f"{name} must be None or an integer >= 1, got {block!r}.")
-  return int(block)
+  return v.integer(name, block, low=1, allow_none=True)
 
 
 # Slack for float32 arithmetic in the error bounds: a few ulps of the largest magnitude

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm.codecs._base import Codec
 from jaxcomm.codecs._bits import F32_SLACK, blocks, check_block, index_dtype, num_blocks, unblock
 
@@ -58,8 +59,7 @@ def dct_top_k(chunk: int = 64, k: int = 32) -> Codec:
   (True, 40)
   """
   chunk = check_block(chunk, "chunk")
-  if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= chunk:
-    raise ValueError(f"k must be an int in 1..chunk ({chunk}), got {k!r}.")
+  k = v.integer("k", k, low=1, high=chunk)  # at most the chunk's coefficients
   d = jnp.asarray(dct_matrix(chunk))
   hi = lax.Precision.HIGHEST
 
@@ -202,11 +202,8 @@ def tiled_dct_top_k(shapes, chunk: int = 64, k: int = 32) -> Codec:
   >>> bool(jnp.allclose(c.roundtrip(x), x, atol=1e-4)), c.payload_bytes(30)
   (True, 150)
   """
-  chunk = check_block(chunk, "chunk")
-  if chunk is None:
-    raise ValueError("chunk must be an integer >= 1, got None.")
-  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-    raise ValueError(f"k must be an int >= 1, got {k!r}.")
+  chunk = v.integer("chunk", chunk, low=1)
+  k = v.integer("k", k, low=1)
   tilings, offset = [], 0
   for shape in shapes:
     shape = tuple(shape)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm.codecs import _random
 from jaxcomm.codecs._base import Codec
 from jaxcomm.codecs._bits import (F32_SLACK, block_sizes, blocks, check_bits, check_block,
@@ -173,12 +174,8 @@ def qsgd(levels: int = 7, *, bucket: int | None = 512) -> Codec:
   >>> c.roundtrip(jnp.array([3., 0., -4.]), jax.random.key(0))
   Array([ 5.,  0., -5.], dtype=float32)
   """
-  if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or \
-     not 1 <= levels <= 2 ** 15 - 1:
-    raise ValueError(f"levels must be an integer in 1..{2 ** 15 - 1} (1 sign bit + at most 15 "
-                     f"level bits), got {levels!r}.")
+  s = v.integer("levels", levels, low=1, high=2 ** 15 - 1)  # 1 sign bit + at most 15 bits
   bucket = check_block(bucket, "bucket")
-  s = int(levels)
   level_bits = max(1, math.ceil(math.log2(s + 1)))
   bits = 1 + level_bits
 
@@ -275,11 +272,9 @@ def log_quant(bits: int = 4, alpha: float = 10.0, *, block: int | None = None) -
   ([1.0, -0.501, 0.0], 7)
   """
   bits = check_bits(bits, low=2)
-  if not isinstance(alpha, (int, float, np.floating)) or not alpha > 0:
-    raise ValueError(f"alpha must be a number > 0, got {alpha!r}.")
+  alpha = v.number("alpha", alpha, low=0.0, low_open=True)
   block = check_block(block)
   levels = 2 ** (bits - 1) - 1
-  alpha = float(alpha)
   log1p_a = math.log1p(alpha)
   # Level j decodes to expm1(j / levels * log1p(alpha)) / alpha (times the block's m):
   # a table computed once in float64, so decode is a lookup, not an expm1 per element.
@@ -409,8 +404,7 @@ def fp8(fmt: str = "e4m3fn", *, block: int | None = None) -> Codec:
   >>> c.roundtrip(jnp.array([448., -1.])), c.payload_bytes(2)
   (Array([448.,  -1.], dtype=float32), 6)
   """
-  if fmt not in _FP8:
-    raise ValueError(f"fmt must be one of {sorted(_FP8)}, got {fmt!r}.")
+  fmt = v.one_of("fmt", fmt, sorted(_FP8))
   block = check_block(block)
   dt = jnp.dtype(_FP8[fmt])
   fmax, eps = float(jnp.finfo(dt).max), float(jnp.finfo(dt).eps)

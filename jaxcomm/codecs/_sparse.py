@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm.codecs import _random
 from jaxcomm.codecs import _select
 from jaxcomm.codecs._base import Codec
@@ -40,13 +41,8 @@ def _fraction_or_k(fraction, k):
     raise ValueError(f"give exactly one of fraction (in (0, 1]) or k (an int >= 1), got "
                      f"fraction={fraction!r}, k={k!r}.")
   if fraction is not None:
-    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or \
-       not 0.0 < float(fraction) <= 1.0:
-      raise ValueError(f"fraction must be in (0, 1], got {fraction!r}.")
-    return float(fraction)
-  if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-    raise ValueError(f"k must be an int >= 1, got {k!r}.")
-  return int(k)
+    return v.number("fraction", fraction, low=0.0, high=1.0, low_open=True)
+  return v.integer("k", k, low=1)
 
 
 def _resolve(count, size: int, name: str) -> int:
@@ -252,8 +248,7 @@ def rtop_k(r: int | float, k: int | float, *, order: str = "rank") -> Codec:
   (1, True, 5)
   """
   r, k = _check_count(r, "r"), _check_count(k, "k")
-  if order not in ("rank", "index"):
-    raise ValueError(f"order must be 'rank' or 'index', got {order!r}.")
+  order = v.one_of("order", order, ("rank", "index"))
   if isinstance(r, numbers.Integral) == isinstance(k, numbers.Integral) and k > r:
     raise ValueError(f"k ({k}) must not exceed r ({r}): k of the top r are sent.")
 

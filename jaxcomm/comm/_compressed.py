@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm.codecs import Codec
 from jaxcomm.comm._collectives import (AxisName, all_gather, all_gather_bytes, all_to_all,
                                        all_to_all_bytes, allreduce_bytes, axis_names, axis_size,
@@ -348,8 +349,7 @@ def compressed_sum(vec: jax.Array, codec: Codec, axis_name: AxisName, collective
   >>> out.total, nbytes
   (Array([ 2., -2.], dtype=float32), 0.0)
   """
-  if collective not in COLLECTIVES:
-    raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}.")
+  v.one_of("collective", collective, COLLECTIVES)
   if weights is not None and collective != "gather":
     raise ValueError(f"weights are for collective='gather' only, got {collective!r}.")
   if collective == "two_phase":
@@ -374,8 +374,7 @@ def compressed_bytes(codec: Codec, n: int, w: int, collective: str) -> float:
   >>> compressed_bytes(codecs.identity(), 1000, 8, "psum")
   7000.0
   """
-  if collective not in COLLECTIVES:
-    raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}.")
+  v.one_of("collective", collective, COLLECTIVES)
   if w <= 1:
     return 0.0
   if collective == "psum":

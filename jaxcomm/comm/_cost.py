@@ -35,6 +35,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from jaxcomm import _validate as v
 from jaxcomm.comm._collectives import axis_names
 from jaxcomm.comm._inspect import Collective
 from jaxcomm.comm._inspect import CollectiveReport
@@ -134,9 +135,7 @@ def preset(name: str) -> Link:
   >>> preset("wan").latency
   0.03
   """
-  if name not in PRESETS:
-    raise ValueError(f"link preset {name!r} is unknown; allowed: {', '.join(PRESETS)}.")
-  return PRESETS[name]
+  return PRESETS[v.one_of("name", name, PRESETS)]
 
 
 def _as_link(spec: Any, argname: str) -> Link:
@@ -221,13 +220,11 @@ def topology(spec: Any) -> Topology:
 
 
 def _check_op(op: str) -> None:
-  if op not in OPS:
-    raise ValueError(f"op {op!r} is unknown; allowed: {', '.join(OPS)}.")
+  v.one_of("op", op, OPS)
 
 
 def _check_algorithm(algorithm: str) -> None:
-  if algorithm not in ALGORITHMS:
-    raise ValueError(f"algorithm {algorithm!r} is unknown; allowed: {', '.join(ALGORITHMS)}.")
+  v.one_of("algorithm", algorithm, ALGORITHMS)
 
 
 def _steps_and_bytes(op: str, algorithm: str, n: float, p: int) -> tuple[float, float]:
@@ -265,8 +262,7 @@ def algorithm_times(op: str, nbytes: float, group_size: int, link: Link) -> dict
   _check_op(op)
   nbytes = _finite(nbytes, "nbytes", positive=False)
   p = _count(group_size, "group_size")
-  if not isinstance(link, Link):
-    raise ValueError(f"link must be a Link (see comm.preset), got {link!r}.")
+  v.instance("link", link, Link, "Link (see comm.preset)")
   if p == 1 or (op == "collective-permute" and nbytes == 0):
     return {a: 0.0 for a in _CONCRETE}
   out = {}

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm.data import _validate
 
 # name -> (image shape, classes) of the synthetic image datasets.
@@ -37,7 +38,7 @@ def _rng(seed: int, step: int) -> np.random.Generator:
 
 def _process_share(batch: dict, global_batch: int, process_index: int, process_count: int):
   n = global_batch // process_count
-  return {k: v[process_index * n:(process_index + 1) * n] for k, v in batch.items()}
+  return {k: x[process_index * n:(process_index + 1) * n] for k, x in batch.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +138,7 @@ def synthetic_images(name: str) -> SyntheticImages:
   >>> ds.shape, ds.num_classes
   ((224, 224, 3), 1000)
   """
-  if name not in SYNTHETIC_IMAGES:
-    raise ValueError(f"synthetic image dataset {name!r} does not exist; allowed: "
-                     f"{', '.join(SYNTHETIC_IMAGES)}.")
+  v.one_of("name", name, SYNTHETIC_IMAGES)
   shape, classes = SYNTHETIC_IMAGES[name]
   return SyntheticImages(name, shape, classes)
 

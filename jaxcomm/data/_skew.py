@@ -103,8 +103,6 @@ def label_skew(dataset: ArrayDataset, num_workers: int, alpha: float, *,
   >>> ds.batch(0, 16)["x"].shape, ds.label_counts().shape
   ((16, 64), (8, 10))
   """
-  if not isinstance(dataset, ArrayDataset):
-    raise ValueError(f"label_skew needs a labelled ArrayDataset (e.g. digits), got "
-                     f"{type(dataset).__name__}.")
+  v.instance("dataset", dataset, ArrayDataset, "labelled ArrayDataset (e.g. data.digits())")
   return LabelSkewDataset(dataset, dirichlet_split(dataset.y, num_workers, alpha, seed=seed),
                           float(alpha))

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 
 from jaxcomm import _validate as v
-from jaxcomm import codecs, comm
+from jaxcomm import codecs, comm, sync
 from jaxcomm.local import _core
 from jaxcomm.local import _transport
 
@@ -35,15 +35,18 @@ class DilocoState(NamedTuple):
 
 def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Array,
                    n_live: jax.Array, memory: jax.Array, key: jax.Array,
-                   codec: codecs.CodecLike | None, axis_name, decay: float = 1.0,
+                   codec: codecs.CodecLike | None, axis_name,
+                   error: sync.ErrorMemory | None = None,
                    collective: str | None = None) -> tuple[Any, jax.Array, float]:
-  """Δ = θ_out − mean over live workers of θ_w, optionally encoded with error feedback.
+  """Δ = θ_out − mean over live workers of θ_w, optionally encoded with an error memory.
 
   Each worker sends its own δ_w = θ_out − θ_w (small numbers, which is what a codec should
   see). Returns (Δ like params, new memory, wire bytes). A sync without a live worker gives
-  Δ = 0. With a memory (f32[n], not None) the worker sends C(δ_w + β e_w) and keeps
-  e_w ← δ_w + β e_w − D(C(δ_w + β e_w)), β = `decay`; a dropped worker keeps its memory.
-  `collective`: how the codec's payloads travel (`_transport.COLLECTIVES`).
+  Δ = 0. With an error memory (`error`, whose float32 buffer of n elements is `memory`) the
+  worker sends C(p), p = error.send(e_w, δ_w), and keeps e_w ← error.keep(e_w, p, D(C(p)))
+  (`sync.error_feedback(decay=β)`: p = δ_w + β e_w, e_w ← p − D(C(p))); a dropped worker
+  keeps its memory. `collective`: how the codec's payloads travel
+  (`_transport.COLLECTIVES`).
   """
   delta = jax.tree.map(jnp.subtract, outer_params, local)
   denom = jnp.maximum(n_live, 1.0)
@@ -53,11 +56,11 @@ def outer_gradient(outer_params: Any, local: Any, mine: jax.Array, row: jax.Arra
     return jax.tree.map(lambda s: s / denom.astype(s.dtype), total), memory, nbytes
   codec = codecs.for_tree(codec, delta)
   vec, unflatten = codecs.flatten(delta)
-  if memory is not None:
-    vec = vec + decay * memory
+  if error is not None:
+    vec = error.send(memory, vec)
   total, own, nbytes = _transport.codec_sum(codec, vec, key, mine, row, axis_name, collective)
-  if memory is not None:
-    memory = jnp.where(mine > 0, vec - own, memory)
+  if error is not None:
+    memory = jnp.where(mine > 0, error.keep(memory, vec, own), memory)
   return unflatten(total / denom), memory, nbytes
 
 
@@ -163,7 +166,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
   collective = _transport.check_collective(collective, codec)
   key = v.key("key", key)
-  eager = v.one_of("eager", eager, (False, True))
+  eager = v.flag("eager", eager)
   weighting = v.one_of("weighting", weighting, WEIGHTINGS)
   steps = _per_worker("worker_steps", worker_steps, lambda n, x: v.integer(
       n, x, low=1, high=sync_every))
@@ -172,9 +175,10 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   if steps is not None and tokens is not None and steps.size != tokens.size:
     raise ValueError(f"worker_steps has {steps.size} workers but tokens_per_step has "
                      f"{tokens.size}.")
-  return build(inner, outer, sync_every, axis_name, codec=codec, memory=memory is not None,
-               decay=1.0, live_fn=live_fn, key=key, name="diloco", collective=collective,
-               eager=eager, steps=steps, tokens=tokens if weighting == "tokens" else None,
+  return build(inner, outer, sync_every, axis_name, codec=codec,
+               memory=None if memory is None else sync.error_feedback(), live_fn=live_fn,
+               key=key, name="diloco", collective=collective, eager=eager, steps=steps,
+               tokens=tokens if weighting == "tokens" else None,
                token_weights=weighting == "tokens")
 
 
@@ -211,11 +215,15 @@ def _merge_weights(steps, tokens, token_weights, mine, row, axis_name):
   return row[_core.worker_index(axis_name)], row, jnp.sum(row)
 
 
-def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, decay: float,
-          live_fn, key: jax.Array, name: str, collective: str | None = None,
-          eager: bool = False, steps=None, tokens=None, token_weights: bool = False
-          ) -> optax.GradientTransformationExtraArgs:
-  """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data."""
+def build(inner, outer, sync_every: int, axis_name, *, codec,
+          memory: sync.ErrorMemory | None, live_fn, key: jax.Array, name: str,
+          collective: str | None = None, eager: bool = False, steps=None, tokens=None,
+          token_weights: bool = False) -> optax.GradientTransformationExtraArgs:
+  """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data.
+
+  `memory`: the outer gradient's error memory (float32 buffers: `sync.error_feedback`'s),
+  or None.
+  """
   phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):
@@ -225,7 +233,7 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
     return DilocoState(
         count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
         outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
-        memory=jnp.zeros((n,), jnp.float32) if memory else None,
+        memory=None if memory is None else memory.init(n),
         key=key,
         wire_bytes=comm.zero_bytes(),
         in_flight=jax.tree.map(jnp.zeros_like, params) if eager else None,
@@ -249,7 +257,7 @@ def build(inner, outer, sync_every: int, axis_name, *, codec, memory: bool, deca
       mine, row, n_live = _merge_weights(steps, tokens, token_weights, mine, row, axis_name)
       key, sub = jax.random.split(key)
       grad, mem, nbytes = outer_gradient(outer_params, local, mine, row, n_live, mem, sub,
-                                         codec, axis_name, decay, collective)
+                                         codec, axis_name, memory, collective)
       if eager:
         grad, in_flight, sent = eager_gradient(grad, outer_params, local, mine, n_live,
                                                in_flight, sent)

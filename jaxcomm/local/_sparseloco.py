@@ -10,7 +10,7 @@ import optax
 from jax import lax
 
 from jaxcomm import _validate as v
-from jaxcomm import codecs, comm
+from jaxcomm import codecs, comm, sync
 from jaxcomm.local import _core
 from jaxcomm.local import _diloco
 
@@ -143,5 +143,6 @@ def sparseloco(inner: optax.GradientTransformation, sync_every: int, density: fl
   decay = v.number("decay", decay, low=0.0, high=1.0)
   outer_lr = v.number("outer_lr", outer_lr, low=0.0, low_open=True)
   return _diloco.build(inner, optax.sgd(outer_lr), sync_every, axis_name,
-                       codec=topk_chunks(density, bits, chunk), memory=True, decay=decay,
+                       codec=topk_chunks(density, bits, chunk),
+                       memory=sync.error_feedback(decay=decay),
                        live_fn=live_fn, key=v.key("key", None), name="sparseloco")

@@ -82,7 +82,7 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   (2, 2)
   """
   compensation = v.one_of("compensation", compensation, _stale.COMPENSATIONS)
-  eager = v.one_of("eager", eager, (False, True))
+  eager = v.flag("eager", eager)
   if eager and compensation is not None:
     raise ValueError(f"eager=True cannot be combined with compensation={compensation!r} "
                      f"(use compensation=None).")

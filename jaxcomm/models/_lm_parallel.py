@@ -21,6 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import _validate as v
 from jaxcomm import parallel
 from jaxcomm.models._transformer import Block
 from jaxcomm.models._transformer import TransformerLM
@@ -59,9 +60,7 @@ def sequence_attention(kind: str, axis_name: str | None = "sequence", *,
       "softmax": causal_attention,
       "linear": functools.partial(parallel.linear_attention, decay=decay),
   }
-  if kind not in kinds:
-    raise ValueError(f"attention {kind!r} is unknown; allowed: {', '.join(kinds)}.")
-  return kinds[kind]
+  return kinds[v.one_of("kind", kind, kinds)]
 
 
 def check_sequence_layout(seq_len: int, num_heads: int, axis_size: int, kind: str) -> None:
@@ -145,7 +144,7 @@ def lm_stage_params(params, num_stages: int) -> dict:
   per = layers // num_stages
   stages = jax.tree.map(lambda *xs: jnp.stack(xs).reshape(num_stages, per, *xs[0].shape),
                         *blocks)
-  return {"shared": {k: v for k, v in p.items() if not k.startswith("block")},
+  return {"shared": {k: x for k, x in p.items() if not k.startswith("block")},
           "stages": stages}
 
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp  # noqa: F401 (the docstring examples use it)
 from flax import nnx
 
+from jaxcomm import _validate as v
 from jaxcomm.models._mlp import classification_loss
 from jaxcomm.models._transformer import _Param
 from jaxcomm.models._transformer import block_forward
@@ -64,8 +65,7 @@ class NnxTransformerLM(nnx.Module):
                rngs: nnx.Rngs):
     if d_model % num_heads:
       raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads}).")
-    if not 0.0 <= dropout < 1.0:
-      raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
+    v.number("dropout", dropout, low=0.0, high=1.0, high_open=True)
     embed, block, head = lm_tables(vocab_size, d_model, num_heads, d_ff, max_len)
     for name, table in {**embed, **head}.items():
       setattr(self, name, _declare(table, rngs))
@@ -101,8 +101,7 @@ class NnxMLP(nnx.Module):
 
   def __init__(self, in_features: int, hidden: Sequence[int] = (64,), num_classes: int = 10,
                *, dropout: float = 0.0, batch_norm: bool = False, rngs: nnx.Rngs):
-    if not 0.0 <= dropout < 1.0:
-      raise ValueError(f"dropout must be in [0, 1), got {dropout!r}.")
+    v.number("dropout", dropout, low=0.0, high=1.0, high_open=True)
     widths = [in_features, *hidden, num_classes]
     self.num_hidden = len(hidden)
     self.batch_norm = batch_norm

@@ -7,6 +7,8 @@ from typing import Sequence
 
 import flax.linen as nn
 
+from jaxcomm import _validate as v
+
 
 def _norm(groups: int) -> nn.Module:
   # GroupNorm, not BatchNorm: batch statistics are mutable state outside the parameters that
@@ -90,10 +92,8 @@ class ResNet(nn.Module):
   groups: int = 8
 
   def __post_init__(self):
-    if self.block not in BLOCKS:
-      raise ValueError(f"block {self.block!r} is unknown; allowed: {', '.join(BLOCKS)}.")
-    if self.stem not in STEMS:
-      raise ValueError(f"stem {self.stem!r} is unknown; allowed: {', '.join(STEMS)}.")
+    v.one_of("block", self.block, BLOCKS)
+    v.one_of("stem", self.stem, STEMS)
     super().__post_init__()
 
   @nn.compact

@@ -51,8 +51,6 @@ def by_sharding(tx: optax.GradientTransformation,
   ['replicated', 'tensor']
   """
   tx = v.transform("tx", tx)
+  v.specs("param_specs", param_specs)
   labels = jax.tree.map(sharding_label, param_specs, is_leaf=lambda s: isinstance(s, P))
-  if not all(isinstance(s, P) for s in jax.tree.leaves(param_specs,
-                                                        is_leaf=lambda s: isinstance(s, P))):
-    raise ValueError(f"param_specs must be a tree of PartitionSpecs, got {param_specs!r}.")
   return optax.multi_transform({label: tx for label in set(jax.tree.leaves(labels))}, labels)

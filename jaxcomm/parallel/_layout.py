@@ -9,10 +9,10 @@ from typing import Any, Sequence
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm.parallel import _by_sharding
 from jaxcomm.parallel import _rules
-from jaxcomm.parallel import _validate
 from jaxcomm.parallel import _zero
 from jaxcomm.parallel._mesh import BATCH_AXES
 
@@ -55,9 +55,9 @@ class Layout:
   collective_matmul: bool = False
 
   def __post_init__(self):
-    _validate.mesh(self.mesh)
-    _validate.flag("sequence_parallel", self.sequence_parallel)
-    _validate.flag("collective_matmul", self.collective_matmul)
+    v.mesh("mesh", self.mesh)
+    v.flag("sequence_parallel", self.sequence_parallel)
+    v.flag("collective_matmul", self.collective_matmul)
     object.__setattr__(self, "rules", _rules.make_rules(self.rules))
     if "batch" not in dict(self.rules):  # every model and the Trainer split the batch by it
       raise ValueError(f"rules must map the logical axis 'batch' (a table replaces the "

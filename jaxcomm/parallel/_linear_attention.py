@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 
@@ -225,8 +226,7 @@ def linear_attention_allscan(q_block, k_block, v_block, axis_name: str | None, *
   >>> linear_attention_allscan(x, x, x, None)[0, :, 0, 0].tolist()
   [1.0, 2.0, 3.0]
   """
-  if num_pieces is not None and num_pieces < 1:
-    raise ValueError(f"num_pieces must be >= 1, got {num_pieces}.")
+  num_pieces = v.integer("num_pieces", num_pieces, low=1, allow_none=True)
   return _linear_attention_chain(q_block, k_block, v_block, axis_name, decay, num_pieces)
 
 

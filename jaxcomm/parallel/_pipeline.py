@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
@@ -60,8 +61,8 @@ def bubble_fraction_gpipe(num_stages: int, num_microbatches: int) -> float:
 
 
 def _check(num_stages, num_microbatches):
-  if num_stages < 1:
-    raise ValueError(f"num_stages must be >= 1, got {num_stages}.")
+  v.integer("num_stages", num_stages, low=1)
+  v.integer("num_microbatches", num_microbatches, low=1)
   if num_microbatches < num_stages:
     raise ValueError(f"num_microbatches ({num_microbatches}) must be >= num_stages "
                      f"({num_stages}): fewer micro-batches than stages leaves stages idle.")

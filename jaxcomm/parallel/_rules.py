@@ -145,7 +145,7 @@ def param_specs(logical_axes: Any, rules: Rules, mesh: jax.sharding.Mesh, params
   >>> param_specs({"w": ("embed", "mlp")}, DEFAULT_RULES, mesh)
   {'w': P(None, 'tensor')}
   """
-  shape = dict(_validate.mesh(mesh).shape)
+  shape = dict(v.mesh("mesh", mesh).shape)
   max_replicated = v.number("max_replicated", max_replicated, low=0.0, high=1.0)
   leaves, treedef = jax.tree.flatten(logical_axes, is_leaf=_is_axes)
   arrays = [None] * len(leaves) if params is None else treedef.flatten_up_to(params)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import _validate as v
@@ -66,18 +64,6 @@ def mesh_shape(shape: Any, axis_names: Any, num_devices: int) -> tuple[tuple, tu
   return shape, axis_names
 
 
-def mesh(value: Any) -> jax.sharding.Mesh:
-  if not isinstance(value, jax.sharding.Mesh):
-    raise ValueError(f"mesh must be a jax.sharding.Mesh (see parallel.make_mesh), got {value!r}.")
-  return value
-
-
-def flag(name: str, value: Any) -> bool:
-  if not isinstance(value, bool):
-    raise ValueError(f"{name} must be True or False, got {value!r}.")
-  return value
-
-
 def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
   """The static choices of `zero`, normalised."""
   v.transform("inner", inner)
@@ -98,9 +84,5 @@ def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
     if key is None:
       raise ValueError(f"codec {codec.name!r} is stochastic: pass key=jax.random.key(...).")
   if key is not None:
-    dtype = getattr(key, "dtype", None)
-    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
-    raw = dtype == jnp.uint32 and getattr(key, "shape", None) == (2,)
-    if not (typed or raw):
-      raise ValueError(f"key must be a PRNG key (jax.random.key(...)), got {key!r}.")
+    v.key("key", key)
   return stage, axis_name, memory, accumulate_steps

@@ -54,8 +54,10 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
+from jaxcomm import sync
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel._fsdp import gather_dims
 
@@ -137,6 +139,8 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
   # Extra arguments of `update` (other than params) are handed on to `inner` as they are.
   inner = optax.with_extra_args_support(inner)
   stochastic = codec is not None and codec.stochastic
+  # memory="ef": the shared error-feedback memory (float32 buffer of the padded vector).
+  error_memory = sync.error_feedback() if memory else None
   if stage == 3:
     if param_specs is None:
       raise ValueError("stage 3 needs param_specs: the PartitionSpecs the parameters are "
@@ -175,7 +179,7 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     empty = optax.EmptyState()
     return ZeroState(
         inner_state=inner.init(my_chunk(pvec, m)),
-        error=jnp.zeros((n,), jnp.float32) if memory else empty,
+        error=error_memory.init(n) if error_memory is not None else empty,
         accumulated=jnp.zeros(({1: n, 2: m}[stage],), jnp.float32) if k > 1 else empty,
         count=jnp.zeros((), jnp.int32), key=raw_key, wire_bytes=comm.zero_bytes(),
         master=my_chunk(pvec, m) if gather_codec is not None else empty)
@@ -185,11 +189,13 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
     if codec is None:
       chunk, nbytes = comm.reduce_scatter(vec, axes or None)
       return chunk, error, nbytes
-    vec = vec + error if memory else vec
+    sent = vec if error_memory is None else error_memory.send(error, vec)
     if stochastic and axes and not codec.shared_key:  # Independent noise on every worker.
       enc_key = jax.random.fold_in(enc_key, lax.axis_index(axes))
-    out, nbytes = comm.reduce_scatter_encoded(vec, codec, axes or None, key=enc_key)
-    return out.chunk, (vec - out.own if memory else error), nbytes
+    out, nbytes = comm.reduce_scatter_encoded(sent, codec, axes or None, key=enc_key)
+    if error_memory is not None:
+      error = error_memory.keep(error, sent, out.own)
+    return out.chunk, error, nbytes
 
   def optimise(chunk_mean, inner_state, params, master, extra):
     """Inner step on this device's chunk, then all-gather: (vec, state, master, bytes).
@@ -258,9 +264,8 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
 
 def _zero3(inner, axis_name, param_specs, regather):
   axes = comm.axis_names(axis_name)
-  spec_leaves = jax.tree.leaves(param_specs, is_leaf=lambda s: isinstance(s, P))
-  if not all(isinstance(s, P) for s in spec_leaves):
-    raise ValueError(f"param_specs must be a tree of PartitionSpecs, got {param_specs!r}.")
+  spec_leaves = jax.tree.leaves(v.specs("param_specs", param_specs),
+                                is_leaf=lambda s: isinstance(s, P))
   dims = [gather_dims(s, axes) for s in spec_leaves]
   regathered = [True] * len(dims) if regather is None else jax.tree.leaves(regather)
   if len(regathered) != len(dims) or not all(isinstance(r, bool) for r in regathered):

@@ -215,8 +215,7 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
   >>> step.state_bytes["params"], step.state_bytes["batch"]  # per device: 8 rows of x
   (40000, 32000)
   """
-  if not isinstance(trainer, train.Trainer):
-    raise ValueError(f"trainer must be a jaxcomm.train.Trainer, got {type(trainer).__name__}.")
+  v.instance("trainer", trainer, train.Trainer, "jaxcomm.train.Trainer")
   steps = v.integer("steps", steps, low=1)
   params = jax.tree.map(lambda x: _struct(x, "params"), params)
   state = abstract_state(trainer, params)

@@ -81,9 +81,7 @@ def device(name: str) -> Device:
   >>> device("tpu_v5e").peak_flops
   197000000000000.0
   """
-  if name not in DEVICES:
-    raise ValueError(f"device {name!r} is unknown; allowed: {', '.join(DEVICES)}.")
-  return DEVICES[name]
+  return DEVICES[v.one_of("device", name, DEVICES)]
 
 
 def check_mfu(mfu: Any) -> float:
@@ -108,6 +106,5 @@ def compute_seconds(flops: float, dev: Device, mfu: float) -> float:
   >>> round(compute_seconds(6e12, device("h100"), 0.5), 6)
   0.012127
   """
-  if not isinstance(dev, Device):
-    raise ValueError(f"device must be a plan.Device (see plan.device), got {dev!r}.")
+  v.instance("device", dev, Device, "plan.Device (see plan.device)")
   return sim.seconds_from_flops(flops, dev.peak_flops, check_mfu(mfu))

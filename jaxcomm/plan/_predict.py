@@ -55,8 +55,7 @@ def predict(step: StepPlan, topology: Any, compute_seconds: float, *, overlap_st
   >>> round(p.comm, 9), round(p.step, 9)  # 14 latencies + 7 KB at 1 GB/s, after the compute
   (0.000147, 0.010147)
   """
-  if not isinstance(step, StepPlan):
-    raise ValueError(f"step must be a plan.StepPlan (from plan.compile_step), got {step!r}.")
+  v.instance("step", step, StepPlan, "plan.StepPlan (from plan.compile_step)")
   compute_seconds = v.number("compute_seconds", compute_seconds, low=0)
   costs = comm.cost(step.report, topology, algorithm)
   comm_s = sim.comm_seconds_per_step(step.schedule, costs)

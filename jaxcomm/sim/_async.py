@@ -73,9 +73,8 @@ def rennala_sgd(batch: int) -> Method:
   >>> rennala_sgd(8).batch
   8
   """
-  if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-    raise ValueError(f"batch must be an int >= 1, got {batch!r}.")
-  return Method(f"Rennala SGD (B={batch})", "rennala", batch=int(batch))
+  batch = v.integer("batch", batch, low=1)
+  return Method(f"Rennala SGD (B={batch})", "rennala", batch=batch)
 
 
 def mindflayer_sgd(allotted, trials=1) -> Method:
@@ -322,14 +321,10 @@ def simulate_workers(method: Method, grad_fn: Callable, loss_fn: Callable, param
   >>> r.time.tolist(), r.used[0].tolist()
   ([0.0, 2.0, 4.0, 6.0], [2, 1, 1, 1, 1, 1, 1, 0])
   """
-  if method.kind not in _BUILDERS:
-    raise ValueError(f"method kind {method.kind!r} is unknown; allowed: {', '.join(METHODS)}.")
-  if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-    raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
-  if not lr > 0:
-    raise ValueError(f"lr must be > 0, got {lr!r}.")
-  if axis_name not in mesh.axis_names:
-    raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed: {mesh.axis_names}.")
+  v.one_of("method.kind", method.kind, METHODS)
+  steps = v.integer("steps", steps, low=1)
+  lr = v.number("lr", lr, low=0.0, low_open=True)
+  axis_name = v.one_of("axis_name", axis_name, mesh.axis_names)
   num_workers = mesh.shape[axis_name]
   compute.check(num_workers)
   if method.kind == "mindflayer":

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +117,7 @@ def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
   if len(compute_s) != len(comm_s):
     raise ValueError(f"compute_seconds has {len(compute_s)} steps but comm_seconds has "
                      f"{len(comm_s)}.")
-  k = overlap_steps
-  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-    raise ValueError(f"overlap_steps must be an integer >= 0, got {k!r}.")
+  k = v.integer("overlap_steps", overlap_steps, low=0)
   steps = len(comm_s)
   compute_end, comm_end = np.zeros(steps), np.zeros(steps)
   free = 0.0      # when the network is next free
@@ -168,8 +167,7 @@ def comm_seconds_per_step(step_bytes: Sequence[float], comm_cost: comm.CommCost)
   step_bytes = np.asarray(step_bytes, dtype=np.float64)
   if step_bytes.ndim != 1 or not np.all(np.isfinite(step_bytes)) or np.any(step_bytes < 0):
     raise ValueError("step_bytes must be a 1-D sequence of finite byte counts >= 0.")
-  if not isinstance(comm_cost, comm.CommCost):
-    raise ValueError(f"comm_cost must be a comm.CommCost (from comm.cost), got {comm_cost!r}.")
+  v.instance("comm_cost", comm_cost, comm.CommCost, "comm.CommCost (from comm.cost)")
   every = comm_cost.seconds(conditional=False)
   every_bytes = comm_cost.wire_bytes(conditional=False)
   branch, branch_bytes = comm_cost.seconds(conditional=True), comm_cost.wire_bytes(

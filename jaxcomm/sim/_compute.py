@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from jaxcomm import _validate as v
 
 
 def measure_seconds(fn: Callable, *args: Any, repeats: int = 5, warmup: int = 1,
@@ -29,12 +30,9 @@ def measure_seconds(fn: Callable, *args: Any, repeats: int = 5, warmup: int = 1,
   >>> measure_seconds(lambda x: x @ x, jnp.ones((8, 8)), repeats=2) > 0
   True
   """
-  if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-    raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
-  if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-    raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}.")
-  if statistic not in ("median", "min"):
-    raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}.")
+  repeats = v.integer("repeats", repeats, low=1)
+  warmup = v.integer("warmup", warmup, low=0)
+  statistic = v.one_of("statistic", statistic, ("median", "min"))
   jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
   for _ in range(warmup):
     jax.block_until_ready(jitted(*args))
@@ -67,13 +65,7 @@ def seconds_from_flops(flops: float, peak_flops: float, utilization: float = 1.0
   >>> round(seconds_from_flops(6e12, peak_flops=197e12, utilization=0.5), 6)
   0.060914
   """
-  for value, name in ((flops, "flops"), (peak_flops, "peak_flops")):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-       not math.isfinite(value) or value < 0:
-      raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
-  if peak_flops == 0:
-    raise ValueError("peak_flops must be > 0.")
-  if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or \
-     not 0 < utilization <= 1:
-    raise ValueError(f"utilization must be in (0, 1], got {utilization!r}.")
+  flops = v.number("flops", flops, low=0.0)
+  peak_flops = v.number("peak_flops", peak_flops, low=0.0, low_open=True)
+  utilization = v.number("utilization", utilization, low=0.0, high=1.0, low_open=True)
   return flops / (peak_flops * utilization)

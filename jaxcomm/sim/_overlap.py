@@ -16,10 +16,11 @@ sooner), and the step takes forward + backward + exposed + optimizer.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from jaxcomm import _validate as v
 
 
 class BackwardOverlap(NamedTuple):
@@ -34,10 +35,7 @@ class BackwardOverlap(NamedTuple):
 
 
 def _seconds(value, name: str) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-     or not math.isfinite(value) or value < 0:
-    raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}.")
-  return float(value)
+  return v.number(name, value, low=0.0)  # seconds
 
 
 def backward_overlap(forward: float, backward: float, bucket_bytes: Sequence[float],

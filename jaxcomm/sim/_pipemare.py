@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxcomm import _validate as v
+
 
 def pipeline_delays(num_stages: int, num_microbatches: int = 1) -> tuple[int, ...]:
   """Forward weight delays of an asynchronous pipeline: ceil((2 (S - i) - 1) / N), i = 0..S-1.
@@ -41,9 +43,8 @@ def pipeline_delays(num_stages: int, num_microbatches: int = 1) -> tuple[int, ..
   >>> pipeline_delays(4)
   (7, 5, 3, 1)
   """
-  for name, v in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+  num_stages = v.integer("num_stages", num_stages, low=1)
+  num_microbatches = v.integer("num_microbatches", num_microbatches, low=1)
   return tuple(math.ceil((2 * (num_stages - i) - 1) / num_microbatches)
                for i in range(num_stages))
 
@@ -137,12 +138,11 @@ def pipemare_sgd(stages: Sequence[Callable], loss_fn: Callable, params: Sequence
   if np.any(bwd > fwd):
     raise ValueError(f"backward_delays {bwd.tolist()} must not exceed forward_delays "
                      f"{fwd.tolist()} (the backward pass runs after the forward).")
-  if not lr > 0:
-    raise ValueError(f"lr must be > 0, got {lr!r}.")
+  lr = v.number("lr", lr, low=0.0, low_open=True)
   if lr_rescheduling and warmup_steps < 1:
     raise ValueError("lr_rescheduling needs warmup_steps >= 1.")
-  if not 0.0 <= velocity_decay < 1.0:
-    raise ValueError(f"velocity_decay must be in [0, 1), got {velocity_decay}.")
+  velocity_decay = v.number("velocity_decay", velocity_decay, low=0.0, high=1.0,
+                            high_open=True)
   depth = int(fwd.max()) + 1  # ring buffer length: enough for the oldest weights needed
   taus = np.maximum(fwd, 1).astype(np.float32)
 
@@ -159,8 +159,8 @@ def pipemare_sgd(stages: Sequence[Callable], loss_fn: Callable, params: Sequence
     t = state.step
     w_fwd = tuple(weights_at(h, t, int(d)) for h, d in zip(state.history, fwd))
     if discrepancy_correction:
-      w_bwd = tuple(jax.tree.map(lambda w, v, gap=float(f - b): w - gap * v, p, v)
-                    for p, v, f, b in zip(state.params, state.velocity, fwd, bwd))
+      w_bwd = tuple(jax.tree.map(lambda w, u, gap=float(f - b): w - gap * u, p, vel)
+                    for p, vel, f, b in zip(state.params, state.velocity, fwd, bwd))
     else:
       w_bwd = tuple(weights_at(h, t, int(d)) for h, d in zip(state.history, bwd))
     loss, grads = jax.value_and_grad(loss_of)(w_fwd, w_bwd, batch)
@@ -171,7 +171,7 @@ def pipemare_sgd(stages: Sequence[Callable], loss_fn: Callable, params: Sequence
       rates = [lr] * num_stages
     new_params = tuple(jax.tree.map(lambda w, g, r=r: w - r * g, p, g)
                        for p, g, r in zip(state.params, grads, rates))
-    velocity = tuple(jax.tree.map(lambda v, n, o: velocity_decay * v + (1 - velocity_decay)
+    velocity = tuple(jax.tree.map(lambda u, n, o: velocity_decay * u + (1 - velocity_decay)
                                   * (n - o), vel, new, old)
                      for vel, new, old in zip(state.velocity, new_params, state.params))
     slot = jnp.mod(t + 1, depth)

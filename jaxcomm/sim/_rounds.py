@@ -14,6 +14,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm.sim._workers import ComputeModel
 
 
@@ -43,8 +44,7 @@ def round_seconds(model: ComputeModel, key: jax.Array, worker_steps: Sequence[in
      or np.any(steps < 1):
     raise ValueError(f"worker_steps must be a list of integers >= 1, one per worker; got "
                      f"{worker_steps!r}.")
-  if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
-    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}.")
+  rounds = v.integer("rounds", rounds, low=1)
   if not np.isfinite(comm_seconds) or comm_seconds < 0:
     raise ValueError(f"comm_seconds must be a finite number >= 0, got {comm_seconds!r}.")
   table = model.table(key, steps.size, int(rounds * steps.max())).astype(np.float64)

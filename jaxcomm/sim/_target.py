@@ -3,10 +3,11 @@ and a simulated clock (`Timeline.known`: when each step's result is known)."""
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
+
+from jaxcomm import _validate as v
 
 
 def smooth(losses: Sequence[float], window: int = 1) -> np.ndarray:
@@ -15,8 +16,7 @@ def smooth(losses: Sequence[float], window: int = 1) -> np.ndarray:
   >>> smooth([4.0, 2.0, 3.0], window=2).tolist()
   [4.0, 3.0, 2.5]
   """
-  if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-    raise ValueError(f"window must be an integer >= 1, got {window!r}.")
+  window = v.integer("window", window, low=1)
   losses = np.asarray(losses, dtype=np.float64)
   if losses.ndim != 1:
     raise ValueError(f"losses must be 1-D, got shape {losses.shape}.")
@@ -48,9 +48,7 @@ def time_to_target(losses: Sequence[float], times: Sequence[float], target: floa
   >>> time_to_target([3.0, 2.0, 1.0], [1.0, 2.0, 3.0], target=0.5) is None
   True
   """
-  if isinstance(target, bool) or not isinstance(target, (int, float, np.floating)) or \
-     not math.isfinite(target):
-    raise ValueError(f"target must be a finite number, got {target!r}.")
+  target = v.number("target", target)
   curve = smooth(losses, window)
   times = np.asarray(times, dtype=np.float64)
   if times.shape != curve.shape:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 
 
@@ -83,14 +84,10 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
   >>> updates["w"]
   Array([-0.1,  0.1, -0.1,  0.1], dtype=float32)
   """
-  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-    raise ValueError(f"chunk must be an int >= 1, got {chunk!r}.")
-  if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= chunk * chunk:
-    raise ValueError(f"k must be an int in 1..chunk**2 ({chunk * chunk}), got {k!r}.")
-  if not 0.0 <= beta < 1.0:
-    raise ValueError(f"beta must be in [0, 1), got {beta!r}.")
-  if not weight_decay >= 0.0:
-    raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}.")
+  chunk = v.integer("chunk", chunk, low=1)
+  k = v.integer("k", k, low=1, high=chunk * chunk)  # at most chunk**2 components per tile
+  beta = v.number("beta", beta, low=0.0, high=1.0, high_open=True)
+  weight_decay = v.number("weight_decay", weight_decay, low=0.0)
   lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 
   def init_fn(params):

@@ -25,7 +25,7 @@ from jax import lax
 from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
-from jaxcomm.sync._topology import GossipGraph, gossip_graph
+from jaxcomm.sync._topology import GRAPHS, GossipGraph, gossip_graph
 
 
 def _check_axis(graph: GossipGraph, axes: tuple) -> None:
@@ -161,7 +161,7 @@ def _resolve(graph, num_workers) -> GossipGraph:
   if isinstance(graph, str):
     if num_workers is None:
       raise ValueError(f"graph {graph!r} given by name needs num_workers (the data axis size).")
-    return gossip_graph(graph, num_workers)
+    return gossip_graph(v.one_of("graph", graph, GRAPHS), num_workers)
   raise ValueError(f"graph must be a GossipGraph or a graph name, got {type(graph).__name__}.")
 
 
@@ -293,8 +293,8 @@ def choco(inner: optax.GradientTransformation, graph: GossipGraph | str,
     raise ValueError(f"choco needs a static graph (each worker tracks its neighbours' public "
                      f"copies); {graph.name!r} is time-varying.")
   codecs.validate(codec)
-  if not 0.0 < consensus_step <= 1.0:
-    raise ValueError(f"consensus_step must be in (0, 1], got {consensus_step}.")
+  consensus_step = v.number("consensus_step", consensus_step, low=0.0, high=1.0,
+                            low_open=True)
   axes = comm.axis_names(v.axis_name("axis_name", axis_name))
   key = v.key("key", key)
 

@@ -106,11 +106,8 @@ def fractional_repetition(num_workers: int, stragglers: int) -> FractionalRepeti
   >>> code.num_groups, code.partitions(5)
   (4, [4, 5])
   """
-  for name, value in (("num_workers", num_workers), ("stragglers", stragglers)):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise ValueError(f"{name} must be an int, got {value!r}.")
-  if num_workers < 1:
-    raise ValueError(f"num_workers must be >= 1, got {num_workers}.")
+  num_workers = v.integer("num_workers", num_workers, low=1)
+  stragglers = v.integer("stragglers", stragglers)
   if not 0 <= stragglers < num_workers:
     raise ValueError(f"stragglers must be in [0, num_workers - 1] = [0, {num_workers - 1}], "
                      f"got s={stragglers}.")
@@ -208,13 +205,10 @@ def gradient_coding(code: FractionalRepetition, *, axis_name: comm.AxisName = "d
   >>> int(tx.init({"w": jnp.zeros(2)}).stragglers.sum())
   0
   """
-  if not isinstance(code, FractionalRepetition):
-    raise ValueError(f"code must come from fractional_repetition, got {type(code).__name__}.")
-  count = code.stragglers if num_stragglers is None else num_stragglers
-  if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or \
-     not 0 <= count < code.num_workers:
-    raise ValueError(f"num_stragglers must be an int in [0, {code.num_workers - 1}], "
-                     f"got {num_stragglers!r}.")
+  v.instance("code", code, FractionalRepetition,
+             "FractionalRepetition (from sync.fractional_repetition)")
+  count = code.stragglers if num_stragglers is None else v.integer(
+      "num_stragglers", num_stragglers, low=0, high=code.num_workers - 1)
   if count > code.stragglers and not approximate:
     raise ValueError(f"num_stragglers={count} exceeds the code's s={code.stragglers}: exact "
                      "decoding is impossible; pass approximate=True.")

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 from jaxcomm.sync import _powersgd
 
@@ -80,11 +81,8 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
   _powersgd.check_rank(rank)
   key = _powersgd.check_common(memory, start_iter, min_compression_rate,
                                orthogonalization_epsilon, key)
-  if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
-    raise ValueError(f"bits must be an int in 2..16, got {bits!r}.")
-  if collective not in LQ_COLLECTIVES:
-    raise ValueError(f"collective must be one of {LQ_COLLECTIVES} (log codes do not sum), got "
-                     f"{collective!r}.")
+  bits = v.integer("bits", bits, low=2, high=16)
+  collective = v.one_of("collective", collective, LQ_COLLECTIVES)  # log codes do not sum
   codec = codecs.log_quant(bits, alpha, block=block)
   return _powersgd.low_rank(rank, warm_start=warm_start, memory=memory,
                             start_iter=start_iter, min_compression_rate=min_compression_rate,

@@ -7,8 +7,8 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
-from jaxcomm.sync import _validate
 
 
 class MeanState(NamedTuple):
@@ -34,8 +34,8 @@ def mean(axis_name: comm.AxisName = "data", dtype: Any = None) -> optax.Gradient
   >>> updates["w"]
   Array([-0.1, -0.1, -0.1], dtype=float32)
   """
-  axis_name = _validate.axis_name(axis_name)
-  dtype = _validate.wire_dtype(dtype)
+  axis_name = v.axis_name("axis_name", axis_name)
+  dtype = None if dtype is None else v.dtype("dtype", dtype)  # None: the gradients' own
 
   def init_fn(params):
     del params

@@ -48,14 +48,19 @@ class ErrorMemory(NamedTuple):
   accumulate: bool = False
 
 
-def error_feedback(dtype: Any = jnp.float32) -> ErrorMemory:
-  """Error feedback (EF): send C(x + e), keep e <- (x + e) - D(C(x + e)).
+def error_feedback(dtype: Any = jnp.float32, decay: float = 1.0) -> ErrorMemory:
+  """Error feedback (EF): send C(x + β e), keep e <- (x + β e) - D(C(x + β e)).
+
+  β = `decay` is 1 for classic error feedback; SparseLoCo's memory decays (β < 1).
 
   Args:
     dtype: the dtype of the per-worker memory e (floating).
+    decay: β in [0, 1], the weight of the memory added to the next vector.
 
   Returns:
-    An `ErrorMemory` for `sync.compressed(codec, memory=...)` (the same as memory="ef").
+    An `ErrorMemory` for `sync.compressed(codec, memory=...)` (the same as memory="ef"
+    with the defaults); `local.diloco`, `local.sparseloco` and `parallel.zero` keep theirs
+    with it.
 
   References:
     Seide et al. 2014; Karimireddy et al., arXiv 1901.09847; Stich et al., arXiv 1809.07599.
@@ -68,7 +73,10 @@ def error_feedback(dtype: Any = jnp.float32) -> ErrorMemory:
   Array([1., 0., 2.], dtype=float32)
   """
   dtype = v.dtype("dtype", dtype)
-  return ErrorMemory(init=lambda n: jnp.zeros((n,), dtype), send=lambda e, x: x + e,
+  decay = v.number("decay", decay, low=0.0, high=1.0)
+  # β = 1 adds the memory itself (one operation fewer than 1.0 * e, the same values).
+  send = (lambda e, x: x + e) if decay == 1.0 else (lambda e, x: x + decay * e)
+  return ErrorMemory(init=lambda n: jnp.zeros((n,), dtype), send=send,
                      keep=lambda e, sent, own: sent - own)
 
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
 
 
@@ -74,13 +75,10 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
   >>> [round(float(u), 4) for u in updates["w"]]  # Adam's first step: -lr sign(g)
   [-0.1, 0.1]
   """
-  if isinstance(freeze_step, bool) or not isinstance(freeze_step, int) or freeze_step < 0:
-    raise ValueError(f"freeze_step must be an int >= 0, got {freeze_step!r}.")
-  for name, value in (("b1", b1), ("b2", b2)):
-    if not 0.0 <= value < 1.0:
-      raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
-  if not eps > 0:
-    raise ValueError(f"eps must be > 0, got {eps!r}.")
+  freeze_step = v.integer("freeze_step", freeze_step, low=0)
+  b1 = v.number("b1", b1, low=0.0, high=1.0, high_open=True)
+  b2 = v.number("b2", b2, low=0.0, high=1.0, high_open=True)
+  eps = v.number("eps", eps, low=0.0, low_open=True)
   codec = codecs.sign(block=block)
   lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 

@@ -377,22 +377,16 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
 
 
 def check_rank(rank) -> int:
-  if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-    raise ValueError(f"rank must be an int >= 1, got {rank!r}.")
-  return rank
+  return v.integer("rank", rank, low=1)
 
 
 def check_common(memory, start_iter, min_compression_rate, orthogonalization_epsilon,
                  key) -> jax.Array:
   """Checks the options shared with `lq_sgd`; returns the key as raw key data."""
   v.one_of("memory", memory, MEMORIES)
-  if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
-    raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}.")
-  if not isinstance(min_compression_rate, (int, float)) or min_compression_rate < 0:
-    raise ValueError(f"min_compression_rate must be a number >= 0, got {min_compression_rate!r}.")
-  if not isinstance(orthogonalization_epsilon, (int, float)) or orthogonalization_epsilon < 0:
-    raise ValueError(f"orthogonalization_epsilon must be a number >= 0, got "
-                     f"{orthogonalization_epsilon!r}.")
+  v.integer("start_iter", start_iter, low=0)
+  v.number("min_compression_rate", min_compression_rate, low=0.0)
+  v.number("orthogonalization_epsilon", orthogonalization_epsilon, low=0.0)
   return v.key("key", key)
 
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
-from jaxcomm.sync import _validate
 
 SKIPPED_FIELD = "skipped_steps"
 
@@ -59,8 +59,8 @@ def skip_nonfinite(inner: optax.GradientTransformation,
   >>> updates["w"], int(state.skipped_steps)
   (Array([0., 0.], dtype=float32), 1)
   """
-  inner = optax.with_extra_args_support(_validate.inner(inner))
-  axis_name = _validate.axis_name(axis_name)
+  inner = optax.with_extra_args_support(v.transform("inner", inner))
+  axis_name = v.axis_name("axis_name", axis_name)
 
   def init_fn(params):
     return SkipNonfiniteState(inner_state=inner.init(params),

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from jaxcomm import _validate as v
+
 GRAPHS = ("ring", "torus", "exponential", "complete", "one_peer_exponential")
 
 
@@ -159,12 +161,8 @@ def gossip_graph(name: str, num_workers: int, *, shape=None) -> GossipGraph:
   >>> gossip_graph("one_peer_exponential", 8).period
   3
   """
-  if name not in GRAPHS:
-    raise ValueError(f"gossip graph {name!r} is unknown; allowed: {', '.join(GRAPHS)}.")
-  if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
-     or num_workers < 2:
-    raise ValueError(f"num_workers must be an int >= 2 for a gossip graph, got {num_workers!r}.")
-  n = int(num_workers)
+  name = v.one_of("name", name, GRAPHS)
+  n = v.integer("num_workers", num_workers, low=2)  # a gossip graph joins two workers or more
   if shape is not None and name != "torus":
     raise ValueError(f"shape applies only to the 'torus' graph, not {name!r}.")
   hops = [2**k for k in range(int(math.log2(n - 1)) + 1)] if n > 2 else [1]
@@ -209,14 +207,10 @@ def random_matchings(num_workers: int, count: int = 8, seed: int = 0) -> GossipG
   >>> g.period, g.degree(0), bool((partner[partner] == range(8)).all())
   (3, 1, True)
   """
-  if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
-     or num_workers < 2 or num_workers % 2:
-    raise ValueError(f"num_workers must be an even int >= 2 for random matchings, got "
-                     f"{num_workers!r}.")
-  if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-    raise ValueError(f"count must be an int >= 1, got {count!r}.")
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-    raise ValueError(f"seed must be an int >= 0, got {seed!r}.")
+  if v.integer("num_workers", num_workers, low=2) % 2:
+    raise ValueError(f"num_workers must be even for random matchings, got {num_workers!r}.")
+  count = v.integer("count", count, low=1)
+  seed = v.integer("seed", seed, low=0)
   n, rng = int(num_workers), np.random.default_rng(int(seed))
   phases = []
   for _ in range(int(count)):

@@ -67,10 +67,11 @@ class StepConfig:
   def __post_init__(self):
     fix = functools.partial(object.__setattr__, self)  # normalised values of a frozen class
     fix("axes", _validate.trainer_axes(self.axes, self.mesh))
-    _validate.trainer_args(self.loss_fn, self.optimizer)
+    v.callable_("loss_fn", self.loss_fn)
+    v.transform("optimizer", self.optimizer)
     fix("trials", _validate.trials(self.trials))
     fix("mutable", v.one_of("mutable", self.mutable, MUTABLE))
-    fix("donate", v.one_of("donate", self.donate, (True, False)))
+    fix("donate", v.flag("donate", self.donate))
     if self.key is not None:  # typed, for fold_in; None: the loss takes no key
       fix("key", jax.random.wrap_key_data(v.key("key", self.key)) if self.trials is None
           else _validate.trial_keys(self.key, self.trials))

@@ -17,10 +17,10 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm.train import _metrics
 from jaxcomm.train import _preemption
-from jaxcomm.train import _validate
 from jaxcomm.train._checkpoint import Checkpointer
 from jaxcomm.train._step import TrainState
 from jaxcomm.train._trainer import Trainer
@@ -85,8 +85,9 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     >>> int(state.step), len(history) > 0
     (3, True)
   """
-  _validate.fit_args(steps, log_every)
-  _validate.optional_callable("sim_step_seconds", sim_step_seconds)
+  v.integer("steps", steps, low=0)
+  v.integer("log_every", log_every, low=1)
+  v.callable_("sim_step_seconds", sim_step_seconds, allow_none=True)
   totals = {"total_wire_bytes": 0, "sim_seconds": 0.0}
   if checkpointer is not None:
     state, info = _resume(checkpointer, trainer, state, workdir, progress)

@@ -1,7 +1,8 @@
 """The step builder: pure functions of a `StepConfig` and a frozen `StateLayout`.
 
 `make_init` and `make_step` return jitted programs; nothing is written to any object and the
-step is traced once (its out_specs come from the layout). `Trainer` is a facade over them.
+step is traced once (its out_specs come from the layout; `make_step` checks that one trace,
+which jit keeps for the calls). `Trainer` is a facade over them.
 
 The step donates the train state (`donate_argnums`, `StepConfig.donate`): the new state takes
 the old one's buffers, so a model-sized state (DiLoCo's outer parameters, error memories) is
@@ -29,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomm import comm
 from jaxcomm import sync
 from jaxcomm.train import _nnx
+from jaxcomm.train import _validate
 from jaxcomm.train._layout import StateLayout
 from jaxcomm.train._layout import StepConfig
 from jaxcomm.train._layout import stack
@@ -151,7 +153,7 @@ def _grad_measurements(config: StepConfig, layout: StateLayout, grads) -> dict:
   return {"grad_sq": [sums[k] for k in layout.grad_groups]}
 
 
-def make_step(config: StepConfig, layout: StateLayout, abstract_batch: Any) -> Callable:
+def make_step(config: StepConfig, layout: StateLayout, state: Any, batch: Any) -> Callable:
   """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`.
 
   Per device, one worker differentiates the loss with respect to its own (varying) copy of
@@ -160,6 +162,22 @@ def make_step(config: StepConfig, layout: StateLayout, abstract_batch: Any) -> C
   then per device); nothing is reduced over the non-data axes inside the step. The bytes
   are those every device sent in this step (shape (trials,) with trials). With
   `config.donate` the step consumes the state passed to it.
+
+  The step is traced here, once, for `state` and `batch`, and that trace is checked: every
+  mesh axis the batch is split over must be crossed by a collective
+  (`_validate.batch_axes_reduced`). jit keeps the trace, so calling or lowering the step
+  with arguments of the same shapes and shardings does not trace it again.
+
+  Args:
+    config: the step's configuration.
+    layout: the train state's layout (`derive_layout`).
+    state: a `TrainState` the step will be called with (`make_init`'s; only its shapes,
+      dtypes and shardings are read, it is not consumed), or `jax.ShapeDtypeStruct`s with
+      the same shardings.
+    batch: a global batch the step will be called with (or its abstract values).
+
+  Raises:
+    ValueError: a batch mesh axis of size > 1 that no collective of the step crosses.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -171,7 +189,8 @@ def make_step(config: StepConfig, layout: StateLayout, abstract_batch: Any) -> C
   >>> params, batch = {"w": jnp.zeros(())}, {"x": jnp.ones(16), "y": 2 * jnp.ones(16)}
   >>> layout = derive_layout(config, params)
   >>> state = make_init(config, layout)(params, None)
-  >>> state, per_device, sent = make_step(config, layout, batch)(state, batch)
+  >>> step = make_step(config, layout, state, batch)
+  >>> state, per_device, sent = step(state, batch)
   >>> float(state.params["w"]), per_device["loss"].shape, int(sent)
   (0.4000000059604645, (8,), 7)
   """
@@ -213,10 +232,14 @@ def make_step(config: StepConfig, layout: StateLayout, abstract_batch: Any) -> C
 
   # One spec for every measurement (a prefix of their tree): nothing to trace for it.
   m_spec = config.with_trials(P(out_axes))
-  return jax.jit(jax.shard_map(step_local, mesh=config.mesh,
-                               in_specs=(specs, config.batch_specs_for(abstract_batch)),
+  step = jax.jit(jax.shard_map(step_local, mesh=config.mesh,
+                               in_specs=(specs, config.batch_specs_for(batch)),
                                out_specs=(specs, m_spec, P())),
                  donate_argnums=(0,) if config.donate else ())
+  # The one trace of the step: jit caches it by the arguments' shapes and shardings, so the
+  # calls (and `.lower`, `comm.inspect`) with such arguments reuse it.
+  _validate.batch_axes_reduced(step.trace(state, batch).jaxpr, config)
+  return step
 
 
 def measurements(config: StepConfig, layout: StateLayout, per_device, sent=None) -> dict:

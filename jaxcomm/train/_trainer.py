@@ -188,8 +188,7 @@ class Trainer:
     compiling it (e.g. `comm.inspect`) leaves the state usable, calling it does not.
     """
     if self._step_fn is None:
-      self._step_fn = _step.make_step(self.config, self.layout, batch)
-      _validate.batch_axes_reduced(jax.make_jaxpr(self._step_fn)(state, batch), self.config)
+      self._step_fn = _step.make_step(self.config, self.layout, state, batch)
     return self._step_fn
 
   def measurements(self, per_device, sent=None) -> dict:

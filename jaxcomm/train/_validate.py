@@ -14,8 +14,7 @@ from jaxcomm import comm
 
 def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
   """The data axes of a Trainer as a tuple: at least one, all in the mesh."""
-  if not isinstance(mesh, jax.sharding.Mesh):
-    raise ValueError(f"mesh must be a jax.sharding.Mesh (see make_mesh), got {mesh!r}.")
+  v.mesh("mesh", mesh)
   if axis_name is None or axis_name == ():
     raise ValueError("axis_name must name at least one mesh axis; for one device use a "
                      "mesh of size 1 or call the transform directly.")
@@ -25,11 +24,6 @@ def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
     raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
                      f"{tuple(mesh.axis_names)}.")
   return axes
-
-
-def trainer_args(loss_fn: Any, optimizer: Any) -> None:
-  v.callable_("loss_fn", loss_fn)
-  v.transform("optimizer", optimizer)
 
 
 def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
@@ -51,16 +45,6 @@ def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
     if n is None or n % num_workers:
       raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
                        f"size {num_workers} (axis_name={axis_name!r}).")
-
-
-def optional_callable(name: str, value: Any) -> None:
-  if value is not None:
-    v.callable_(name, value)
-
-
-def fit_args(steps: Any, log_every: Any) -> None:
-  v.integer("steps", steps, low=0)
-  v.integer("log_every", log_every, low=1)
 
 
 def checkpoint_args(directory: Any, every: Any, keep: Any) -> tuple[str, int, int]:
@@ -124,21 +108,21 @@ def _collective_axes(jaxpr: Any, found: set) -> set:
 def batch_axes_reduced(step_jaxpr: Any, config: Any) -> None:
   """Every mesh axis the batch is split over is reduced by someone in the step.
 
-  A batch axis that no collective of the step crosses trains copies that are never
-  averaged: each worker along it sees only its share of the data and nothing ever combines
-  them (a mesh axis misspelt `fdsp` for `fsdp` does this silently). The check reads the
-  traced step (`jax.make_jaxpr` of the shard_map'ed step: the loss, its gradient and the
-  transform's update) and collects the axis names of its collectives, every branch of a
-  `lax.cond` included, so a method that syncs every H steps counts. Reading the program
-  rather than the transform's arguments makes it hold for any transform, a user's own
-  included, and for reductions inside the layout (ZeRO-3's reduce-scatter, the gradient of
-  an FSDP all-gather). Any collective counts (psum, reduce-scatter, all-gather, all-to-all,
-  ppermute: gossip mixes by ppermute); a collective of a scalar flag alone, such as
-  `sync.skip_nonfinite`'s, also counts, so the check can miss a transform that reduces
-  nothing but such a flag. Axes of size 1 split nothing and are not checked.
+  A batch axis that no collective of the step crosses trains copies that are never averaged: each
+  worker along it sees only its share of the data and nothing ever combines them (a mesh axis
+  misspelt `fdsp` for `fsdp` does this silently). The check reads the traced step (the jaxpr of
+  `make_step`'s one trace of the shard_map'ed step: the loss, its gradient and the transform's
+  update) and collects the axis names of its collectives, every branch of a `lax.cond` included,
+  so a method that syncs every H steps counts. Reading the program rather than the transform's
+  arguments makes it hold for any transform, a user's own included, and for reductions inside the
+  layout (ZeRO-3's reduce-scatter, the gradient of an FSDP all-gather). Any collective counts
+  (psum, reduce-scatter, all-gather, all-to-all, ppermute: gossip mixes by ppermute); a collective
+  of a scalar flag alone, such as `sync.skip_nonfinite`'s, also counts, so the check can miss a
+  transform that reduces nothing but such a flag. Axes of size 1 split nothing and are not
+  checked.
 
   Args:
-    step_jaxpr: `jax.make_jaxpr` of the step (`make_step`'s) for a state and a batch.
+    step_jaxpr: the step's jaxpr for a state and a batch (`jax.jit(...).trace(...).jaxpr`).
     config: the step's `StepConfig` (its batch axes and mesh).
 
   Raises:
