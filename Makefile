@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m experiments.compare --workdir=$(WORKDIR)
 
-PYTEST := $(PY) -m pytest -n 2
+PYTEST := $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 test: $(STAMP)
 	$(PYTEST) --durations=15 tests

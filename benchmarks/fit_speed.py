@@ -102,7 +102,8 @@ def profile(loop, trainer, state, batch_fn, steps: int, log_every: int):
   ops = compiled(trainer.step_fn(state, probe), state, probe)
   # Trace events name instructions, not programs: keep the names only the step program has
   # (the measurement program's fusions are named alike).
-  _, per_device, sent = trainer.dispatch(state, probe)
+  # The step donates its state: go on from the state this probe step returns.
+  state, per_device, sent = trainer.dispatch(state, probe)
   for name in compiled(jax.jit(trainer.measurements), per_device, sent):
     ops.pop(name, None)
   with tempfile.TemporaryDirectory() as workdir:

@@ -5,7 +5,7 @@ r"""A population of seeds in one program against the same seeds one after the ot
 
 For each method of experiments/compare.py's `METHODS`, trains `seeds` seeds of `make run`'s
 configuration (experiments/configs/compare.py) for `steps` steps twice through
-`compare.train_population`: as one program (`Trainer(trials=S)`) and one after the other
+`_compare_trials.train_population`: as one program (`Trainer(trials=S)`) and one after the other
 (one run per seed), each with its compile, its held-out evaluations and its reads, as
 `make run` does. Prints the wall seconds of both and the speed-up. Without a persistent
 compilation cache, so that each side pays its own compiles.
@@ -20,6 +20,8 @@ import ml_collections
 from absl import flags
 
 from experiments import _cli, compare
+from experiments import _compare_settings as compare_settings
+from experiments import _compare_trials as compare_trials
 from experiments import config as _config
 from experiments.configs import compare as compare_config
 
@@ -40,16 +42,17 @@ def main(argv):
     _config.int_at_least(c, name, 1)
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   config = compare_config.get_config()
-  links = compare.links(config)
-  heldout = compare._heldout_fn(config)
+  links = compare_settings.links(config)
+  heldout = compare_trials.heldout_fn(config)
   print(f"{'method':<16}{'one program':>14}{'one after the other':>22}{'speed-up':>10}")
   for label in labels:
-    base = compare.method_config(config, compare.METHODS[label])
-    seeds = [compare._seeded(base, s) for s in range(c.seeds)]
+    base = compare_settings.method_config(config, compare.METHODS[label])
+    seeds = [compare_settings.seeded(base, s) for s in range(c.seeds)]
     seconds = {}
     for together in (True, False):
       start = time.perf_counter()
-      pop = compare.train_population(label, 0, seeds, links, heldout, c.steps, together)
+      pop = compare_trials.train_population(label, 0, seeds, links, heldout, c.steps,
+                                            together)
       seconds[together] = time.perf_counter() - start
       assert pop.together == together
     print(f"{label:<16}{seconds[True]:>12.1f} s{seconds[False]:>20.1f} s"

@@ -140,3 +140,56 @@ def timeline(compute: float, step_bytes, cost, overlap_steps: int, exposed: floa
   else:
     comm_s = sim.comm_seconds_per_step(step_bytes, cost)
   return sim.simulate(np.full(len(comm_s), compute), comm_s, overlap_steps=overlap_steps)
+
+
+class Clock:
+  """Per trial and link: the compute figure of its local step (times `scale`) and, for a
+  method overlapped with the backward pass, its exposed communication (cached)."""
+
+  def __init__(self, compute: dict, keys: dict, shares: dict, buckets, links_: dict,
+               scale: float = 1.0):
+    self.compute, self.keys, self.shares, self.buckets = compute, keys, shares, buckets
+    self.links, self.scale, self._exposed = links_, scale, {}
+
+  def seconds(self, trial) -> float:
+    return self.compute[self.keys[(trial.label, trial.setting)]]["seconds"] * self.scale
+
+  def __call__(self, trial, link: str):
+    compute = self.seconds(trial)
+    if not trial.overlap_backward:
+      return compute, None
+    k = (trial.label, trial.setting, link)
+    if k not in self._exposed:
+      share = self.shares[self.keys[(trial.label, trial.setting)]]
+      self._exposed[k] = overlapped_comm(trial.report, self.links[link], compute,
+                                         share, self.buckets)
+    return compute, self._exposed[k]
+
+
+
+def _workers(config) -> int:
+  shape = build.mesh_shape(config.mesh, jax.device_count())
+  return math.prod(n for a, n in shape.items() if a not in build.MODEL_AXES)
+
+
+def local_steps(config, configs: dict, compiler) -> tuple:
+  """(keys, steps, loss_fn, params): each trial's compute key (`configs` maps (label,
+  setting) to its config), and per key its local step (fn, args, future of its compile
+  submitted to `compiler`, an executor that compiles in the background)."""
+  _, loss_fn, _, params, batches = build.model_task(config)
+  batch = {k: v[:config.data.batch_size // _workers(config)] for k, v in batches(0).items()}
+  keys, steps = {}, {}
+  for (label, k), cfg in configs.items():
+    key = keys[(label, k)] = local_step_key(label, cfg)
+    if key not in steps:
+      fn, args = local_step(cfg, loss_fn, params, batch, key == INNER)
+      steps[key] = (fn, args, compiler.submit(compile_step, fn, args))
+  return keys, steps, loss_fn, params
+
+
+def intervals(trials: list, clock: Clock, steps: int) -> dict:
+  """{link: seconds between held-out evaluations}: the latest clock among `trials` (the
+  reference's) after `steps` steps, so that the reference is evaluated about every `steps`
+  steps on every link and every method on a link at the same times."""
+  return {n: max(float(t.clocks(clock)[n].known[steps - 1]) for t in trials)
+          for n in clock.links}

@@ -11,7 +11,9 @@ import os
 
 import numpy as np
 
+from experiments import _compare_figures as _figures
 from experiments import _compare_stats as stats
+from experiments import _compare_wsd as _wsd
 from experiments import _reproduce as rep
 
 HEADERS = ("method", "bytes/step (mean)", "DP bytes / bytes", "compute/step",
@@ -50,7 +52,7 @@ def setting_text(entry: dict, base: dict) -> str:
 def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
            summary: dict, clock, dp_bytes: float) -> dict:
   """A method's results: its settings, bytes, compute figure, per link the summary over
-  studies (`compare.summarise`), and every trial's curve, evaluations and clocks."""
+  studies (`_compare_summary.summarise`), and every trial's curve, evaluations and clocks."""
   first = trials[0][0]
   step_bytes = np.concatenate([t.step_bytes for seeds in trials for t in seeds])
   per_step = float(step_bytes.mean()) if step_bytes.size else 0.0
@@ -80,6 +82,7 @@ def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
                     "wire_bytes": t.step_bytes.tolist()},
           "evals": {"step": steps, "heldout_loss": losses},
           "links": {n: {**accounts[k][s][n], "time": tl.known.tolist(),
+                        "eval_steps": t.evals_on(n)[0].tolist(),
                         "comm_seconds": tl.comm_seconds.tolist()}
                     for n, tl in timelines.items()}})
   return out
@@ -122,10 +125,19 @@ def aligned(headers, table_rows) -> str:
 
 
 # ---------------------------------------------------------------- verdicts
+def reference_on(summary: dict, link: str, reference: str) -> str:
+  """The label that stands as the reference on `link` (its verdict says "reference"), or
+  `reference` when no summary names one."""
+  named = [m for m, a in summary.items() if a[link].get("verdict") == "reference"]
+  return named[0] if named else reference
+
+
 def verdict(summary: dict, link: str, reference: str, target: float) -> str:
   """One line for `link`: the method that reaches the target first by a speed-up whose 95 %
   interval lies above 1 (with the interval and its seeds), or that no method is
-  distinguishable from the reference there. `summary[label][link]` as compare.summarise."""
+  distinguishable from the reference there (the link's own, `reference_on`).
+  `summary[label][link]` as `_compare_summary.summarise`."""
+  reference = reference_on(summary, link, reference)
   ref = summary[reference][link]
   seeds = len(ref["study_times"])
   faster = [(a[link]["speedup"], m) for m, a in summary.items()
@@ -152,6 +164,7 @@ def sensitivity_line(sensitivity: dict, link: str, reference: str) -> str:
   """How the verdict on `link` moves when every compute figure is 20 % smaller or larger."""
   parts = []
   for scale, summary in sorted(sensitivity.items()):
+    reference = reference_on(summary, link, reference)
     faster = [(a[link]["speedup"], m) for m, a in summary.items()
               if m != reference and a[link]["verdict"] == stats.FASTER]
     if faster:
@@ -185,21 +198,28 @@ def _heading(config, records: list, target: float, source: str) -> str:
           f"layers={m.num_layers} on {config.data.name} ({config.data.split} split; batch "
           f"{config.data.batch_size} x {config.data.seq_len}). {c.ruleset} ruleset, "
           f"{c.seeds} seeds, {schedule_text(c)}. Target: held-out loss {target:.4f} "
-          f"({source}; evaluated every {c.eval_every} steps on {c.eval_batch} test sequences, "
-          f"untimed). Budget on each link: {c.reference}'s median time to the target there "
-          f"x {c.budget:g}; at most {c.max_steps} steps per trial.")
+          f"({source}; evaluated on {c.eval_batch} test sequences, untimed, at fixed "
+          f"intervals of simulated time on each link: {c.reference}'s time for "
+          f"{c.eval_every} steps there). Reference on each link: the fastest of "
+          f"{', '.join(c.get('reference_pool', (c.reference,)))}; budget: its median time "
+          f"to the target there x {c.budget:g}; at most {c.max_steps} steps per trial.")
 
 
 def schedule_text(c) -> str:
   """Which learning-rate schedule ran (config.compare.schedule), in words."""
   if c.get("schedule", "constant") == "constant":
     return "constant learning rate"
+  if c.schedule == "wsd":
+    return (f"warmup-stable-decay (warmup {c.warmup_steps} steps; the trials are the stable "
+            f"phase, a decay over the last {c.decay_fraction:g} of each budget branches per "
+            "link)")
   return (f"schedule-free inner optimiser (warmup {c.warmup_steps} steps; held-out loss at "
           "its evaluation parameters)")
 
 
-def _link_heading(name: str, link, budget: float) -> str:
-  return f"{name} ({_link_text(link)}): budget {_seconds(budget)}"
+def _link_heading(name: str, link, budget: float, reference: str = "") -> str:
+  return (f"{name} ({_link_text(link)}): budget {_seconds(budget)}"
+          + (f", reference {reference}" if reference else ""))
 
 
 def text(config, links: dict, budgets: dict, target: float, source: str, records: list,
@@ -208,7 +228,8 @@ def text(config, links: dict, budgets: dict, target: float, source: str, records
   c = config.compare
   parts = [_heading(config, records, target, source)]
   for name, link in links.items():
-    parts.append(f"\n{_link_heading(name, link, budgets[name])}\n"
+    ref = reference_on(summary, name, c.reference)
+    parts.append(f"\n{_link_heading(name, link, budgets[name], ref)}\n"
                  + aligned(HEADERS, rows(records, name)))
   verdicts = [verdict(summary, n, c.reference, target) for n in links]
   parts.append("\nVerdict (time to the held-out target on each link, median over seeds):\n"
@@ -233,11 +254,15 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
       "interval lies above 1.",
       "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts)]
   for name, link in links.items():
-    sections.append(f"## {_link_heading(name, link, budgets[name])}\n\n"
+    ref = reference_on({r["method"]: r["links"] for r in records}, name, c.reference)
+    sections.append(f"## {_link_heading(name, link, budgets[name], ref)}\n\n"
                     + rep.markdown_table(HEADERS, rows(records, name))
                     + "\n\nPer seed (study), time to the target:\n\n"
                     + rep.markdown_table(["method"] + [f"seed {s}" for s in range(c.seeds)],
                                          seed_rows(records, name)))
+  if extra.get("wsd"):
+    sections.append(_wsd.markdown(extra["wsd"], list(links), _first(records, links),
+                                  c.decay_fraction, rep.markdown_table))
   sections.append("## Sensitivity to the compute figure\n\nEvery compute figure 20 % smaller "
                   "and larger (the budgets follow the reference; from the steps trained):\n\n"
                   + "\n".join(f"* {sensitivity_line(extra['sensitivity'], n, c.reference)}"
@@ -259,7 +284,7 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
       + "\n\nProfile: per link the ratio of a method's median time to the fastest method's; "
       "rho(tau) = fraction of links within tau, tau in [1, 4]; area = mean of rho (1: "
       "fastest everywhere). Geometric mean over the links where both the method and the "
-      f"reference reach the target, of the median speed-up over {c.reference}.")
+      "reference reach the target, of the median speed-up over each link's reference.")
   sections.append("## Links\n\n" + rep.markdown_table(
       ["link", "bandwidth, latency", "source"],
       [[n, _link_text(l), l.source or "-"] for n, l in links.items()]))
@@ -281,93 +306,14 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
   return "\n\n".join(sections) + "\n"
 
 
+def _first(records: list, links) -> dict:
+  """Per link the method with the lowest median time to the target."""
+  return {n: min(records, key=lambda r, n=n: r["links"][n]["median"])["method"]
+          for n in links}
+
+
 def _settings_text(settings: dict) -> str:
   return ", ".join(f"{k}={v}" for k, v in settings.items() if k != "name" and v is not None)
-
-
-# ---------------------------------------------------------------- figures
-_STYLES = {"dp": "-", "compressed": "--", "powersgd": "--", "demo": "--",
-           "diloco": "-.", "streaming_diloco": "-.", "acco": ":", "delayed": ":"}
-
-
-def _style(i: int, r: dict, reference: str) -> dict:
-  import matplotlib  # lazy: heavy, and only plots need it
-  colors = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
-  return {"color": colors[i % len(colors)], "linestyle": _STYLES.get(r["algo"], "-"),
-          "linewidth": 2.0 if r["method"] == reference else 1.4, "label": r["method"]}
-
-
-def _shown(r: dict, link: str) -> dict:
-  """The trial a figure shows: seed 0 at the setting study 0 chose on `link`."""
-  k = r["links"][link]["chosen_setting"][0]
-  return next(t for t in r["trials"] if t["setting"] == k and t["seed"] == 0)
-
-
-def plot(records: list, config, links: dict, budgets: dict, target: float, score: dict,
-         workdir: str) -> list:
-  """loss_vs_time.png (a panel per link: held-out loss of seed 0 against the clock, target
-  and budget marked), loss_vs_bytes.png and profile.png."""
-  import matplotlib  # lazy: heavy, and only plots need it
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  reference = config.compare.reference
-  paths = []
-  fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links) + 1.8, 4.5),
-                           squeeze=False)
-  for ax, name in zip(axes[0], links):
-    for i, r in enumerate(records):
-      t = _shown(r, name)
-      at = [s - 1 for s in t["evals"]["step"]]
-      ax.plot(np.asarray(t["links"][name]["time"])[at], t["evals"]["heldout_loss"],
-              **_style(i, r, reference))
-    ax.axvline(budgets[name], color="gray", linestyle="--", linewidth=1)
-    ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1,
-               label=f"target {target:.3f}")
-    ax.set_xlim(0, budgets[name] * 1.03)
-    ax.set(xlabel=f"simulated wall clock on '{name}' (s)", ylabel="held-out loss (seed 0)",
-           title=f"held-out loss vs time: {name}")
-    ax.grid(True, alpha=0.3)
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
-  fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
-  paths.append(os.path.join(workdir, "loss_vs_time.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
-
-  fig, ax = plt.subplots(figsize=(8.8, 4.5))
-  first = next(iter(links))
-  for i, r in enumerate(records):
-    t = _shown(r, first)
-    sent = np.cumsum(t["curve"]["wire_bytes"])[[s - 1 for s in t["evals"]["step"]]]
-    keep = sent > 0  # a local-update method sends nothing before its first sync
-    ax.plot(sent[keep], np.asarray(t["evals"]["heldout_loss"])[keep],
-            **_style(i, r, reference))
-  ax.axhline(target, color="black", linestyle=(0, (1, 3)), linewidth=1)
-  ax.set_xscale("log")
-  ax.set(xlabel="cumulative wire bytes sent per device (log scale)",
-         ylabel="held-out loss (seed 0)", title="held-out loss vs communication")
-  ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8, frameon=False, loc="upper right")
-  fig.tight_layout()
-  paths.append(os.path.join(workdir, "loss_vs_bytes.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
-
-  fig, ax = plt.subplots(figsize=(7.5, 4.5))
-  for i, r in enumerate(records):
-    s = score[r["method"]]
-    ax.step(stats.TAUS, s["profile"], where="post", **{
-        **_style(i, r, reference), "label": f"{r['method']} (area {s['area']:.2f})"})
-  ax.set(xlabel="tau: time within tau x of the fastest method",
-         ylabel=f"fraction of the {len(links)} links", title="performance profile",
-         ylim=(-0.02, 1.02))
-  ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8, frameon=False, loc="lower right")
-  fig.tight_layout()
-  paths.append(os.path.join(workdir, "profile.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
-  return paths
 
 
 def write(config, workdir: str, links: dict, budgets: dict, target: float, source: str,
@@ -377,8 +323,12 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
   os.makedirs(workdir, exist_ok=True)
   summary = {r["method"]: r["links"] for r in records}
   printed, verdicts = text(config, links, budgets, target, source, records, summary)
+  if extra.get("wsd"):
+    printed += ("\n\nWarmup-stable-decay (held-out loss at the budget, median over seeds):\n"
+                + "\n".join(f"  {x}" for x in _wsd.lines(extra["wsd"]["summary"], list(links),
+                                                         _first(records, links))))
   score = scores(records, list(links))
-  plots = plot(records, config, links, budgets, target, score, workdir)
+  plots = _figures.plot(records, config, links, budgets, target, score, workdir)
   path = os.path.join(workdir, "report.md")
   with open(path, "w", encoding="utf-8") as f:
     f.write(markdown(config, links, budgets, target, source, records, verdicts, extra, score,
@@ -391,10 +341,13 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
       "schedule": config.compare.get("schedule", "constant"),
       "target_loss": target, "target_source": source,
       "links": {n: {"bandwidth": l.bandwidth, "latency": l.latency, "source": l.source,
-                    "budget_seconds": budgets[n]} for n, l in links.items()},
+                    "budget_seconds": budgets[n], "reference": extra["references"][n],
+                    "eval_interval_seconds": extra["intervals"][n]}
+                for n, l in links.items()},
       "compute": extra["compute"], "compute_shares": extra["shares"],
       "compute_keys": extra["keys"], "reference_setting": extra["reference_setting"],
       "wall_seconds": extra["wall_seconds"], "scores": score, "methods": records,
+      "wsd": extra.get("wsd"),
       "text": printed, "verdicts": verdicts, "sensitivity": sensitivity, "plots": plots,
       "report": path, "command": command}
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:

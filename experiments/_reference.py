@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import jax
+
 from experiments import build
 from experiments import config as _config
 from jaxcomm import plan
@@ -31,7 +33,16 @@ def axis_bytes(step: Any, axes: Iterable[str]) -> float:
 def step_plan(config, devices=None, steps: int = 1):
   """(`jaxcomm.plan.StepPlan` of `config`'s step, compiled for abstract inputs, its Run)."""
   run = build.build(config, devices, abstract=True)
-  return plan.compile_step(run.trainer(), run.params, run.batches(0), steps=steps), run
+  return plan.compile_step(run.trainer(), run.params, global_batch(run.batches(0)),
+                           steps=steps), run
+
+
+def global_batch(share: Any) -> Any:
+  """The global batch's shapes from this process's share (`Run.batches`): the processes'
+  shares stacked along the batch axis, as `Trainer.shard_batch` assembles them."""
+  n = jax.process_count()
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] * n, *x.shape[1:]), x.dtype),
+                      share)
 
 
 def dp_config(config):

@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -282,7 +283,9 @@ def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformati
   """config.optimizer's inner optimiser; with `schedule="schedule_free"` (set by
   experiments/compare.py's config.compare.schedule) its schedule-free form (Defazio et al.,
   arXiv 2405.15682: momentum replaced by interpolation and averaging, a linear warmup of
-  `warmup_steps`, no decay; evaluate at `optax.contrib.schedule_free_eval_params`)."""
+  `warmup_steps`, no decay; evaluate at `optax.contrib.schedule_free_eval_params`); with
+  `schedule="wsd"`, its rate by `wsd_schedule` (`warmup_steps`, `decay_start`,
+  `decay_steps`)."""
   schedule = c.get("schedule", "constant")
   if schedule not in _config.SCHEDULES:
     raise ValueError("config.optimizer.schedule must be one of "
@@ -293,13 +296,34 @@ def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformati
       return optax.contrib.schedule_free_adamw(
           c.lr, warmup_steps=warmup, weight_decay=c.weight_decay if c.name == "adamw" else 0.0)
     return optax.contrib.schedule_free_sgd(c.lr, warmup_steps=warmup)  # b1 is the momentum
+  lr = c.lr if schedule == "constant" else wsd_schedule(
+      c.lr, int(c.get("warmup_steps", 0)), c.get("decay_start"), c.get("decay_steps"))
   if c.name == "adamw":
-    return optax.adamw(c.lr, weight_decay=c.weight_decay)
+    return optax.adamw(lr, weight_decay=c.weight_decay)
   if c.name == "adam":
-    return optax.adam(c.lr)
+    return optax.adam(lr)
   if c.name == "sgd":
-    return optax.sgd(c.lr)
-  return optax.sgd(c.lr, momentum=0.9)  # "momentum" (config.check allows no other name)
+    return optax.sgd(lr)
+  return optax.sgd(lr, momentum=0.9)  # "momentum" (config.check allows no other name)
+
+
+def wsd_schedule(lr: float, warmup: int, decay_start: int | None, decay_steps: int | None):
+  """Warmup-stable-decay (`schedule="wsd"`): the rate of update `count` (0 first) rises
+  linearly over `warmup` updates, stays at `lr`, and from update `decay_start` falls
+  linearly towards 0 over `decay_steps` updates, lr (D - i) / (D + 1) at the decay's i-th
+  (0 first; 0 only after it; no decay with `decay_start` None: the stable phase, whose
+  optimiser state a decay branches from).
+
+  >>> f = wsd_schedule(1.0, warmup=2, decay_start=4, decay_steps=4)
+  >>> [round(float(f(c)), 6) for c in range(9)]
+  [0.5, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0]
+  """
+  def rate(count):
+    x = jnp.minimum(1.0, (count + 1.0) / warmup) if warmup else jnp.ones(())
+    if decay_start is not None:
+      x = x * jnp.clip((decay_start + decay_steps - count) / (decay_steps + 1.0), 0.0, 1.0)
+    return lr * x
+  return rate
 
 
 def inner_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

@@ -44,8 +44,9 @@ from jaxcomm import codecs, comm
 PIPELINES = ("numpy", "grain")
 OPTIMIZERS = ("adamw", "adam", "sgd", "momentum")
 # The inner optimiser's learning-rate schedule (experiments/compare.py's compare.schedule,
-# copied to optimizer.schedule; build.py makes the inner optimiser schedule-free).
-SCHEDULES = ("constant", "schedule_free")
+# copied to optimizer.schedule; build.py makes the inner optimiser schedule-free, or gives
+# it a warmup-stable-decay rate).
+SCHEDULES = ("constant", "schedule_free", "wsd")
 SPLITS = ("all", "train", "test")
 
 

@@ -40,3 +40,21 @@ _END_TO_END = ("tests/test_compare.py", "tests/test_elastic.py", "tests/test_mul
 def pytest_itemcollected(item):
   if item.nodeid.split("::")[0] in _END_TO_END:
     item.add_marker(pytest.mark.slow)
+
+
+# `make test` runs `pytest -n 2 --dist loadscope --no-loadscope-reorder`: every module goes whole
+# to one xdist worker, so a module fixture (a compiled trainer, a subprocess run) is built once,
+# not once per worker, in the order collected here. These modules, the slowest of the suite
+# (`--durations`), start first, slowest first, so that the two workers end together
+# (longest-first scheduling: the last modules handed out are the short ones).
+_SLOWEST_FIRST = (
+    "test_replicas", "test_plan", "test_local", "test_experiments", "test_elastic",
+    "test_muon", "test_notebooks", "test_parallel", "test_overlap", "test_sync_compressed",
+    "test_local_convergence", "test_nnx", "test_reproduce", "test_zero",
+    "test_sequence_parallel", "test_doctests", "test_pipeline", "test_sync_onebit_demo_lq",
+    "test_population", "test_readme", "test_compare", "test_multihost")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {f"tests/{name}.py": i for i, name in enumerate(_SLOWEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable

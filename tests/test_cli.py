@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from experiments import build
@@ -60,6 +61,19 @@ def test_ratios_on_a_replica_mesh_are_against_dp_on_that_mesh(tmp_path):
   # DP's own ratio is its compiled replica bytes over themselves, not over a formula.
   dp = json.loads((tmp_path / "dp" / "summary.json").read_text())
   assert dp["dp_wire_bytes_per_step"] == dp["method_wire_bytes_per_step"] > 0
+
+
+def test_the_dp_reference_compiles_the_global_batch_of_a_multi_process_run(monkeypatch):
+  """Each process builds its share of the batch (24 rows over 3 processes: 8); the DP
+  reference must compile the global 24 rows on the 3-device mesh, not 8 rows (which 3 devices
+  cannot split: a 3-process run used to fail at its summary)."""
+  from experiments import _reference
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  c = config.base_config("dp")
+  c.model.name, c.data.name, c.data.batch_size, c.mesh = "mlp", "digits", 24, "data=3"
+  step, run = _reference.step_plan(c, jax.devices()[:3])
+  assert jax.tree.leaves(run.batches(0))[0].shape[0] == 8  # this process's share
+  assert step.state_bytes["batch"] == 24 // 3 * (64 * 4 + 4)  # x: 64 f32, y: one int32
 
 
 def _readme_command() -> list:

@@ -26,6 +26,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import PartitionSpec as P
 
+from experiments import _compare_account as compare_account
+from experiments import _compare_settings as compare_settings
+from experiments import _compare_summary as compare_summary
+from experiments import _compare_trials as compare_trials
 from experiments import _compare_report as report
 from experiments import _compare_stats as stats
 from experiments import build
@@ -103,20 +107,67 @@ def test_accounting_of_a_trial_on_a_synthetic_clock():
   steps, heldout = [2, 4, 6], [3.0, 2.5, 2.0]  # evaluated every 2 steps
   # The steps a link allows are the most whose clock fits the budget; the time to target is
   # the clock at the first evaluation at or below it.
-  a = compare.account(steps, heldout, known, target=2.5, budget=4.0, max_steps=7)
+  a = compare_account.account(steps, heldout, known, target=2.5, budget=4.0, max_steps=7)
   assert a == {"steps": 5, "seconds": 4.0, "time_to_target": 3.0, "steps_to_target": 4,
                "stopped": "reached"}
   # An evaluation beyond the budget does not count.
-  a = compare.account(steps, heldout, known, target=2.0, budget=5.0, max_steps=7)
+  a = compare_account.account(steps, heldout, known, target=2.0, budget=5.0, max_steps=7)
   assert a == {"steps": 5, "seconds": 4.0, "time_to_target": None, "steps_to_target": None,
                "stopped": "budget spent"}
-  assert compare.account(steps, heldout, known, 2.0, 5.5, 7)["time_to_target"] == 5.5
+  assert compare_account.account(steps, heldout, known, 2.0, 5.5, 7)["time_to_target"] == 5.5
   # Every step trained fits (the step cap stopped the trial): labelled so.
-  a = compare.account(steps, heldout, known, target=1.0, budget=100.0, max_steps=7)
+  a = compare_account.account(steps, heldout, known, target=1.0, budget=100.0, max_steps=7)
   assert (a["steps"], a["seconds"], a["stopped"]) == (7, 7.0, "step cap")
-  assert compare.account(steps, heldout, known, 2.5, 0.5, 7)["steps"] == 0
+  assert compare_account.account(steps, heldout, known, 2.5, 0.5, 7)["steps"] == 0
   with pytest.raises(ValueError, match="non-decreasing"):
-    compare.account(steps, heldout, known[::-1], 2.5, 4.0, 7)
+    compare_account.account(steps, heldout, known[::-1], 2.5, 4.0, 7)
+
+
+def test_evaluations_fall_on_a_grid_of_simulated_time():
+  """A link's evaluations are at the first step whose clock reaches each multiple of its
+  interval: a step that crosses several multiples is one evaluation, and two methods with
+  different step times are read at the same resolution in time (a step grid would not)."""
+  known = [0.4, 0.8, 1.2, 2.9, 3.0, 3.1, 3.9, 4.0]
+  # multiples 1, 2, 3 and 4 s: first reached at steps 3 (1.2), 4 (2.9), 5 (3.0), 8 (4.0)
+  assert compare_account.grid_steps(known, 1.0).tolist() == [3, 4, 5, 8]
+  assert compare_account.grid_steps(known, None).tolist() == list(range(1, 9))
+  assert compare_account.grid_steps([5.0], 1.0).tolist() == [1]  # 5 multiples, one step
+  assert compare_account.on_grid([2, 3, 8], known, 1.0).tolist() == [False, True, True]
+  # 0.1 s per step, an interval of 3 steps' time: every 3rd step despite rounding.
+  steady = np.cumsum(np.full(30, 0.1))
+  assert compare_account.grid_steps(steady, steady[2]).tolist() == list(range(3, 31, 3))
+  # A method at 0.05 s per step on the same grid: every 6th step, the same times.
+  fast = np.cumsum(np.full(60, 0.05))
+  assert fast[compare_account.grid_steps(fast, steady[2]) - 1] == pytest.approx(
+      steady[2::3])
+  assert compare_account.multiples(0.3 - 1e-12, 0.1) == 3  # rounding does not miss one
+
+
+def test_each_link_takes_the_faster_of_the_reference_pool():
+  """Per link the reference is the pool's label with the lower median time to the target
+  (bf16 DP on one link, f32 DP on the other); the budget is its median times `budget`, and
+  every speed-up and verdict there is against it."""
+  trials = {"bf16": [[_FakeTrial({"a": 10.0, "b": 30.0}), _FakeTrial({"a": 12.0, "b": 36.0}),
+                      _FakeTrial({"a": 14.0, "b": 42.0})]],
+            "f32": [[_FakeTrial({"a": 11.0, "b": 20.0}), _FakeTrial({"a": 13.0, "b": 24.0}),
+                     _FakeTrial({"a": 15.0, "b": 28.0})]],
+            "m": [[_FakeTrial({"a": 5.0, "b": 10.0}), _FakeTrial({"a": 6.0, "b": 12.0}),
+                   _FakeTrial({"a": 7.0, "b": 14.0})]]}
+  config = copy.deepcopy(TINY)
+  config.compare.update(reference="bf16", reference_pool=("bf16", "f32"), seeds=3, budget=2.0)
+  clock = types.SimpleNamespace(links={"a": None, "b": None})
+  budgets, refs = compare_summary.budgets_and_references(trials, clock, 2.5, config)
+  assert refs == {"a": "bf16", "b": "f32"} and budgets == {"a": 24.0, "b": 48.0}
+  _, out, _ = compare_summary.summarise(trials, clock, 2.5, config)
+  assert out["bf16"]["a"]["verdict"] == out["f32"]["b"]["verdict"] == "reference"
+  assert out["m"]["a"]["speedup"] == 2.0 and out["m"]["b"]["speedup"] == 2.0  # 12/6, 24/12
+  assert out["bf16"]["b"]["verdict"] == "slower" and out["m"]["b"]["reference"] == "f32"
+  assert report.verdict(out, "b", "bf16", 2.5).startswith("b: m reaches held-out 2.5000 "
+                                                          "first: 2.00x sooner than f32")
+  # Not in the pool, or the pool's other labels not run: the reference alone.
+  config.compare.reference_pool = ("bf16",)
+  assert compare_summary.budgets_and_references(trials, clock, 2.5, config)[1] == {
+      "a": "bf16", "b": "bf16"}
 
 
 def test_median_counts_a_miss_as_infinity():
@@ -151,7 +202,7 @@ def test_the_interval_of_a_3_seed_case_by_hand():
 
 
 def _summary_of(times: dict, reference: str = "ref") -> dict:
-  """A compare.summarise-shaped summary on one link "l" from per-seed times."""
+  """A compare_summary.summarise-shaped summary on one link "l" from per-seed times."""
   out = {}
   ref = times[reference]
   for m, t in times.items():
@@ -178,7 +229,7 @@ def test_verdicts_carry_the_interval_and_say_when_nothing_is_distinguishable():
 
 
 class _FakeTrial:
-  """What compare.summarise reads of a trial: its held-out evaluations and its accounts."""
+  """What compare_summary.summarise reads of a trial: its held-out evaluations and its accounts."""
 
   def __init__(self, times: dict, evals=((2, 3.0), (4, 2.0))):
     self.times, self.evals = times, list(evals)
@@ -193,7 +244,7 @@ def test_the_tuned_ruleset_picks_per_study_the_fastest_setting_on_every_link():
   # times[setting][study]: per study the minimum over settings, and which setting it was.
   best, chosen = stats.best_per_study([[5.0, None, 3.0], [4.0, 6.0, None], [9.0, 7.0, 2.0]])
   assert best.tolist() == [4.0, 6.0, 2.0] and chosen.tolist() == [1, 1, 2]
-  # compare.summarise: the same settings of each method are read on every link; each link
+  # compare_summary.summarise: the same settings of each method are read on every link; each link
   # picks per study its own fastest.
   trials = {
       "ref": [[_FakeTrial({"a": 10.0, "b": 20.0}), _FakeTrial({"a": 12.0, "b": 24.0}),
@@ -205,7 +256,7 @@ def test_the_tuned_ruleset_picks_per_study_the_fastest_setting_on_every_link():
   config = copy.deepcopy(TINY)
   config.compare.update(reference="ref", seeds=3)
   clock = types.SimpleNamespace(links={"a": None, "b": None})
-  budgets, out, _ = compare.summarise(trials, clock, 2.5, config, {"a": 1e9, "b": 1e9})
+  budgets, out, _ = compare_summary.summarise(trials, clock, 2.5, config, {"a": 1e9, "b": 1e9})
   assert out["m"]["a"]["study_times"] == [4.0, 2.0, 8.0]
   assert out["m"]["a"]["chosen_setting"] == [0, 1, 0]
   assert out["m"]["b"]["study_times"] == [10.0, 12.0, 14.0]
@@ -214,12 +265,12 @@ def test_the_tuned_ruleset_picks_per_study_the_fastest_setting_on_every_link():
   # The lists come from the method modules, the same list for every link (one training
   # serves all links), at most 5 settings.
   entry = compare.METHODS["diloco_h10"]
-  tuned = compare.settings_list("diloco_h10", entry, "tuned")
-  assert 1 < len(tuned) <= compare.MAX_SETTINGS
-  assert tuned == compare.settings_list("diloco_h10", entry, "tuned")
+  tuned = compare_settings.settings_list("diloco_h10", entry, "tuned")
+  assert 1 < len(tuned) <= compare_settings.MAX_SETTINGS
+  assert tuned == compare_settings.settings_list("diloco_h10", entry, "tuned")
   assert [e["optimizer"].get("lr") for e in tuned[:3]] == [1e-3, 3e-3, 1e-2]
   assert all(e["sync_every"] == 10 for e in tuned)
-  assert compare.settings_list("diloco_h10", entry, "default") == [entry]
+  assert compare_settings.settings_list("diloco_h10", entry, "default") == [entry]
 
 
 def test_a_tuning_list_of_more_than_5_settings_is_refused(tmp_path):
@@ -227,7 +278,7 @@ def test_a_tuning_list_of_more_than_5_settings_is_refused(tmp_path):
   path.write_text(_readme_plugin() + "\n\ndef tuning():\n  return [{'clip': c} for c in "
                   "range(1, 7)]\n")
   with pytest.raises(ValueError, match="lists 6 settings; allowed: 1 to 5"):
-    compare.settings_list("many", {"method": str(path)}, "tuned")
+    compare_settings.settings_list("many", {"method": str(path)}, "tuned")
 
 
 def test_the_target_comes_from_held_out_loss_not_the_training_curve():
@@ -236,12 +287,12 @@ def test_the_target_comes_from_held_out_loss_not_the_training_curve():
   trials = [[_FakeTrial({}, [(2, 3.0), (4, 2.2), (8, 1.0)]),
              _FakeTrial({}, [(2, 2.9), (4, 2.4)])],
             [_FakeTrial({}, [(2, 2.0), (4, 1.9)]), _FakeTrial({}, [(2, 2.0), (4, 1.8)])]]
-  k, bests = compare.reference_setting(trials, steps=4)
+  k, bests = compare_summary.reference_setting(trials, steps=4)
   assert (k, bests) == (1, [1.9, 1.8])  # step 8 is beyond the reference's 4 steps
   for seeds in trials:
     for t in seeds:
       t.history = [{"loss": 0.1}] * 4
-  assert compare.reference_setting(trials, steps=4) == (k, bests)
+  assert compare_summary.reference_setting(trials, steps=4) == (k, bests)
   assert stats.higher_median(bests) == 1.9
 
 
@@ -289,7 +340,7 @@ def test_compare_and_notebook_03_read_the_same_clock(summary):
 # ---------------------------------------------------------------- the end-to-end run
 def test_every_seed_trains_once_and_serves_every_link(summary, plugin):
   _, result, built = summary
-  names = [compare.method_config(TINY, e).method.name
+  names = [compare_settings.method_config(TINY, e).method.name
            for e in (*TINY_METHODS.values(), {"method": plugin})]
   # One run built per method and seed (the default ruleset: one setting each).
   assert sorted(built) == sorted((n, s) for n in names for s in range(TINY.compare.seeds))
@@ -300,9 +351,16 @@ def test_every_seed_trains_once_and_serves_every_link(summary, plugin):
     for t in m["trials"]:
       n = t["trained_steps"]
       assert t["curve"]["step"] == list(range(1, n + 1))
-      assert t["evals"]["step"] == list(range(2, n + 1, 2))  # every eval_every, untimed
-      for net in t["links"].values():
+      for name, net in t["links"].items():
         assert len(net["time"]) == n
+        # Evaluated (untimed) at every step of each link's grid of simulated time, and those
+        # are the evaluations the link reads.
+        interval = result["links"][name]["eval_interval_seconds"]
+        assert net["eval_steps"] == compare_account.grid_steps(net["time"], interval).tolist()
+        assert set(net["eval_steps"]) <= set(t["evals"]["step"])
+        if m["method"] == "dp_bf16":  # the reference: its step time is constant, so its
+          # grid is every eval_every steps on every link
+          assert net["eval_steps"] == list(range(2, n + 1, 2))
       # It trained until every link reached the target or spent its budget, or the cap.
       budgets = {k: v["budget_seconds"] for k, v in result["links"].items()}
       assert n == TINY.compare.max_steps or all(
@@ -317,13 +375,19 @@ def test_the_target_and_budgets_come_from_the_reference(summary):
                if s <= TINY.steps) for t in ref["trials"]]
   assert result["target_loss"] == stats.higher_median(bests)
   for name, link in result["links"].items():
-    times = []
-    for t in ref["trials"]:
-      hit = [s for s, l in zip(t["evals"]["step"], t["evals"]["heldout_loss"])
-             if l <= result["target_loss"]]
-      times.append(t["links"][name]["time"][hit[0] - 1] if hit else None)
-    assert link["budget_seconds"] == TINY.compare.budget * stats.median_time(times)
-    assert ref["links"][name]["verdict"] == "reference"
+    medians = {}
+    for label in ("dp_bf16", "dp"):  # the pool: the faster stands as the link's reference
+      times = []
+      for t in _by_method(result)[label]["trials"]:
+        counted = set(t["links"][name]["eval_steps"])
+        hit = [s for s, l in zip(t["evals"]["step"], t["evals"]["heldout_loss"])
+               if s in counted and l <= result["target_loss"]]
+        times.append(t["links"][name]["time"][hit[0] - 1] if hit else None)
+      medians[label] = stats.median_time(times)
+    best = min(medians, key=medians.get)
+    assert link["reference"] == best
+    assert link["budget_seconds"] == TINY.compare.budget * medians[best]
+    assert _by_method(result)[best]["links"][name]["verdict"] == "reference"
 
 
 def test_per_link_summaries_are_read_from_the_trials(summary):
@@ -333,15 +397,17 @@ def test_per_link_summaries_are_read_from_the_trials(summary):
       per_seed = []
       for t in m["trials"]:
         net = t["links"][name]
-        expected = compare.account(t["evals"]["step"], t["evals"]["heldout_loss"],
-                                   net["time"], result["target_loss"],
-                                   link["budget_seconds"], TINY.compare.max_steps)
+        keep = [i for i, s in enumerate(t["evals"]["step"]) if s in net["eval_steps"]]
+        expected = compare_account.account(
+            [t["evals"]["step"][i] for i in keep],
+            [t["evals"]["heldout_loss"][i] for i in keep], net["time"],
+            result["target_loss"], link["budget_seconds"], TINY.compare.max_steps)
         assert {k: net[k] for k in expected} == expected
         per_seed.append(net["time_to_target"])
       a = m["links"][name]
       assert a["study_times"] == per_seed
       assert a["median"] == stats.median_time(per_seed)
-      ref = _by_method(result)["dp_bf16"]["links"][name]["study_times"]
+      ref = _by_method(result)[link["reference"]]["links"][name]["study_times"]
       assert (a["speedup"], a["low"], a["high"]) == stats.speedup_interval(ref, per_seed)[:3]
 
 
@@ -351,17 +417,19 @@ def test_a_population_in_one_program_equals_its_seeds_one_after_the_other(summar
   _, result, _ = summary
   dp = _by_method(result)["dp"]
   steps = 4
-  configs = [compare._seeded(compare.method_config(TINY, TINY_METHODS["dp"]), s)
+  configs = [compare_settings.seeded(compare_settings.method_config(TINY, TINY_METHODS["dp"]), s)
              for s in range(TINY.compare.seeds)]
-  pop = compare.train_population("dp", 0, configs, compare.links(TINY),
-                                 compare._heldout_fn(TINY), steps, together=False)
+  pop = compare_trials.train_population("dp", 0, configs, compare_settings.links(TINY),
+                                 compare_trials.heldout_fn(TINY), steps, together=False)
   assert not pop.together
   for trial, t in zip(pop.trials, dp["trials"]):
     np.testing.assert_allclose([r["loss"] for r in trial.history], t["curve"]["loss"][:steps],
                                rtol=1e-5)
     assert trial.step_bytes.tolist() == t["curve"]["wire_bytes"][:steps]
-    np.testing.assert_allclose([v for _, v in trial.evals],
-                               t["evals"]["heldout_loss"][:steps // 2], rtol=1e-5)
+    run = dict(zip(t["evals"]["step"], t["evals"]["heldout_loss"]))
+    both = [(v, run[s]) for s, v in trial.evals if s in run]  # the steps both evaluated
+    assert both
+    np.testing.assert_allclose(*zip(*both), rtol=1e-5)
 
 
 def test_methods_with_the_same_local_step_share_one_compute_figure(summary):
@@ -504,23 +572,43 @@ def test_bad_link_specs_name_the_wrong_part(spec, words):
     _config.parse_link(spec)
 
 
+@pytest.mark.slow
+def test_the_program_exits_1_with_one_line_and_help_lists_config(tmp_path):
+  """`python -m experiments.compare` runs on experiments._cli: a bad setting is one line on
+  stderr, exit status 1, nothing written; --help lists --config with the program's flags."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  workdir = tmp_path / "compare"
+  result = subprocess.run([sys.executable, "-m", "experiments.compare", "--budget=0.5",
+                           f"--workdir={workdir}"], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300, check=False)
+  assert result.returncode == 1 and not workdir.exists()
+  assert result.stderr.strip().splitlines() == [
+      "error: config.compare.budget must be a finite number >= 1, got 0.5."], result.stderr
+  usage = subprocess.run([sys.executable, "-m", "experiments.compare", "--help"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                         check=False).stdout
+  for words in ("--config:", "--config.<path>=<value>", "--[no]verbose:", "--ruleset:",
+                "--workdir:"):
+    assert words in usage, (words, usage[-3000:])
+
+
 def test_link_flags_and_bad_settings_fail_before_anything_trains(tmp_path):
-  c = compare.with_flags(TINY, ["wan"], ["office:gbit=0.5,latency_ms=40"], budget=2.0,
+  c = compare_settings.with_flags(TINY, ["wan"], ["office:gbit=0.5,latency_ms=40"], budget=2.0,
                          max_steps=20)
-  assert list(compare.links(c)) == ["wan", "office"]
+  assert list(compare_settings.links(c)) == ["wan", "office"]
   assert (c.compare.budget, c.compare.max_steps) == (2.0, 20)
-  assert compare.links(compare.with_flags(TINY, custom=["x:gbit=1,latency_ms=1"])).keys() == \
-      {"wan", "internet", "infiniband", "x"}
-  for bad, words in ((compare.with_flags(TINY, ["wan", "wan"]), "twice"),
-                     (compare.with_flags(TINY, ["nope"]), "'nope' is not a preset"),
-                     (compare.with_flags(TINY, budget=0.0), "budget"),
-                     (compare.with_flags(TINY, max_steps=3), "max_steps")):
+  custom = compare_settings.with_flags(TINY, custom=["x:gbit=1,latency_ms=1"])
+  assert compare_settings.links(custom).keys() == {"wan", "internet", "infiniband", "x"}
+  for bad, words in ((compare_settings.with_flags(TINY, ["wan", "wan"]), "twice"),
+                     (compare_settings.with_flags(TINY, ["nope"]), "'nope' is not a preset"),
+                     (compare_settings.with_flags(TINY, budget=0.0), "budget"),
+                     (compare_settings.with_flags(TINY, max_steps=3), "max_steps")):
     with pytest.raises(ValueError, match=words):
       compare.run(bad, str(tmp_path), ["dp"], verbose=False, catalog=TINY_METHODS)
   with pytest.raises(ValueError, match="ruleset must be one of default, tuned"):
-    compare.run(compare.with_flags(TINY, ruleset="best"), str(tmp_path), ["dp"],
+    compare.run(compare_settings.with_flags(TINY, ruleset="best"), str(tmp_path), ["dp"],
                 verbose=False, catalog=TINY_METHODS)
-  c = compare.with_flags(TINY, ruleset="tuned", seeds=5, target_loss=2.0)
+  c = compare_settings.with_flags(TINY, ruleset="tuned", seeds=5, target_loss=2.0)
   assert (c.compare.ruleset, c.compare.seeds, c.compare.target_loss) == ("tuned", 5, 2.0)
   with pytest.raises(ValueError, match="'nope' is unknown; allowed: dp_bf16"):
     compare.resolve_methods(["nope"], TINY_METHODS)
@@ -608,7 +696,7 @@ def test_dp_bf16_builder_reduces_in_bfloat16(mesh8):
   grads = 1.0 + (jnp.arange(W, dtype=jnp.float32)[:, None] + 1) * 2.0 ** -12 * jnp.ones((W, 5))
 
   def update_of(label):
-    cfg = compare.method_config(TINY, compare.METHODS[label])
+    cfg = compare_settings.method_config(TINY, compare.METHODS[label])
     cfg.optimizer.update(name="sgd", lr=1.0)
     tx = build.make_optimizer(cfg, build.Context(
         config=cfg, inner=build.inner_optimizer(cfg), axis_name="data", num_workers=W,
@@ -642,7 +730,7 @@ def test_more_methods_run_only_when_named():
   assert list(chosen)[1:] == ["noloco_h10", "des_loc_k10"]  # after the reference
   base = compare_config.get_config()
   for label, entry in compare.MORE_METHODS.items():
-    c = compare.method_config(base, entry)
+    c = compare_settings.method_config(base, entry)
     assert c.method.name == entry["method"], label
     build.build(c, abstract=True)  # the method's settings are accepted by its factory
 
@@ -657,6 +745,6 @@ def test_a_method_entry_is_checked_as_in_every_program(entry, named):
   # setting is refused by name, and a "mesh" is the run's mesh, not a method setting.
   if named:
     with pytest.raises(ValueError, match=named):
-      compare.method_config(TINY, entry)
+      compare_settings.method_config(TINY, entry)
   else:
-    assert compare.method_config(TINY, entry).mesh == entry["mesh"]
+    assert compare_settings.method_config(TINY, entry).mesh == entry["mesh"]

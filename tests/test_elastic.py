@@ -11,6 +11,7 @@ against the same references.
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from experiments import elastic_run
 from experiments import launch_local
 from jaxcomm import data, elastic, local, models, train
 from jaxcomm.elastic import _membership
+from jaxcomm.elastic import _watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 W = 3       # islands, one device each
@@ -212,6 +214,34 @@ def test_every_member_follows_one_commit_decision_and_a_missing_vote_is_evicted(
   assert commit(store, "c", 2, True) == {"commit": False, "evicted": [2]}
 
 
+def test_the_watchdog_ends_a_process_declared_dead_or_evicted_with_status_75(capsys):
+  """A stall longer than the heartbeat timeout (SIGSTOP: the service declared the process
+  dead) or the others' eviction key with this incarnation ends it with EVICTED and a line
+  naming the generation; a key of an older incarnation, or a short stall, does not."""
+  now, ended = [0.0], queue.Queue()
+  store = FakeStore({"k": "6"})  # an older incarnation was evicted
+  store.shutdown = lambda: ended.put("left")
+  dog = _watchdog.Watchdog(store, "k", 3, lambda: (4, 35), clock=lambda: now[0],
+                           end=ended.put)
+  dog.incarnation = 7
+  now[0] += 2.0  # a stall shorter than the heartbeat timeout
+  with pytest.raises(queue.Empty):
+    ended.get(timeout=0.5)
+  now[0] += 3.5
+  assert ended.get(timeout=5) == elastic.EVICTED == 75
+  assert ("process 0: evicted at generation 4 (round from step 35): it did not run for 3.5 "
+          "s, longer than the heartbeat timeout (3 s)") in capsys.readouterr().err
+  dog.close()
+  store = FakeStore({"k": "7"})
+  store.shutdown = lambda: ended.put("left")
+  dog = _watchdog.Watchdog(store, "k", None, lambda: (5, 40), end=ended.put)
+  dog.incarnation = 7
+  assert [ended.get(timeout=5), ended.get(timeout=5)] == ["left", elastic.EVICTED]
+  assert ("process 0: evicted at generation 5 (round from step 40): the others evicted it"
+          in capsys.readouterr().err)
+  dog.close()
+
+
 def test_quorum_rules_let_at_most_one_side_of_a_partition_train_on():
   q = elastic.Quorum(min_workers=2)
   last = (0, 1, 2, 3)
@@ -380,39 +410,50 @@ def reset_inner(trainer, state, params, worker):
 def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_reference(
     tmp_path):
   """One run, two faults. Process 0 (rank 0: it used to host the coordination service and
-  lead) is SIGKILLed before step 15 and restarted; processes 1 and 2 train on and heal it
-  at a sync (min_workers 3 from step 25 holds them there until it is back). Process 1 is
-  SIGSTOPped before step 30: declared dead (heartbeat, 3 s) and evicted (its vote missing
-  at the deadline); 0 and 2 train on. SIGCONT once step 40 is committed: it learns it was
-  declared dead and evicted, and exits without touching the live round."""
+  lead) is SIGKILLed before step 15 and restarted; processes 1 and 2 train on, wait for it at
+  step 25 (min_workers 3 from there), wait the join window once with it, hold it out of the
+  round from 25 (shrink_only: joiners only at checkpoint steps, every 10) and heal it at
+  step 30. Process 1 is SIGSTOPped before step 35: declared dead (heartbeat, 3 s) and
+  evicted (its vote missing at the deadline); 0 and 2 train on. SIGCONT once step 45 is
+  committed: its watchdog sees it did not run for longer than the heartbeat timeout and
+  exits with status 75 before JAX's client would abort it, without touching the live round."""
   steps = 50
-  log, report = launch(tmp_path, ["--kill=0@15", "--restart=0@20", "--stop=1@30",
-                                  "--cont=1@40"],
-                       program_args("diloco", steps, checkpoint_every=steps, log_every=5)
-                       + ["--config.elastic.min_workers=1,3@25,2@30",
+  log, report = launch(tmp_path, ["--kill=0@15", "--restart=0@20", "--stop=1@35",
+                                  "--cont=1@45"],
+                       program_args("diloco", steps, checkpoint_every=10, log_every=5)
+                       + ["--config.elastic.min_workers=1,3@25,2@35",
                           "--config.elastic.quorum_timeout_s=150",
-                          "--config.elastic.deadline_s=5"], timeout=480)
+                          "--config.elastic.deadline_s=5",
+                          "--config.elastic.shrink_only=True",
+                          "--config.elastic.join_window_s=1"], timeout=480)
   assert report["returncodes"][0] == report["returncodes"][2] == 0, log[-6000:]
   assert report["incarnations"][0] == [-9, 0] and report["restarted"] == [[0, 20]]
-  assert report["continued"] == [[1, 40]]
-  # The late process 1 exits: killed by its eviction watchdog (75) or by JAX's client, which
-  # the coordination service told that it was declared dead (SIGABRT); never trains on.
-  assert report["incarnations"][1] in ([elastic.EVICTED], [-6]), report
-  assert ("process 1: evicted by the others" in log
-          or "distributed service detected fatal errors" in log), log[-6000:]
+  assert report["continued"] == [[1, 45]]
+  # The late process 1 exits by its watchdog, with the eviction status and where it was.
+  assert report["incarnations"][1] == [elastic.EVICTED], (report, log[-6000:])
+  assert re.search(r"process 1: evicted at generation \d+ \(round from step 35\): it did "
+                   r"not run for [0-9.]+ s, longer than the heartbeat timeout \(3 s\)",
+                   log), log[-6000:]
+  assert "distributed service detected fatal errors" not in log
+  # The join window: when process 0 came back, every process waited one empty round of
+  # 1 s before the next generation formed; shrink_only then held 0 out until step 30.
+  for p in (1, 2):
+    assert f"process {p}: waiting at step 25: join window (1.0 s)" in log, log[-6000:]
+  assert "process 0: waiting at step 25: join window (1.0 s)" in log, log[-6000:]
+  assert "process 0: waiting at step 25: held" in log, log[-6000:]
   # Both survivors of each fault discarded the round in flight and saw the live set change.
   for p in (1, 2):
     assert f"process {p}: round from step 15 discarded" in log, log[-6000:]
     assert f"process {p}: live set changed [0, 1, 2] -> [1, 2] at step 15 (lost [0])" in log
   for p in (0, 2):
-    assert re.search(rf"process {p}: round from step 30 discarded after [0-9.]+ s "
+    assert re.search(rf"process {p}: round from step 35 discarded after [0-9.]+ s "
                      r"\(.*\); evicted \[1\] \(no vote within 5.0 s\)", log), log[-6000:]
-    assert f"process {p}: live set changed [0, 1, 2] -> [0, 2] at step 30 (lost [1])" in log
+    assert f"process {p}: live set changed [0, 1, 2] -> [0, 2] at step 35 (lost [1])" in log
   joined = re.search(r"process 0: joined at step (\d+) from process 1 .* replicated state "
                      r"(\w+), of the parameters (\w+)", log)
   assert joined, log[-6000:]
   at = int(joined.group(1))
-  assert at == 25
+  assert at == 30
   healers = re.findall(rf"process (\d): healed \[0\] at step {at} from process 1 .* "
                        r"replicated state (\w+), of the parameters (\w+)", log)
   assert sorted(p for p, *_ in healers) == ["1", "2"]
@@ -420,10 +461,10 @@ def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_refe
   assert {outer for _, outer, _ in healers} == {joined.group(2)}
   assert dict((p, d) for p, _, d in healers)["1"] == joined.group(3)
 
-  # Reference: one process, 3 workers; the mask drops worker 0 from the syncs at updates
-  # 15 and 20 (indices 3, 4) and worker 1 from update 30 on (indices 6..9); worker 0's inner
-  # state starts over at step 25 (its heal).
-  mask = "drop:0@3,4;1@6,7,8,9"
+  # Reference: one process, 3 workers; the mask drops worker 0 from the syncs of the rounds
+  # from 15, 20 and 25 (indices 3, 4, 5) and worker 1 from the round from 35 on (indices
+  # 7, 8, 9); worker 0's inner state starts over at step 30 (its heal).
+  mask = "drop:0@3,4,5;1@7,8,9"
   make, params, batch_fn = reference("diloco", steps, {"participation": mask})
   rt = make([0, 1, 2])
   r = rt.init(params)
@@ -441,6 +482,47 @@ def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_refe
     chex.assert_trees_all_close(mine[i], want[i], rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(got.opt_state.outer_params, r.opt_state.outer_params,
                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_process_hung_between_its_vote_and_the_barrier_is_evicted_and_may_rejoin():
+  """JAX's membership barrier has no timeout and waits for every process the service holds
+  live. 3 processes take membership rounds only (tests/membership_runner.py); process 2
+  hangs after the decision of the round from step 4, before the barrier, heartbeats going
+  on. The others evict it 2 s (the deadline) after they arrived, its watchdog ends it
+  (status 75), the round stays committed everywhere, and 0 and 1 go on, until step 8 needs
+  all 3 (min_workers): process 2, started again, rejoins there as a new member."""
+  n, port = 3, launch_local.free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  coordinator = subprocess.Popen(
+      [sys.executable, "-m", "jaxcomm.elastic.coordinator", f"--address=127.0.0.1:{port}",
+       f"--num_processes={n}", "--heartbeat_timeout=3"], cwd=ROOT, env=env,
+      stderr=subprocess.DEVNULL, start_new_session=True)
+  start = lambda i, hang_at: subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "tests", "membership_runner.py"),
+       f"127.0.0.1:{port}", str(i), str(n), str(hang_at)], cwd=ROOT, env=env,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  procs = [start(i, 4) for i in range(n)]
+  try:
+    first = procs[2].communicate(timeout=120)[1]
+    procs.append(start(2, -1))  # its restart
+    logs = [p.communicate(timeout=120)[1] for p in (procs[0], procs[1], procs[3])]
+  finally:  # nothing left running (SIGKILL: JAX turns SIGTERM into a preemption notice)
+    for p in [*procs, coordinator]:
+      if p.poll() is None:
+        os.killpg(p.pid, 9)
+        p.wait()
+  assert [p.returncode for p in procs] == [0, 0, elastic.EVICTED, 0], logs
+  assert ("process 2: evicted at generation 0 (round from step 4): the others evicted it"
+          in first), first[-3000:]
+  assert "committed 5" not in first  # it hung before it could commit
+  for p in (0, 1):
+    assert (f"process {p}: process 2 voted but did not reach the membership barrier within "
+            f"2.0 s; evicting it") in logs[p], logs[p][-3000:]
+    done = dict(re.findall(rf"runner: process {p}: committed (\d+) live (\[.*\])", logs[p]))
+    assert list(done) == [str(t) for t in range(1, 11)], logs[p][-3000:]
+    assert (done["5"], done["6"], done["9"]) == ("[0, 1, 2]", "[0, 1]", "[0, 1, 2]")
+  rejoined = re.findall(r"runner: process 2: committed (\d+) live (\[.*\])", logs[2])
+  assert rejoined == [("9", "[0, 1, 2]"), ("10", "[0, 1, 2]")], logs[2][-3000:]
 
 
 def test_dp_loses_process_0_and_discards_the_step_in_flight_everywhere(tmp_path):

@@ -17,8 +17,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+from experiments import _compare_settings as compare_settings
 from experiments import build
-from experiments import compare
 from experiments import config
 from jaxcomm import local, parallel, sync, train
 
@@ -224,7 +224,7 @@ def test_every_numeric_setting_builds_or_names_itself():
     _set(c, setting, type(_get(c, setting))(bad))
     try:
       if "compare" in c:
-        compare.check(c)
+        compare_settings.check(c)
       build.build(c, abstract=True)
     except ValueError as e:
       refused += 1

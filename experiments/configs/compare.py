@@ -20,18 +20,22 @@ def get_config(arg: str | None = None):
   c.checkpoint_every = 0
   c.data.split = "train"             # the test split is held out for the target
   c.compare = ml_collections.ConfigDict(dict(
-      reference="dp_bf16",           # the label whose trials set the target and the budgets
+      reference="dp_bf16",           # the label whose trials set the target
+      reference_pool=("dp_bf16", "dp"),  # per link the reference: the fastest of these
       ruleset="default",             # default: each method's settings; tuned: tuning() lists
       seeds=3,                       # seeds (studies) per method and setting
       population=True,               # a method's seeds in one program (Trainer(trials=S))
       budget=2.0,                    # each link's budget: the reference's median time x this
       max_steps=600,                 # no trial trains more inner steps than this
       links=("wan", "internet", "infiniband"),  # presets (comm.PRESETS) or name:gbit=,latency_ms=
-      eval_every=10,                 # held-out evaluations every this many steps (untimed)
+      eval_every=10,                 # held-out evaluations (untimed) at fixed intervals of
+                                     # simulated time: the reference's time for this many
+                                     # steps on each link
       eval_batch=128,                # test-split sequences in the held-out evaluation
       smooth=10,                     # records in the trailing mean of the training curve
-      schedule="constant",           # constant | schedule_free (the inner optimiser's)
-      warmup_steps=0,                # schedule_free: its linear warmup (0: none)
+      schedule="constant",           # constant | schedule_free | wsd (the inner optimiser's)
+      warmup_steps=0,                # schedule_free, wsd: its linear warmup (0: none)
+      decay_fraction=0.2,            # wsd: the last fraction of each link's budget decays
       target_loss=config_dict.placeholder(float),  # default: from the reference's trials
       compute_repeats=10))           # interleaved rounds timing each local step
   if arg == "long":  # ~0.3 CPU-seconds per step on 8 emulated devices (measured)

@@ -15,7 +15,7 @@ from jaxcomm.elastic._record import Event
 from jaxcomm.elastic._record import Result
 from jaxcomm.elastic._loop import digest
 from jaxcomm.elastic._loop import fit
-from jaxcomm.elastic._membership import EVICTED
+from jaxcomm.elastic._watchdog import EVICTED
 from jaxcomm.elastic._membership import Evicted
 from jaxcomm.elastic._membership import Generation
 from jaxcomm.elastic._membership import Membership

@@ -143,3 +143,28 @@ def decide(client, base: str, me: int, members: tuple, ok: bool, deadline_ms: in
   with contextlib.suppress(jax.errors.JaxRuntimeError):  # someone decided first
     client.key_value_set(f"{base}/decision", json.dumps(outcome))
   return json.loads(client.key_value_try_get(f"{base}/decision"))
+
+
+def arrive(client, base: str, me: int) -> None:
+  """Marks that `me` reached the membership barrier after the round `base`."""
+  client.key_value_set(f"{base}/arrived/{me}", "1", allow_overwrite=True)
+
+
+def missing(client, base: str, expected) -> list:
+  """The processes of `expected` that have not reached the barrier after the round `base`.
+
+  >>> class Store(dict):
+  ...   def key_value_try_get(self, key):
+  ...     if key not in self:
+  ...       raise jax.errors.JaxRuntimeError("NOT_FOUND")
+  ...     return self[key]
+  >>> missing(Store({"r/arrived/0": "1"}), "r", [0, 1])
+  [1]
+  """
+  out = []
+  for p in expected:
+    try:
+      client.key_value_try_get(f"{base}/arrived/{p}")
+    except jax.errors.JaxRuntimeError:
+      out.append(p)
+  return out

@@ -193,9 +193,11 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
     while step < steps:
       work = _RoundWork(began=time.perf_counter())
       try:
-        with _round(membership, step) as gen:
+        stop = min(steps, (step // round_steps + 1) * round_steps)  # (a holder's)
+        with _round(membership, step, stop) as gen:
           if gen is None or jax.process_index() in gen.held:  # an empty round for it
-            record.waiting(step, membership.waiting if gen is None else "held")
+            # (a joiner's own step is 0: the round's is the run's)
+            record.waiting(membership.step, membership.waiting if gen is None else "held")
             continue
           record.waiting(step, "")
           state = island.prepare(gen)
@@ -223,7 +225,7 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
       island.commit(state)
       lead = gen.leader == jax.process_index()
       if membership is not None:
-        membership.committed(work.stop, time.perf_counter() - work.began)
+        membership.committed(time.perf_counter() - work.began)
       in_a_row = 0
       step = work.stop
       record.committed(gen, work, lead)
@@ -266,9 +268,9 @@ def _run(trainer: Trainer, state: TrainState, batch_fn, steps: int, round_steps:
 
 
 @contextlib.contextmanager
-def _round(membership, step):
+def _round(membership, step, stop):
   if membership is not None:
-    with membership.round(step) as gen:
+    with membership.round(step, stop) as gen:
       yield gen
     return
   devices = jax.devices()

@@ -34,6 +34,11 @@ key-value store:
   not a death), which `live_devices` alone does not make atomic. A member whose vote is
   missing at the deadline is evicted: the decision names it, and its own watchdog thread
   (alive while its main thread hangs) ends it, so the next barrier does not wait for it.
+* **A bounded barrier.** JAX's membership barrier has no timeout and waits for every
+  process the service holds live; a process that hangs after its vote keeps heartbeating.
+  Each process marks its arrival, and one missing the progress deadline after a peer
+  arrived is evicted like a missed vote. A process that did not run for longer than the
+  heartbeat timeout (SIGSTOP) ends itself when it resumes (`_watchdog`).
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ import atexit
 import contextlib
 import json
 import logging
-import os
 import statistics
 import sys
 import threading
@@ -53,8 +57,10 @@ import jax
 from jax._src import distributed
 from jax.experimental import multihost_utils
 
-from jaxcomm.elastic._agreement import Planner, candidate_orders, decide
+from jaxcomm.elastic._agreement import Planner, arrive, candidate_orders, decide, missing
 from jaxcomm.elastic._quorum import Quorum, QuorumLost
+from jaxcomm.elastic._service import connected_heartbeat_timeout
+from jaxcomm.elastic._watchdog import Watchdog, evicted_key
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +82,6 @@ class RunFinished(Exception):
 
 class Evicted(RuntimeError):
   """The others evicted this process: its vote was missing at the progress deadline."""
-
-
-EVICTED = 75   # exit status of an evicted process (EX_TEMPFAIL: it may be started again)
 
 
 class Generation(NamedTuple):
@@ -116,6 +119,10 @@ class Membership:
       at a multiple of this step (the checkpoint interval).
     view: a fault hook, `(step, live) -> live` as this process sees it (tests partition
       the run with it); None: the live set as the coordination service reports it.
+    heartbeat_timeout_s: the coordination service's heartbeat timeout: a process that did
+      not run for longer (SIGSTOPped) was declared dead, and its watchdog ends it (exit
+      status `EVICTED`) before JAX's client aborts it. None: the one
+      `jaxcomm.elastic.start_distributed` connected with (not checked without it).
 
   >>> try:  # one process: nothing to agree on
   ...   Membership()
@@ -126,7 +133,8 @@ class Membership:
 
   def __init__(self, timeout_s: float = 60.0, quorum: Quorum = Quorum(),
                deadline_s: float | None = None, admit_every: int = 0,
-               view: Callable[[int, tuple], tuple] | None = None):
+               view: Callable[[int, tuple], tuple] | None = None,
+               heartbeat_timeout_s: float | None = None):
     self.client = client()
     if self.client is None:
       raise RuntimeError("elastic membership needs jax.distributed (see "
@@ -151,19 +159,25 @@ class Membership:
     self._records: dict[str, Generation] = {}
     self._failures: dict[tuple, int] = {}  # live set -> failed rounds so far
     self._last_keys: list[str] = []
+    self._timer = None          # evicts those missing at the barrier (`_bounded_barrier`)
     self._seen = None           # the live set of the previous round
     self._lost_since = None     # when the quorum was first found invalid
     self._streak = 0            # rounds over the same live set so far
     self._joining = _exists(self.client, COMMITTED)  # a run under way: this process joins
-    self.incarnation = None
-    self._watchdog = None
-    self._stop = threading.Event()
+    self.step = None            # where the current round starts
+    if heartbeat_timeout_s is None:
+      heartbeat_timeout_s = connected_heartbeat_timeout()
+    self.watchdog = Watchdog(self.client, evicted_key(PREFIX, self.pid), heartbeat_timeout_s,
+                             lambda: (getattr(self.generation, "index", None), self.step))
+    atexit.register(self.close)
 
   # ---------------------------------------------------------------- rounds
   @contextlib.contextmanager
-  def round(self, step: int) -> Iterator[Generation | None]:
-    """One round from `step`: yields its generation (None: an empty round, `waiting` says
-    why); on exit all processes commit or all abort.
+  def round(self, step: int, stop: int | None = None) -> Iterator[Generation | None]:
+    """One round from `step` to `stop` (default `step`): yields its generation (None: an
+    empty round, `waiting` says why); on exit all processes commit or all abort. On a
+    commit the generation's leader records `stop` and the members for the processes that
+    join next, before the membership barrier (so a joiner, once past it, reads this round's).
 
     Raises (on every live process alike) `RoundAborted`, JAX's `ProcessFailureError`, or
     the body's own exception when the round is not committed; `ProcessFailureError` also
@@ -172,11 +186,11 @@ class Membership:
     process the others evicted. A body that raises anything else still votes no, so the
     others abort instead of waiting.
     """
-    self.decided, self.evicted, self.waiting = None, [], ""
-    with multihost_utils.live_devices(self.devices):
+    self.decided, self.evicted, self.waiting, self.step = None, [], "", step
+    with self._bounded_barrier(), multihost_utils.live_devices(self.devices):
       live = tuple(sorted({d.process_index: inc for d, inc in
                            multihost_utils.live_devices.devices.items()}.items()))
-      self._start_watchdog(dict(live).get(self.pid))
+      self.watchdog.incarnation = dict(live).get(self.pid)
       if self.view is not None:
         live = tuple(self.view(step, live))
       self._streak = self._streak + 1 if live == self._seen else 0
@@ -195,13 +209,49 @@ class Membership:
         raise RoundAborted(f"round {self._streak} over {_sig(live)} was aborted"
                            + (f"; evicted {self.evicted} (no vote within "
                               f"{self.deadline():.1f} s)" if self.evicted else ""))
+      if gen is not None and gen.leader == self.pid:
+        self.client.key_value_set(COMMITTED, json.dumps(
+            {"step": step if stop is None else stop,
+             "members": sorted(dict(gen.live).items())}), allow_overwrite=True)
+
+  @contextlib.contextmanager
+  def _bounded_barrier(self):
+    """Bounds the wait at JAX's membership barrier, which has no timeout of its own.
+
+    `live_devices` meets at its barrier when its block exits, right after the round's
+    decision, and waits for every process the coordination service holds live; a process
+    that hangs between its vote and the barrier keeps heartbeating. So after the decision
+    each process marks its arrival (`_arrive`), and one not there `deadline()` after a peer
+    arrived is evicted like a missed vote: its watchdog ends it, and the barrier goes on.
+    """
+    try:
+      yield
+    finally:  # the barrier is over (or never began)
+      if self._timer is not None:
+        self._timer.cancel()
+        self._timer = None
+
+  def _arrive(self, base: str) -> None:
+    expected = {p: inc for p, inc in self._seen if p not in self.evicted}
+    arrive(self.client, base, self.pid)
+    self._timer = threading.Timer(self.deadline(), self._evict_late, (base, expected))
+    self._timer.daemon = True
+    self._timer.start()
+
+  def _evict_late(self, base: str, expected: dict) -> None:
+    for p in missing(self.client, base, expected):
+      sys.stderr.write(f"elastic: process {self.pid}: process {p} voted but did not reach "
+                       f"the membership barrier within {self.deadline():.1f} s; evicting it\n")
+      with contextlib.suppress(jax.errors.JaxRuntimeError):
+        self.client.key_value_set(evicted_key(PREFIX, p), str(expected[p]),
+                                  allow_overwrite=True)
 
   def _form(self, live: tuple, step: int) -> Generation | None:
     """The generation of this round over `live`, or None (an empty round)."""
     if self._joining:   # knows nothing of the run yet: reads what the others committed
       committed = _try_json(self.client, COMMITTED)
       if committed:
-        step = committed["step"]
+        step = self.step = committed["step"]
         self.planner.members = {p: inc for p, inc in committed["members"]}
     came = self._seen is not None and any(x not in self._seen for x in live)
     first = self._seen is None and self._joining
@@ -281,7 +331,7 @@ class Membership:
     for p in self.evicted:  # the evicted process's watchdog reads it and ends it
       inc = dict(self._seen or ()).get(p)
       with contextlib.suppress(jax.errors.JaxRuntimeError):
-        self.client.key_value_set(f"{PREFIX}/evicted/{p}", str(inc), allow_overwrite=True)
+        self.client.key_value_set(evicted_key(PREFIX, p), str(inc), allow_overwrite=True)
     if self.pid in self.evicted:
       raise Evicted(f"process {self.pid} was evicted by the others (no vote within the "
                     f"progress deadline)")
@@ -289,19 +339,18 @@ class Membership:
     for key in self._last_keys:
       with contextlib.suppress(jax.errors.JaxRuntimeError):
         self.client.key_value_delete(key)
-    self._last_keys = [f"{base}/vote/{self.pid}", f"{base}/decision"]
+    self._last_keys = [f"{base}/vote/{self.pid}", f"{base}/decision", f"{base}/arrived/{self.pid}"]
+    self._arrive(base)
     return self.decided
 
   # ---------------------------------------------------------------- outcomes
-  def committed(self, step: int, seconds: float) -> None:
-    """Records that the current generation's round committed (its joiners are healed)."""
+  def committed(self, seconds: float) -> None:
+    """Records that the current generation's round committed (its joiners are healed) and
+    took `seconds`."""
     gen = self.generation
     self.planner.committed(gen.live)
     self._joining = False
     self.round_seconds.append(seconds)
-    if gen.leader == self.pid:
-      self.client.key_value_set(COMMITTED, json.dumps(
-          {"step": step, "members": sorted(dict(gen.live).items())}), allow_overwrite=True)
     self.generation = gen._replace(joiners=())
     self._records = {k: (g._replace(joiners=()) if g.live == gen.live else g)
                      for k, g in self._records.items()}
@@ -314,41 +363,9 @@ class Membership:
     self._failures[live] = self._failures.get(live, 0) + 1
     self.planner.failed(self.generation.order)
 
-  def _start_watchdog(self, incarnation) -> None:
-    """A thread that ends this process once the others have evicted it (its main thread
-    may hang where Python cannot interrupt it: a collective, a lock, an input pipeline)."""
-    if self._watchdog is not None or incarnation is None:
-      return
-    self.incarnation = incarnation
-    key, me = f"{PREFIX}/evicted/{self.pid}", str(incarnation)
-
-    def watch():
-      while not self._stop.wait(0.2):
-        try:
-          if self.client.key_value_try_get(key) == me:
-            break
-        except jax.errors.JaxRuntimeError:
-          continue
-      else:
-        return
-      sys.stderr.write(f"elastic: process {self.pid}: evicted by the others (no vote within "
-                       f"the progress deadline); exiting with status {EVICTED}\n")
-      sys.stderr.flush()
-      with contextlib.suppress(Exception):
-        self.client.shutdown()  # leaves the live set now, not after the heartbeat timeout
-      os._exit(EVICTED)
-
-    self._watchdog = threading.Thread(target=watch, daemon=True, name="elastic-watchdog")
-    self._watchdog.start()
-    # Stopped before the interpreter exits: a daemon thread caught inside a call into JAX's
-    # client at exit would abort the process ("FATAL: exception not rethrown").
-    atexit.register(self.close)
-
   def close(self) -> None:
     """Stops the watchdog thread (at the end of `fit`, and at exit)."""
-    self._stop.set()
-    if self._watchdog is not None and self._watchdog is not threading.current_thread():
-      self._watchdog.join(timeout=5)
+    self.watchdog.close()
 
 
 def _sig(live: tuple) -> str:

@@ -23,6 +23,12 @@ from jax._src.lib import _jax
 logger = logging.getLogger(__name__)
 
 GLOBAL_TOPOLOGY = "cpu:global_topology/cpu"
+_connected = {}  # what `connect` joined with (one connection per process, like JAX's own)
+
+
+def connected_heartbeat_timeout() -> int | None:
+  """The heartbeat timeout `connect` joined with (None: not connected through it)."""
+  return _connected.get("heartbeat_timeout_s")
 
 
 def serve(address: str, num_processes: int, *, heartbeat_timeout_s: int,
@@ -57,6 +63,7 @@ def connect(coordinator: str, num_processes: int, process_id: int, *,
       coordinator, process_id, init_timeout=init_timeout_s, use_compression=True,
       heartbeat_timeout=heartbeat_timeout_s)
   state.client.connect()
+  _connected["heartbeat_timeout_s"] = heartbeat_timeout_s
   if process_id == 0:
     # XLA's CPU client has node 0 write the global device topology to the key-value store,
     # create-only, when its backend starts; a process 0 that restarts into a running job

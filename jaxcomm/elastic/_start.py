@@ -50,7 +50,9 @@ def start_distributed(coordinator: str | None = None, num_processes: int | None 
     process_id: this process's index.
     heartbeat_timeout_s: how long this process waits for the service's answers before it
       gives up on it (the service's own heartbeat timeout, set where it starts, decides
-      when a silent worker is declared dead).
+      when a silent worker is declared dead). Give both the same value: a process that
+      did not run for longer (SIGSTOPped) takes itself for declared dead and exits with
+      `jaxcomm.elastic.EVICTED` when it resumes, before JAX's client aborts it.
     collective_timeout_s: how long a cross-process collective waits for a peer before it
       fails (XLA:CPU; bounds how long survivors stay stuck in an all-reduce with a dead
       peer). Longer than any stall of a live process (a compile, a slow step).

@@ -1,0 +1,121 @@
+"""The settings of experiments/compare.py: config.compare checked, the links, the command
+line's flags applied, one method entry applied to the shared config, a method's list of
+settings under a ruleset, and one seed's config."""
+
+from __future__ import annotations
+
+import math
+
+from experiments import build
+from experiments import config as _config
+
+RULESETS = ("default", "tuned")
+MAX_SETTINGS = 5  # the most settings a method's tuning() list may hold
+
+
+def check(config) -> None:
+  """The comparison's own settings (config.compare); the rest is experiments.config.check."""
+  _config.check(config)
+  c = config.compare
+  for name in ("smooth", "compute_repeats", "max_steps", "seeds", "eval_every", "eval_batch"):
+    _config.int_at_least(config, f"compare.{name}", 1)
+  if c.ruleset not in RULESETS:
+    raise ValueError(f"config.compare.ruleset must be one of {', '.join(RULESETS)}, got "
+                     f"{c.ruleset!r}.")
+  if c.eval_every > config.steps:
+    raise ValueError(f"config.compare.eval_every ({c.eval_every}) must be <= config.steps "
+                     f"({config.steps}): the reference's first evaluation sets the interval.")
+  if c.reference not in c.get("reference_pool", (c.reference,)):
+    raise ValueError(f"config.compare.reference {c.reference!r} must be one of "
+                     f"config.compare.reference_pool {tuple(c.reference_pool)}.")
+  if c.max_steps < config.steps:
+    raise ValueError(f"config.compare.max_steps ({c.max_steps}) must be >= config.steps "
+                     f"({config.steps}): the reference trains config.steps to set the budget.")
+  _config.int_at_least(config, "compare.warmup_steps", 0)
+  if c.schedule not in _config.SCHEDULES:
+    raise ValueError("config.compare.schedule must be one of "
+                     f"{', '.join(_config.SCHEDULES)}, got {c.schedule!r}.")
+  _config.number_in(config, "compare.budget", 1, math.inf, False, "a finite number >= 1")
+  _config.number_in(config, "compare.decay_fraction", 0, 1, True,
+                    "a number in (0, 1) (the part of each budget that decays)")
+  if c.target_loss is not None and not math.isfinite(c.target_loss):
+    raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
+  links(config)
+
+
+def links(config) -> dict:
+  """{name: comm.Link} of config.compare.links (preset names or name:gbit=G,latency_ms=L)."""
+  specs = list(config.compare.links)
+  if not specs:
+    raise ValueError("config.compare.links is empty: name at least one link.")
+  out = {}
+  for spec in specs:
+    link = _config.parse_link(spec, "config.compare.links entry")
+    if link.name in out:
+      raise ValueError(f"config.compare.links names link {link.name!r} twice.")
+    out[link.name] = link
+  return out
+
+
+def with_flags(config, links_=None, custom=(), budget=None, max_steps=None, *,
+               ruleset=None, seeds=None, target_loss=None):
+  """`config` with the command line's --links, --link, --budget, --max_steps, --ruleset,
+  --seeds and --target_loss."""
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    if links_ is not None or custom:
+      c.compare.links = tuple(c.compare.links if links_ is None else links_) + tuple(custom)
+    if budget is not None:
+      c.compare.budget = float(budget)
+    if max_steps is not None:
+      c.compare.max_steps = int(max_steps)
+    if ruleset is not None:
+      c.compare.ruleset = ruleset
+    if seeds is not None:
+      c.compare.seeds = int(seeds)
+    if target_loss is not None:
+      c.compare.target_loss = float(target_loss)
+  return c
+
+
+def method_config(config, entry: dict):
+  """`config` with a METHODS entry applied (`config.with_method`, which checks it), and
+  compare's learning-rate schedule (config.compare.schedule) on its optimizer."""
+  c = _config.with_method(config, entry)
+  if c.compare.get("schedule", "constant") != "constant":  # build.py wraps the inner one
+    with c.unlocked():
+      c.optimizer.schedule = c.compare.schedule
+      c.optimizer.warmup_steps = c.compare.warmup_steps
+  return c
+
+
+def settings_list(label: str, entry: dict, ruleset: str) -> list:
+  """The METHODS-style entries a method runs under `ruleset`: its own entry (default), or
+  its module's `tuning()` list applied to it (tuned; at most MAX_SETTINGS, the same list on
+  every link). A tuning item sets method settings by name and the optimizer's by
+  `optimizer.<name>`; a module without `tuning()` runs its own entry only."""
+  if ruleset == "default":
+    return [dict(entry)]
+  fn = getattr(build.load_method(entry["method"]), "tuning", None)
+  items = list(fn()) if fn else [{}]
+  if not 1 <= len(items) <= MAX_SETTINGS:
+    raise ValueError(f"{label}: the method module's tuning() lists {len(items)} settings; "
+                     f"allowed: 1 to {MAX_SETTINGS}.")
+  out = []
+  for item in items:
+    e = {**entry, "optimizer": dict(entry.get("optimizer", {}))}
+    for key, value in item.items():
+      if key.startswith("optimizer."):
+        e["optimizer"][key.split(".", 1)[1]] = value
+      else:
+        e[key] = value
+    out.append(e)
+  return out
+
+
+def seeded(config, seed: int):
+  """`config` for seed number `seed` of a method (config.seed + seed)."""
+  c = config.copy_and_resolve_references()
+  c.seed = config.seed + seed
+  return c
+

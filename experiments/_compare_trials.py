@@ -1,0 +1,287 @@
+"""The trials of experiments/compare.py: one method at one setting and one seed each, trained
+together as a population (one compiled program over a leading trial axis, or the seeds one
+after the other), their held-out loss evaluated untimed on each link's grid of simulated
+time (`experiments/_compare_account.py`), and each trial's clock on every link."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import _compare_account as acc
+from experiments import _compare_clock as _clock
+from experiments import _compare_schedule as _schedule
+from experiments import build
+from jaxcomm import comm, data, train
+
+CAPPED = "step cap"  # the snapshot key of a run's branch point when the step cap ends it
+
+class Population:
+  """The trials of one method at one setting, one per seed (`configs[s]`), built and
+  compiled once and trained together in chunks, their held-out loss evaluated (untimed)
+  every `eval_every` steps until `evaluate_on` gives each link's interval of simulated
+  time, then at the first step past each multiple of it on any link. With `together`, one
+  program: `Trainer(trials=S)` (a leading trial axis on parameters, state and batch, the
+  local step vmapped; each trial's codec keys folded with its seed); otherwise the seeds
+  one after the other, each its own run (the fallback for a method whose step cannot be
+  vmapped, and for one seed)."""
+
+  def __init__(self, label: str, setting: int, configs: list, links_: dict, heldout,
+               together: bool):
+    self.label, self.setting, self.configs, self.heldout = label, setting, configs, heldout
+    self.runs = [build.build(c) for c in configs]
+    r = self.runs[0]
+    self.trainers = trainers(self.runs, together)
+    if together:
+      params = jax.tree.map(lambda *x: jnp.stack(x), *[run.params for run in self.runs])
+      state = self.trainers[0].init(params)
+      seeds = jnp.array([c.seed for c in configs])
+      self.states = [state._replace(opt_state=train.fold_in_trials(state.opt_state, seeds))]
+    else:
+      self.states = [t.init(run.params) for t, run in zip(self.trainers, self.runs)]
+    if together:
+      # One trial's program, for its collectives: under vmap a schedule's "sync this step?"
+      # on a per-trial counter becomes a select, so the population's program runs every
+      # branch's collectives on every step (its counted bytes stay exact per trial).
+      one = train.Trainer(r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name,
+                          param_specs=r.specs, has_aux=r.has_aux, batch_specs=r.batch_specs,
+                          mutable=r.config.model.mutable)
+      state, batch = one.init(r.params), one.shard_batch(r.batches(0))
+      report = comm.inspect(one.step_fn(state, batch), state, batch)
+    else:
+      batch = self._batch(0, 0)
+      report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
+                            batch)
+    if (r.config.compare.get("schedule", "constant") == "schedule_free"
+        and _schedule.eval_params(self.states[0].params, self.states[0].opt_state) is
+        self.states[0].params):
+      print(f"  {label}: no inner optimiser (config.optimizer) to make schedule-free; it "
+            "runs as its method module builds it.", file=sys.stderr, flush=True)
+    self.together = together
+    self.report = report
+    self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
+    self.overlap = build.overlap_steps(r.config.method)
+    fn = getattr(r.method, "overlap_backward", None)
+    self.overlap_backward = bool(fn(r.config.method)) if fn else False
+    self.trials = [Trial(self, s) for s in range(len(configs))]
+    self.seconds, self.grid = 0.0, None
+    # _compare_wsd's branch points: link -> seconds, and a step (for a run the cap ends);
+    # what is kept there: link (or CAPPED) -> (step, states)
+    self.watch, self.watch_step, self.snapshots = {}, 0, {}
+
+  @property
+  def trained(self) -> int:
+    return len(self.trials[0].history)
+
+  def _batch(self, k: int, step: int):
+    """Global batch `step` of trainer k (all trials stacked when together)."""
+    if len(self.trainers) == 1 and len(self.runs) > 1:
+      local = {key: np.stack([run.batches(step)[key] for run in self.runs])
+               for key in self.runs[0].batches(step)}
+    else:
+      local = self.runs[k].batches(step)
+    return self.trainers[k].shard_batch(local)
+
+  def _evaluate(self, k: int) -> list:
+    return self.evaluate(self.trainers[k], self.states[k])
+
+  def evaluate(self, trainer, state) -> list:
+    """Held-out losses of a trainer's trials: the parameters (a schedule-free optimiser's
+    evaluation parameters) averaged over workers."""
+    lead = 1 if trainer.trials else 0
+    params = jax.tree.map(lambda x: np.asarray(x),
+                          _schedule.eval_params(state.params, state.opt_state))
+    views = [jax.tree.map(lambda x, t=t: x[t], params) for t in range(trainer.trials)] \
+        if lead else [params]
+    return [float(self.heldout(jax.tree.map(lambda pw, x: x.mean(0) if pw else x,
+                                            trainer.layout.params, v))) for v in views]
+
+  def train_to(self, steps: int) -> None:
+    start = time.perf_counter()
+    for step in range(self.trained, steps):
+      for k, trainer in enumerate(self.trainers):
+        self.states[k], m = trainer.step(self.states[k], self._batch(k, step))
+        loss, sent = np.atleast_1d(m["loss"]), np.atleast_1d(m["wire_bytes"])
+        owned = self.trials if trainer.trials else [self.trials[k]]
+        for t, trial in enumerate(owned):
+          trial.history.append({"step": step + 1, "loss": float(loss[t]),
+                                "wire_bytes": float(sent[t])})
+        if self._due(owned, step + 1):
+          for trial, value in zip(owned, self._evaluate(k)):
+            trial.evals.append((step + 1, value))
+      self._snapshot(step + 1)
+    self.seconds += time.perf_counter() - start
+
+  def evaluate_on(self, clock, intervals: dict) -> None:
+    """From the next step on, evaluate on each link's grid: at the first step whose clock
+    (`clock`, as `Trial.clocks` reads it) reaches each multiple of `intervals[link]`
+    seconds. The multiples reached by the last evaluation so far count as evaluated."""
+    self.grid = (clock, dict(intervals))
+    for trial in self.trials:
+      last = trial.evals[-1][0] if trial.evals else 0
+      trial.reached = {n: acc.multiples(tl.known[last - 1], intervals[n]) if last else 0
+                       for n, tl in trial.clocks(clock).items()}
+
+  def _due(self, trials: list, step: int) -> bool:
+    """Whether `step` (just trained) is evaluated: on the step rule, or when it reaches a new
+    multiple of a link's interval for one of `trials` (each trial's count moves on)."""
+    if self.grid is None:
+      return step % self.configs[0].compare.eval_every == 0
+    clock, intervals = self.grid
+    due = False
+    for trial in trials:
+      for n, tl in trial.clocks(clock).items():
+        m = acc.multiples(tl.known[-1], intervals[n])
+        if m > trial.reached[n]:
+          trial.reached[n], due = m, True
+    return due
+
+  def _snapshot(self, step: int) -> None:
+    """Keeps a copy of the states (the step donates their buffers) at the first step whose
+    clock (the first trial's) reaches a watched link's seconds (`_compare_wsd`'s branch
+    points)."""
+    if step == self.watch_step and CAPPED not in self.snapshots:
+      self.snapshots[CAPPED] = (step, [jax.tree.map(jnp.copy, x) for x in self.states])
+    todo = [n for n in self.watch if n not in self.snapshots]
+    if todo:
+      timelines = self.trials[0].clocks(self.grid[0])
+      for n in todo:
+        if timelines[n].known[-1] >= self.watch[n]:
+          self.snapshots[n] = (step, [jax.tree.map(jnp.copy, x) for x in self.states])
+
+  def train_until_reached(self, clock, target: float, cap: int, chunk: int) -> None:
+    """Trains until every trial has reached the target on every link (no budget), or to
+    `cap` steps: a trial of the reference pool, whose times set the budgets."""
+    free = {n: math.inf for n in self.costs}
+    while self.trained < cap and any(
+        a["stopped"] != acc.REACHED for t in self.trials
+        for a in t.accounts(clock, free, target, cap).values()):
+      self.train_to(min(self.trained + chunk, cap))
+
+  def train_within(self, clock, budgets: dict, target: float, cap: int, chunk: int) -> None:
+    """Trains until every trial has reached the target or spent its budget on every link,
+    or to `cap` steps."""
+    while self.trained < cap:
+      goals = [g for g in (t.goal(clock, budgets, target, cap) for t in self.trials) if g]
+      if not goals:
+        return
+      self.train_to(min(max(goals), self.trained + chunk, cap))
+
+
+class Trial:
+  """One method at one setting and one seed: its curve, held-out evaluations and clocks
+  (its population trains it)."""
+
+  def __init__(self, population: Population, seed: int):
+    self.population, self.seed = population, seed
+    self.history, self.evals = [], []
+    self.reached = {}  # link -> multiples of its interval evaluated (evaluate_on)
+
+  def __getattr__(self, name):  # label, setting, report, costs, overlap, overlap_backward
+    return getattr(self.__dict__["population"], name)
+
+  @property
+  def config(self):
+    return self.population.configs[self.seed]
+
+  @property
+  def trainer(self):
+    return self.population.trainers[0]
+
+  @property
+  def step_bytes(self) -> np.ndarray:
+    return np.array([row["wire_bytes"] for row in self.history], dtype=np.float64)
+
+  def clocks(self, clock) -> dict:
+    """{link: Timeline} of the steps trained; `clock(trial, link)` gives (compute, exposed)."""
+    out = {}
+    for name, cost in self.costs.items():
+      compute, exposed = clock(self, name)
+      out[name] = _clock.timeline(compute, self.step_bytes, cost, self.overlap, exposed)
+    return out
+
+  def evals_on(self, link: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, held-out losses) of the evaluations that count on `link`: those on its grid
+    of the population's measured clock (`Population.evaluate_on`), or all of them."""
+    steps, losses = (np.array(v) for v in zip(*self.evals)) if self.evals else (
+        np.zeros(0, np.int64), np.zeros(0))
+    if self.grid is None:
+      return steps, losses
+    clock, intervals = self.grid
+    keep = acc.on_grid(steps, self.clocks(clock)[link].known, intervals[link])
+    return steps[keep], losses[keep]
+
+  def accounts(self, clock, budgets: dict, target: float, cap: int) -> dict:
+    """{link: `account`} on `clock` (the measured one, or a scaled one: the same evaluations,
+    those on each link's grid of the measured clock)."""
+    return {n: acc.account(*self.evals_on(n), t.known, target, budgets[n], cap)
+            for n, t in self.clocks(clock).items()}
+
+  def goal(self, clock, budgets: dict, target: float, cap: int) -> int | None:
+    """The steps to train to for the links still open (not reached, budget left), or None."""
+    timelines = self.clocks(clock)
+    done = self.accounts(clock, budgets, target, cap)
+    open_links = [n for n, t in timelines.items() if done[n]["stopped"] != acc.REACHED
+                  and t.known[-1] <= budgets[n]]
+    if not open_links:
+      return None
+    return max(acc.steps_to_try(timelines[n].known, budgets[n], cap) for n in open_links)
+
+
+def trainers(runs: list, together: bool) -> list:
+  """The trainers of a population's runs (one per seed): one over a leading trial axis
+  (`together`), or one per run."""
+  size = len(runs) if together else None
+  return [train.Trainer(
+      r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name, param_specs=r.specs,
+      has_aux=r.has_aux, batch_specs=r.batch_specs, mutable=r.config.model.mutable,
+      trials=size) for r in (runs[:1] if together else runs)]
+
+
+# ---------------------------------------------------------------- trials of a population
+def train_population(label: str, setting: int, configs: list, links_: dict, heldout,
+                     steps: int, together: bool = True, grid: tuple | None = None,
+                     watch: dict | None = None) -> Population:
+  """The trials of one method at one setting, one per seed, trained to `steps`: as one
+  program when `together` and there are several seeds, else one after the other; a method
+  whose step cannot be vmapped (a ValueError, TypeError or NotImplementedError while it is
+  built or traced) falls back to one after the other, and says so on stderr. `grid`:
+  (clock, intervals) of `Population.evaluate_on`, from the first step; `watch`: its
+  {"links": `Population.watch`, "step": `Population.watch_step`} (the branch points of
+  `_compare_wsd`)."""
+  together = together and len(configs) > 1
+  try:
+    pop = Population(label, setting, configs, links_, heldout, together)
+    if grid:
+      pop.evaluate_on(*grid)
+    if watch:
+      pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
+    pop.train_to(steps)
+  except (ValueError, TypeError, NotImplementedError) as e:
+    if not together:
+      raise
+    print(f"  {label}: no population in one program ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:200]}); its seeds run one after the other.",
+          file=sys.stderr, flush=True)
+    pop = Population(label, setting, configs, links_, heldout, False)
+    if grid:
+      pop.evaluate_on(*grid)
+    if watch:
+      pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
+    pop.train_to(steps)
+  return pop
+
+
+def heldout_fn(config):
+  """`params -> held-out loss` on a fixed batch of the test split (the same for every trial:
+  one compiled function)."""
+  _, loss_fn, has_aux, _, _ = build.model_task(config)
+  test = data.load(config.data.name).split()[1]
+  batch = test.batch(0, config.compare.eval_batch, seq_len=config.data.seq_len, seed=12345)
+  fn = jax.jit(lambda p: loss_fn(p, batch)[0] if has_aux else loss_fn(p, batch))
+  return fn
