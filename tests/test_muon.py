@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import local, models, parallel, sync, train
+from jaxcomm import comm, local, models, parallel, sync, train
 from tests.test_replicas import LM, MESH, R, compile_step, gradients, host, layout_scales
 from tests.test_replicas import linear_loss, run_against_unsharded
 
@@ -23,7 +23,6 @@ LR = 0.05
 STEPS = 3
 
 
-@jax.jit
 def _params():
   return {"w": jax.random.normal(jax.random.key(0), (6, 4)),
           "v": jax.random.normal(jax.random.key(1), (3, 8)),
@@ -32,16 +31,13 @@ def _params():
 
 
 def _run_one_device(tx, params, steps=STEPS):
-  """`steps` steps on the gradients sin((t + 1) x): one compiled program (step t traced)."""
-  @jax.jit
-  def run(params):
-    def step(t, carry):
-      params, state = carry
-      grads = jax.tree.map(lambda x: jnp.sin((t + 1) * x), params)
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), state
-    return jax.lax.fori_loop(0, steps, step, (params, tx.init(params)))[0]
-  return run(params)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for t in range(steps):
+    grads = jax.tree.map(lambda x: jnp.sin((t + 1) * x), params)
+    updates, state = update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
 
 
 @pytest.mark.parametrize("strategy", ["owner", "gram"])
@@ -113,7 +109,7 @@ def runs(setup):
 @pytest.fixture(scope="module")
 def auto_partitioned(setup):
   """(c): optax.contrib.muon under plain jax.jit, parameters with the same NamedShardings,
-  on the replicas' mean gradient: its parameters after the steps (on the host)."""
+  on the replicas' mean gradient; (parameters, the compiled step's collectives)."""
   layout, params, specs, grads = setup
   ref = optax.contrib.muon(LR)
   put = lambda tree: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(layout.mesh, s)),
@@ -127,8 +123,10 @@ def auto_partitioned(setup):
   p = put(params)
   s = ref.init(p)
   for g in grads:
-    p, s = step(p, s, put(jax.tree.map(lambda x: np.mean(x, axis=0), g)))
-  return host(p)
+    mean = put(jax.tree.map(lambda x: np.mean(x, axis=0), g))
+    report = comm.parse_hlo(step.lower(p, s, mean).compile().as_text(), mesh=layout.mesh)
+    p, s = step(p, s, mean)
+  return host(p), report
 
 
 @pytest.mark.parametrize("strategy", ["owner", "gram"])
@@ -138,10 +136,10 @@ def test_sharded_strategies_equal_auto_partitioned_optax(setup, runs, auto_parti
   optax.contrib.muon under jax.jit with the same shardings (rtol 1e-5), after 3 steps."""
   _, params, _, _ = setup
   trainer, state, _ = runs[strategy]
-  want = auto_partitioned
+  want, _ = auto_partitioned
   fsdp = trainer.mesh.shape["fsdp"]
   for replica in range(R):
-    got = trainer.worker_view(host(state.params), trainer.layout.params, replica * fsdp)
+    got = host(trainer.worker_view(state.params, trainer.layout.params, replica * fsdp))
     chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
   moved = jax.tree.map(lambda a, b: np.max(np.abs(a - b)), want, host(params))
   assert min(jax.tree.leaves(moved)) > 1e-2  # every leaf moved (Muon and AdamW ones)
@@ -262,8 +260,8 @@ def test_muloco_sharded_replicas_equal_unsharded_workers(setup, muloco_runs):
   trainer, state, ref, ref_state = muloco_runs[:4]
   fsdp = trainer.mesh.shape["fsdp"]
   for replica in range(R):
-    got = trainer.worker_view(host(state.params), trainer.layout.params, replica * fsdp)
-    want = ref.worker_view(host(ref_state.params), ref.layout.params, replica)
+    got = host(trainer.worker_view(state.params, trainer.layout.params, replica * fsdp))
+    want = host(ref.worker_view(ref_state.params, ref.layout.params, replica))
     chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
   _, params, _, _ = setup
   moved = jax.tree.map(lambda a, b: np.max(np.abs(a - b)), want, host(params))
