@@ -12,6 +12,8 @@ import pytest
 from jaxcomm import data, local, models, sync, train
 
 W = 8
+# Hundreds of LM steps: fully optimised XLA code pays for its longer compile here (conftest).
+XLA_OPTIMISED = True
 
 
 # ------------------------------------------------------------------ the LM
