@@ -258,9 +258,10 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   pops = {label: [population(label, k, c.eval_every) for k in range(len(settings[label]))]
           for label in first}
   _log(verbose, "measuring compute per local step...")
-  compute = _clock.measure({key: f for key, (_, _, f) in local.items()}, c.compute_repeats)
+  compiled = {key: f.result() for key, (_, _, f) in local.items()}
+  compute = _clock.measure(compiled, c.compute_repeats)
   compiler.shutdown()
-  shares = {key: _clock.shares(loss_fn, fn, args) for key, (fn, args, _) in local.items()}
+  shares = _clock.all_shares(loss_fn, compiled)
   clock = _clock.Clock(compute, keys, shares, _clock.buckets(params), links_)
   grid = (clock, _clock.intervals([t for p in pops[c.reference] for t in p.trials], clock,
                                   c.eval_every))
