@@ -236,11 +236,11 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   keys, local, loss_fn, params = _clock.local_steps(config, configs, compiler)
   heldout = trials_.heldout_fn(config)
 
-  def population(label, k, steps, grid=None, watch=None):
+  def population(label, k, steps, grid=None, watch=None, target=None):
     t0 = time.perf_counter()
     seeds = [settings_.seeded(configs[(label, k)], s) for s in range(c.seeds)]
     pop = trials_.train_population(label, k, seeds, links_, heldout, steps, c.population,
-                                   grid, watch)
+                                   grid, watch, target)
     _log(verbose, f"  {label}" + (f" setting {k}" if len(settings[label]) > 1 else "") +
          f": {c.seeds} seeds to step {steps} in {time.perf_counter() - t0:.1f} s"
          f"{' (one program)' if pop.together else ''}")
@@ -277,6 +277,8 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     source = (f"{c.reference}'s best held-out loss in {config.steps} steps, median of "
               f"{c.seeds} seeds")
   chunk = max(c.eval_every, config.steps // 5)
+  for pop in (p for ps in pops.values() for p in ps):
+    pop.aim(target)  # evaluations that cannot change a time to the target are skipped
   for label, ps in pops.items():  # the pool's times (at its tuned setting) set the budgets
     ps[summary_.reference_setting(trials[label], config.steps)[0]].train_until_reached(
         clock, target, c.max_steps, chunk)
@@ -288,7 +290,7 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
       pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
   for label in entries:
     if label not in pops:
-      pops[label] = [population(label, k, min(chunk, c.max_steps), grid, watch)
+      pops[label] = [population(label, k, min(chunk, c.max_steps), grid, watch, target)
                      for k in range(len(settings[label]))]
     for pop in pops[label]:
       pop.train_within(clock, budgets, target, c.max_steps, chunk)
