@@ -25,7 +25,8 @@ class Population:
   """The trials of one method at one setting, one per seed (`configs[s]`), built and
   compiled once and trained together in chunks, their held-out loss evaluated (untimed)
   every `eval_every` steps until `evaluate_on` gives each link's interval of simulated
-  time, then at the first step past each multiple of it on any link. With `together`, one
+  time, then at the first step past each multiple of it on any link where a trial has not
+  yet reached the target (`aim`, once the target is known). With `together`, one
   program: `Trainer(trials=S)` (a leading trial axis on parameters, state and batch, the
   local step vmapped; each trial's codec keys folded with its seed); otherwise the seeds
   one after the other, each its own run (the fallback for a method whose step cannot be

@@ -32,7 +32,8 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
 * Evaluations: at fixed intervals of simulated time on each link: the first step whose
   clock reaches each multiple of the reference's time for `eval_every` steps there
   (`experiments/_compare_account.py`: on a step grid a method with slow steps would be
-  read at coarser times).
+  read at coarser times). Once the target is known, a trial's evaluations on a link stop
+  after its first one there at or below the target: later ones change no time to it.
 * Budget per link: `budget` times that link's reference's median time to the target (2 by
   default, not AlgoPerf's 4/3: local-update methods learn less per step, and twice the
   reference's time still times a method half as fast instead of calling it a miss).
