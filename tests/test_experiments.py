@@ -65,6 +65,8 @@ def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.method.sync_every = c.method.get("fragments", 1)
   if "overlap" in c.method:
     c.method.overlap = min(c.method.overlap, 1)
+  if "compare" in c:  # the reference's first held-out evaluation within the two steps
+    c.compare.eval_every = min(c.compare.eval_every, c.steps)
   return c
 
 
@@ -271,7 +273,7 @@ def test_shared_settings_fail_early_naming_the_setting(setting, value, words):
     ("stale", {"delay": -1}, "delay"),
     ("streaming_diloco", {"compensation": "dc", "dc_lambda": -1.0}, "dc_lambda"),
     ("hierarchical", {}, "slow_axis / fast_axis"),
-    ("dpsgd", {"graph": "hypercube"}, "unknown; allowed"),
+    ("dpsgd", {"graph": "hypercube"}, "graph must be one of .ring."),
     ("choco", {"graph": "one_peer_exponential"}, "time-varying"),
     ("choco", {"codec": "zip"}, "codec"),
     ("zero", {"stage": 3}, "fsdp axis"),

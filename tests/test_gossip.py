@@ -341,7 +341,7 @@ def test_contract_on_one_device(make):
 
 
 def test_bad_input_fails_at_build(mesh8):
-  with pytest.raises(ValueError, match="name must be one of 'ring'"):
+  with pytest.raises(ValueError, match="graph must be one of 'ring'"):
     sync.gossip_graph("hypercube", W)
   with pytest.raises(ValueError, match="num_workers"):
     sync.gossip_graph("ring", 1)

@@ -747,7 +747,8 @@ def runs_one_update(tx, axis_name):
   else:
     out = jax.jit(jax.shard_map(update, mesh=mesh_for(axis_name), in_specs=P(),
                                 out_specs=P(axes)))(params)
-  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+  # On the host: an eager isfinite on arrays of each example's mesh compiles two programs.
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(out))
 
 
 def _schedule(factory):

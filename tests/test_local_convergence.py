@@ -39,35 +39,50 @@ def train_lm(lm_task, tx, steps, batch_size=128):
 
 @pytest.mark.slow
 def test_diloco_lm_close_to_dp_with_h_times_fewer_bytes(lm_task):
-  """At equal inner steps DiLoCo (H in {10, 50}) ends within a few percent of exact DP.
+  """At equal inner steps DiLoCo (H = 50) ends within a few percent of exact DP.
 
   Measured (held-out loss after 300 steps, batch 128): DP 2.249, H=10 2.323, H=50 2.352 at
-  lr 1e-3. At lr 3e-3 the gap is larger in runs this short (DP 1.933, H=10 2.201, H=50
-  2.189; 12-14 %, still 12 % at 600 steps): each worker's batch is 1/8 of DP's.
+  lr 1e-3; after 200 steps DP 2.370, H=10 2.490, H=50 2.517 (6.2 %: too few syncs). At lr
+  3e-3 the gap is larger in runs this short (DP 1.933, H=10 2.201, H=50 2.189; 12-14 %,
+  still 12 % at 600 steps): each worker's batch is 1/8 of DP's. Only H = 50 runs here: H = 10
+  takes the same code path, ends closer to DP, and would cost a third compile (most of the
+  test's time).
   """
   steps, lr = 300, 1e-3
   n = sum(x.size for x in jax.tree.leaves(lm_task[0]))
   dp_loss, dp_sent = train_lm(lm_task, optax.chain(sync.mean("data"), optax.adam(lr)), steps)
   assert dp_sent == [2 * (W - 1) / W * 4 * n] * steps  # all-reduce of every f32 parameter
-  for h in (10, 50):
-    tx = local.diloco(optax.adam(lr), optax.sgd(0.7, momentum=0.9, nesterov=True), h)
-    loss, sent = train_lm(lm_task, tx, steps)
-    assert sum(dp_sent) == h * sum(sent)  # H times fewer bytes per step, exactly
-    assert loss < 1.06 * dp_loss, (h, loss, dp_loss)
+  h = 50
+  tx = local.diloco(optax.adam(lr), optax.sgd(0.7, momentum=0.9, nesterov=True), h)
+  loss, sent = train_lm(lm_task, tx, steps)
+  assert sum(dp_sent) == h * sum(sent)  # H times fewer bytes per step, exactly
+  assert loss < 1.06 * dp_loss, (loss, dp_loss)
 
 
-def test_streaming_peak_bytes_are_one_over_fragments_of_diloco(lm_task):
-  params = lm_task[0]
+def test_streaming_peak_bytes_are_one_over_fragments_of_diloco():
+  # Bytes do not depend on the model: a small MLP (n = 2410, not a multiple of 4, so P = 4
+  # pads) compiles in a fraction of the LM's time.
+  model = models.MLP(hidden=(32,), num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 64)))
+  loss = lambda p, b: models.classifier_loss(model)(p, b)[0]
+  ds = data.digits()
   n = sum(x.size for x in jax.tree.leaves(params))
+  assert n == 64 * 32 + 32 + 32 * 10 + 10 and n % 4
   diloco_sync = 2 * (W - 1) / W * 4 * n  # DiLoCo's sync: all-reduce of every f32 parameter
   for p in (2, 4):
     tx = local.streaming_diloco(optax.adam(3e-3), optax.sgd(0.7), 4, p, 1, 0.5, codec=None)
-    loss, sent = train_lm(lm_task, tx, 4, 32)
+    trainer = train.Trainer(loss, tx, train.make_mesh({"data": W}))
+    state = trainer.init(params)
+    sent = []
+    for t in range(4):
+      state, m = trainer.step(state, ds.batch(t, 32))
+      sent.append(int(m["wire_bytes"]))
+    final = trainer.worker_view(state.params, trainer.layout.params, 0)
     assert max(sent) == 2 * (W - 1) / W * 4 * math.ceil(n / p)  # one fragment's all-reduce
     assert abs(max(sent) * p / diloco_sync - 1) < p / n  # exactly 1/P up to padding
     assert sum(sent) == pytest.approx(diloco_sync, rel=p / n)  # a period: DiLoCo's bytes
     assert len([s for s in sent if s]) == p  # one fragment per sync
-    assert np.isfinite(loss)
+    assert np.isfinite(float(loss(final, ds.batch(4, 32))))
 
 
 @pytest.mark.slow

@@ -386,16 +386,15 @@ def test_acco_optimizer_state_is_one_over_w_of_dp(acco_run, mesh8, mlp):
   assert 1 / W <= ratio <= 1 / W * (1 + W / num_params(params)), ratio
 
 
-def test_acco_ends_closer_to_dp_than_delayed_on_lm(mesh8):
-  lm = models.TransformerLM(d_model=32, num_layers=1, num_heads=2, d_ff=64, max_len=32)
-  params = lm.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))
-  loss = models.lm_loss(lm)
-  ds = data.pydoc_text()
+def test_acco_ends_closer_to_dp_than_delayed(mesh8, mlp):
+  """On the digits MLP (an LM showed the same ordering, at 5x the compile time)."""
+  params, loss, _ = mlp
+  train_ds, test_ds = data.digits().split()
   updates, lr, b = 30, 3e-2, 32
-  half = lambda j: ds.batch(j, b // 2, seq_len=32)
-  full = lambda t: {"tokens": np.concatenate([half(2 * t)["tokens"],
-                                              half(2 * t + 1)["tokens"]])}
-  held_out = ds.batch(10**6, 64, seq_len=32)
+  half = lambda j: train_ds.batch(j, b // 2)
+  full = lambda t: jax.tree.map(lambda x, y: np.concatenate([x, y]), half(2 * t),
+                                half(2 * t + 1))
+  held_out = test_ds.all()
   evaluate = jax.jit(loss)
 
   def final_loss(tx, steps, batch_fn):
@@ -408,7 +407,8 @@ def test_acco_ends_closer_to_dp_than_delayed_on_lm(mesh8):
   delayed = final_loss(local.delayed(optax.adam(lr), "data"), updates + 1, full)
   acco = final_loss(local.acco(optax.adam(lr), "data"), 2 * updates + 1, half)
   # Measured (jax 0.10.2; 30 updates, Adam 3e-2, held-out loss of the final parameters):
-  # dp 3.131, delayed 3.433, acco 3.164 (at Adam 1e-2: 3.099, 3.308, 3.104).
+  # dp 0.693, delayed 1.292, acco 0.641. On the LM (d_model 32, held-out text): dp 3.131,
+  # delayed 3.433, acco 3.164 (at Adam 1e-2: 3.099, 3.308, 3.104).
   assert abs(acco - dp) < abs(delayed - dp), (dp, delayed, acco)
 
 

@@ -105,13 +105,21 @@ def test_executed_work_counts_and_1f1b_memory_bounded_by_stages(mesh):
 LM = dict(d_model=16, num_layers=4, num_heads=2, d_ff=32, max_len=16)
 
 
-@pytest.mark.parametrize("build", [parallel.schedule_gpipe, parallel.schedule_1f1b])
-def test_pipelined_lm_step_equals_unpipelined(build, mesh):
+@pytest.fixture(scope="module")
+def lm_reference():
+  """The unpipelined LM's parameters, tokens, loss and gradient (computed once)."""
   lm = models.TransformerLM(**LM)
   params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
   tokens = np.asarray(jax.random.randint(jax.random.key(1), (16, 17), 0, 256))
   ref_loss, ref_grads = jax.jit(jax.value_and_grad(models.lm_loss(lm)))(
       params, {"tokens": tokens})
+  host = lambda tree: jax.tree.map(np.asarray, tree)
+  return lm, host(params), tokens, ref_loss, host(ref_grads)
+
+
+@pytest.mark.parametrize("build", [parallel.schedule_gpipe, parallel.schedule_1f1b])
+def test_pipelined_lm_step_equals_unpipelined(build, mesh, lm_reference):
+  lm, params, tokens, ref_loss, ref_grads = lm_reference
   micro = S
   sched = build(S, micro)
   staged = models.lm_stage_params(params, S)
@@ -126,7 +134,7 @@ def test_pipelined_lm_step_equals_unpipelined(build, mesh):
   new_state, measurements, _ = compiled(state, batch)
   np.testing.assert_allclose(np.mean(measurements["loss"]), ref_loss, rtol=1e-5)
   want = jax.tree.map(lambda p, g: p - lr * g, params, ref_grads)
-  got = models.lm_unstage_params(new_state.params)
+  got = models.lm_unstage_params(jax.tree.map(np.asarray, new_state.params))  # on the host
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   # Bytes on the pipeline axis (docs/algorithms.md, pipelines): one boundary activation

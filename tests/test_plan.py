@@ -3,8 +3,9 @@
 * At the make-run LM's size (which also runs for real on the 8 devices) the plan's
   collectives, memory analysis and counted bytes per step equal a real step's, and its
   predicted step time equals jaxcomm.sim's for the same inputs.
-* At GPT-2 small's shape: DP's, PowerSGD rank 4's and ZeRO-3's bytes and memory against
-  literals derived by hand from the parameter shapes.
+* At GPT-2 small's widths (the preset's parameter count; 2 of its 12 blocks compiled): DP's,
+  PowerSGD rank 4's and ZeRO-3's bytes and memory against literals derived by hand from the
+  parameter shapes.
 * Bad input is a ValueError naming the argument before anything compiles.
 * A llama_1b plan on 64 emulated devices (a subprocess): DP's bytes follow the all-reduce
   law at W = 64 and the process's peak memory stays far below the model's size.
@@ -103,20 +104,34 @@ def test_plan_equals_a_real_step_at_the_make_run_size(method, settings, mesh):
 #   final LayerNorm 2 d = 1,536; head d V + V = 38,647,633
 GPT2_PARAMS = 38_597_376 + 786_432 + 12 * 7_087_872 + 1_536 + 38_647_633
 assert GPT2_PARAMS == 163_087_441
+# The plans below compile GPT-2 small's widths with BLOCKS = 2 of its 12 blocks: every
+# block is the same leaves, so each law below holds per block (a 12-block step is six
+# times the program to compile, for the same checks).
+BLOCKS = 2
+PARAMS = 38_597_376 + 786_432 + BLOCKS * 7_087_872 + 1_536 + 38_647_633
+assert PARAMS == 92_208_721
+
+
+def test_the_gpt2_preset_has_gpt2_small_parameters():
+  base = plan_cli.model_config(config.base_config("dp"), "gpt2_124m", "data=8")
+  run = build.build(base, abstract=True)  # shapes only: nothing compiles
+  assert sum(math.prod(x.shape) for x in jax.tree.leaves(run.params)) == GPT2_PARAMS
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-  """plan_one(method entry) -> StepPlan of GPT-2 small's shape on 8 devices (each compiled
-  once for the module)."""
+  """plan_one(method entry) -> StepPlan of GPT-2 small's widths (BLOCKS blocks) on 8 devices
+  (each compiled once for the module)."""
   base = plan_cli.model_config(config.base_config("dp"), "gpt2_124m", "data=8")
+  with base.unlocked():
+    base.model.num_layers = BLOCKS
   done = {}
 
   def plan_one(entry):
     key = json.dumps(entry, sort_keys=True)
     if key not in done:
       run = build.build(config.with_method(base, entry), abstract=True)
-      assert sum(math.prod(x.shape) for x in jax.tree.leaves(run.params)) == GPT2_PARAMS
+      assert sum(math.prod(x.shape) for x in jax.tree.leaves(run.params)) == PARAMS
       done[key] = plan.compile_step(run.trainer(), run.params, run.batches(0), steps=2)
     return done[key]
   return plan_one
@@ -124,9 +139,9 @@ def gpt2():
 
 def test_gpt2_dp_sends_the_ring_allreduce_of_every_parameter(gpt2):
   step = gpt2({"method": "dp"})
-  # 2 (W - 1) / W x 4 bytes x 163,087,441 parameters at W = 8: 7 x 163,087,441.
-  assert step.bytes_per_step() == 1_141_612_087
-  assert step.bytes_per_axis() == {("data",): 1_141_612_087}
+  # 2 (W - 1) / W x 4 bytes x 92,208,721 parameters at W = 8: 7 x 92,208,721.
+  assert step.bytes_per_step() == 645_461_047
+  assert step.bytes_per_axis() == {("data",): 645_461_047}
   assert step.counted is None and not step.why_not_counted  # no conditional collective
 
 
@@ -139,14 +154,14 @@ def test_gpt2_powersgd_rank4_sends_its_factors(gpt2):
   #   per block: qkv 768 x (3 12 64): (768 + 2304) 4 = 12,288 (as (768 3 12) x 64 it was
   #     (64 + 27648) 4 = 110,848); qkv bias (3 12) x 64: (36 + 64) 4 = 400 (3 x 768 would
   #     be 3 x 771 at rank 3); proj (12 64) x 768: 1536 x 4 = 6,144; fc_in 768 x 3072 and
-  #     fc_out 3072 x 768: 3840 x 4 = 15,360 each -> 49,552, x 12 = 594,624
+  #     fc_out 3072 x 768: 3840 x 4 = 15,360 each -> 49,552, x 2 blocks = 99,104
   #   whole: per block 2 LayerNorms 3,072 + proj, fc_in, fc_out biases 768 + 3,072 + 768
-  #     = 7,680, x 12 = 92,160; final LayerNorm 1,536; head bias 50,257
-  floats = 2 * 204_100 + 7_168 + 594_624 + 92_160 + 1_536 + 50_257
-  assert floats == 1_153_945
+  #     = 7,680, x 2 = 15,360; final LayerNorm 1,536; head bias 50,257
+  floats = 2 * 204_100 + 7_168 + 99_104 + 15_360 + 1_536 + 50_257
+  assert floats == 581_625
   step = gpt2({"method": "powersgd", "rank": 4})
   # Two ring all-reduces (P with the whole tensors, then Q): 2 x 7/8 x 4 bytes per float.
-  assert step.bytes_per_step() == 7 * 1_153_945 == 8_077_615
+  assert step.bytes_per_step() == 7 * 581_625 == 4_071_375
 
 
 def test_gpt2_zero3_holds_one_eighth_of_dp_parameters(gpt2):
@@ -154,13 +169,13 @@ def test_gpt2_zero3_holds_one_eighth_of_dp_parameters(gpt2):
   zero3 = gpt2({"method": "dp", "mesh": "fsdp=8"})
   for step in (dp, zero3):  # the parts add up to XLA's memory analysis of the arguments
     assert sum(step.state_bytes.values()) == step.memory.arguments
-  assert dp.state_bytes["params"] == 4 * GPT2_PARAMS
+  assert dp.state_bytes["params"] == 4 * PARAMS
   # The layout's rules shard every matrix (and the proj / fc_out biases) over fsdp along
   # its d = 768 = 8 x 96 dimension; the vectors of other dimensions stay whole on every
   # device: per block 2 LayerNorms 3,072, the qkv bias 2,304 and the fc_in bias 3,072
-  # (8,448, x 12 = 101,376), the final LayerNorm 1,536 and the head bias 50,257.
-  whole = 101_376 + 1_536 + 50_257
-  assert zero3.state_bytes["params"] == 4 * ((GPT2_PARAMS - whole) // 8 + whole)
+  # (8,448, x 2 blocks = 16,896), the final LayerNorm 1,536 and the head bias 50,257.
+  whole = 16_896 + 1_536 + 50_257
+  assert zero3.state_bytes["params"] == 4 * ((PARAMS - whole) // 8 + whole) == 46_344_772
   assert zero3.state_bytes["params"] < 1.01 * dp.state_bytes["params"] / 8
   # AdamW's moments are sharded like the parameters.
   assert zero3.state_bytes["opt_state"] <= 2 * zero3.state_bytes["params"] + 64

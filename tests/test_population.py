@@ -40,12 +40,13 @@ def init_params(key):
 
 @pytest.fixture(scope="module")
 def population():
-  """Per trial: initial parameters and STEPS global batches of 16 examples."""
-  params = jax.vmap(init_params)(jax.random.split(jax.random.key(0), S))
+  """Per trial: initial parameters and STEPS global batches of 16 examples (numpy: the
+  tests slice them per trial and step on the host, not by an eager program each)."""
+  params = jax.jit(jax.vmap(init_params))(jax.random.split(jax.random.key(0), S))
   kx, ky = jax.random.split(jax.random.key(1))
   batches = {"x": jax.random.normal(kx, (S, STEPS, 16, 8)),
              "y": jax.random.normal(ky, (S, STEPS, 16, 2))}
-  return params, batches
+  return jax.tree.map(np.asarray, (params, batches))
 
 
 def fold_keys_by_hand(opt_state, seed):
@@ -89,7 +90,7 @@ def test_population_equals_separate_runs(mesh8, population, name):
     np.testing.assert_array_equal(pop_sent[t], sent, err_msg=f"{name} trial {t}")
     assert sent.sum() > 0
     jax.tree.map(lambda a, b, t=t: np.testing.assert_allclose(a[t], b, rtol=1e-5, atol=1e-6),
-                 pop_state.params, end.params)
+                 jax.tree.map(np.asarray, pop_state.params), end.params)
   # The trials differ from each other (else equal trials would hide a mixed-up axis).
   assert not np.allclose(pop_loss[0], pop_loss[1])
 
@@ -97,7 +98,7 @@ def test_population_equals_separate_runs(mesh8, population, name):
 def test_population_seeds_change_a_stochastic_codec(mesh8, population):
   """Trials with equal parameters and batches differ only through their folded codec keys."""
   params, batches = population
-  same = jax.tree.map(lambda x: jnp.stack([x[0]] * S), (params, batches))
+  same = jax.tree.map(lambda x: np.stack([x[0]] * S), (params, batches))
   pop = train.Trainer(loss_fn, METHODS["int8_ef"](), mesh8, trials=S)
   state = pop.init(same[0])
   seeded = state._replace(opt_state=train.fold_in_trials(state.opt_state, jnp.array(SEEDS)))
@@ -139,14 +140,14 @@ def test_population_of_nnx_models_and_loss_keys(mesh8):
   pop = train.Trainer(loss, tx, mesh8, has_aux=True, trials=2, key=keys)
   state = pop.init(stacked)
   for batch in batches:
-    state, m = pop.step(state, jax.tree.map(lambda x: jnp.stack([x, x[::-1]]), batch))
+    state, m = pop.step(state, jax.tree.map(lambda x: np.stack([x, x[::-1]]), batch))
   for t, seed in enumerate((0, 5)):
     single = train.Trainer(loss, tx, mesh8, has_aux=True, key=keys[t])
     one = single.init(mlp(seed))
     for batch in batches:
       one, m1 = single.step(one, jax.tree.map(lambda x, t=t: x[::-1] if t else x, batch))
-    np.testing.assert_allclose(m["loss"][t], m1["loss"], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(m["loss"])[t], m1["loss"], rtol=1e-5)
     for got, want in ((state.params, one.params),
                       (state.model_state["BatchNorm_0"], one.model_state["BatchNorm_0"])):
-      jax.tree.map(lambda a, b, t=t: np.testing.assert_allclose(a[t], b, rtol=1e-5, atol=1e-6),
-                   got, want)
+      jax.tree.map(lambda a, b, t=t: np.testing.assert_allclose(np.asarray(a)[t], b, rtol=1e-5,
+                                                                atol=1e-6), got, want)

@@ -92,8 +92,23 @@ def test_byte_helpers_equal_hand_literals():
 
 
 def _inputs(seq_len):
-  q, k, v, g = 0.5 * jax.random.normal(jax.random.key(seq_len), (4, B, seq_len, H, DH))
+  q, k, v, g = np.asarray(0.5 * jax.random.normal(jax.random.key(seq_len), (4, B, seq_len, H,
+                                                                            DH)))
   return q, k, v, g
+
+
+_REFERENCE = {}  # (attention, seq_len) -> one device's value and gradients (one compile each)
+
+
+def _one_device(reference, seq_len):
+  """Value and gradients of sum(reference(q, k, v) * g) on one device, on the host."""
+  key = (getattr(reference, "func", reference), "decay" in getattr(reference, "keywords", {}),
+         seq_len)  # every decayed reference takes DECAY
+  if key not in _REFERENCE:
+    q, k, v, g = _inputs(seq_len)
+    _REFERENCE[key] = jax.tree.map(np.asarray, jax.jit(jax.value_and_grad(
+        lambda q, k, v: jnp.sum(reference(q, k, v) * g), argnums=(0, 1, 2)))(q, k, v))
+  return _REFERENCE[key]
 
 
 def _sharded_value_and_grad(kernel, mesh):
@@ -120,12 +135,11 @@ def test_attention_equals_one_device_reference_and_bytes_follow_formula(name, me
     args = tuple(x[:, order] for x in (q, k, v, g))
     compiled = step.lower(*args).compile()
     value, grads = compiled(*args)
-    ref_value, ref_grads = jax.jit(jax.value_and_grad(
-        lambda q, k, v: jnp.sum(reference(q, k, v) * g), argnums=(0, 1, 2)))(q, k, v)
+    ref_value, ref_grads = _one_device(reference, seq_len)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5, atol=1e-5)
     undo = np.argsort(order)
     for got, want in zip(grads, ref_grads):
-      np.testing.assert_allclose(got[:, undo], want, rtol=1e-4, atol=1e-5)
+      np.testing.assert_allclose(np.asarray(got)[:, undo], want, rtol=1e-4, atol=1e-5)
     # Bytes: the compiled step's sequence-axis traffic is the forward + backward formula.
     report = comm.parse_hlo(compiled.as_text(), mesh=mesh)
     block = (B // 2, seq_len // W, H, DH)
@@ -186,21 +200,31 @@ LM = dict(d_model=16, num_layers=2, num_heads=4, d_ff=32, max_len=16)
 
 @pytest.fixture(scope="module")
 def lm_setup():
+  """Parameters, tokens, and per reference attention (computed once) its loss and the
+  parameters after one SGD step on one device (on the host)."""
   lm = models.TransformerLM(**LM)
   params = jax.jit(lm.init)(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
   tokens = np.asarray(jax.random.randint(jax.random.key(1), (4, 17), 0, 256))
-  return params, tokens
+  refs = {}
+
+  def reference(kind, lr):
+    if (kind, lr) not in refs:
+      ref_lm = models.TransformerLM(**LM, attention_fn=models.sequence_attention(kind, None))
+      loss, grads = jax.jit(jax.value_and_grad(models.lm_loss(ref_lm)))(
+          params, {"tokens": tokens})
+      refs[kind, lr] = loss, jax.tree.map(lambda p, g: np.asarray(p) - lr * np.asarray(g),
+                                          params, grads)
+    return refs[kind, lr]
+  return params, tokens, reference
 
 
 @pytest.mark.parametrize("kind,reference", [("ring_zigzag", "softmax"),
                                             ("ulysses", "softmax"),
                                             ("linear_allscan", "linear")])
 def test_lm_trains_on_a_sequence_axis_like_one_device(kind, reference, mesh, lm_setup):
-  params, tokens = lm_setup
+  params, tokens, one_device = lm_setup
   lr = 0.5
-  ref_lm = models.TransformerLM(**LM, attention_fn=models.sequence_attention(reference, None))
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(models.lm_loss(ref_lm)))(
-      params, {"tokens": tokens})
+  ref_loss, want = one_device(reference, lr)
   lm = models.TransformerLM(**LM, attention_fn=models.sequence_attention(kind))
   trainer = train.Trainer(models.lm_loss_sequence(lm),
                           optax.chain(sync.mean(("data", "sequence")), optax.sgd(lr)), mesh,
@@ -209,7 +233,6 @@ def test_lm_trains_on_a_sequence_axis_like_one_device(kind, reference, mesh, lm_
   batch = trainer.shard_batch(models.lm_sequence_batch(tokens, W, zigzag=kind == "ring_zigzag"))
   state, m = trainer.step(state, batch)
   np.testing.assert_allclose(m["loss"], ref_loss, rtol=1e-5)
-  want = jax.tree.map(lambda p, g: p - lr * g, params, ref_grads)
   for got, exp in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-6)
 

@@ -151,7 +151,8 @@ def run_update(tx, axis_name):
     out = update(params)
   else:
     out = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=P(), out_specs=P(axes)))(params)
-  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(out))
+  # On the host: an eager isfinite on a sharded array compiles two small programs per mesh.
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(out))
 
 
 # ------------------------------------------------------------------ the property itself

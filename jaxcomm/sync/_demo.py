@@ -85,7 +85,9 @@ def demo(learning_rate: float | optax.Schedule, beta: float = 0.999, chunk: int 
   Array([-0.1,  0.1, -0.1,  0.1], dtype=float32)
   """
   chunk = v.integer("chunk", chunk, low=1)
-  k = v.integer("k", k, low=1, high=chunk * chunk)  # at most chunk**2 components per tile
+  k = v.integer("k", k, low=1)
+  if k > chunk * chunk:  # a tile has chunk**2 components
+    raise ValueError(f"k must be at most chunk**2 ({chunk * chunk}), got {k}.")
   beta = v.number("beta", beta, low=0.0, high=1.0, high_open=True)
   weight_decay = v.number("weight_decay", weight_decay, low=0.0)
   lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)

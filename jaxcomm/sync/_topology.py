@@ -161,7 +161,7 @@ def gossip_graph(name: str, num_workers: int, *, shape=None) -> GossipGraph:
   >>> gossip_graph("one_peer_exponential", 8).period
   3
   """
-  name = v.one_of("name", name, GRAPHS)
+  name = v.one_of("graph", name, GRAPHS)  # the graph's name: what sync.dpsgd calls `graph`
   n = v.integer("num_workers", num_workers, low=2)  # a gossip graph joins two workers or more
   if shape is not None and name != "torus":
     raise ValueError(f"shape applies only to the 'torus' graph, not {name!r}.")

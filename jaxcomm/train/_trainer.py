@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
@@ -245,7 +246,7 @@ class Trainer:
     """
     mesh, axes = self.config.mesh, self.config.axes
     sizes = [mesh.shape[a] for a in axes]
-    coords = dict(zip(axes, jnp.unravel_index(worker, sizes))) if sizes else {}
+    coords = dict(zip(axes, np.unravel_index(worker, sizes))) if sizes else {}  # host ints
     t = 0 if self.config.trials is None else 1  # the trial axis stays in front
 
     def one(pw, x):
