@@ -54,10 +54,12 @@ def local_step(config, loss_fn, params, batch, inner_only: bool):
 
 
 def compile_step(fn, args) -> tuple:
-  """Compiles (by a first call) and returns `(fn, args)`: run in a background thread while
-  a method trains, so that XLA's compile uses the other core."""
-  jax.block_until_ready(fn(*args))
-  return fn, args
+  """Compiles and returns `(compiled, args)`: run in a background thread while a method
+  trains, so that XLA's compile uses the other core. The one compiled program is both
+  timed (`measure`) and cost-analysed (`shares`)."""
+  compiled = fn.lower(*args).compile()
+  jax.block_until_ready(compiled(*args))
+  return compiled, args
 
 
 def measure(steps: dict, repeats: int) -> dict:
@@ -75,13 +77,24 @@ def measure(steps: dict, repeats: int) -> dict:
               "max": float(np.max(v)), "repeats": repeats} for k, v in calls.items()}
 
 
-def shares(loss_fn, step_fn, args) -> dict:
+def all_shares(loss_fn, steps: dict) -> dict:
+  """{key: `shares`} of compiled local steps (`steps`: key -> (compiled, args), all on the
+  same parameters and batch, `local_steps`): the loss and its gradient compiled once."""
+  flops = {}
+  out = {}
+  for key, (compiled, args) in steps.items():
+    params, _, batch = args
+    if not flops:
+      flops = {"forward": sim.step_flops(loss_fn, params, batch),
+               "grad": sim.step_flops(jax.grad(loss_fn), params, batch)}
+    out[key] = shares(flops["forward"], flops["grad"], sim.step_flops(compiled))
+  return out
+
+
+def shares(forward: float, grad: float, step: float) -> dict:
   """The forward, backward and update shares of a local step's compute, from the FLOPs
   XLA's cost analysis counts for the loss, its gradient and the whole step."""
-  params, _, batch = args
-  forward = sim.step_flops(loss_fn, params, batch)
-  grad = sim.step_flops(jax.grad(loss_fn), params, batch)
-  total = max(sim.step_flops(step_fn, *args), grad)
+  total = max(step, grad)
   if not total or not forward:
     return {"forward": 1 / 3, "backward": 2 / 3, "update": 0.0, "source": "2:1 rule"}
   return {"forward": forward / total, "backward": (grad - forward) / total,

@@ -12,7 +12,7 @@ from experiments import _compare_stats as stats
 from experiments import build
 from experiments._compare_clock import Clock
 from experiments._compare_settings import method_config
-from jaxcomm import comm
+from experiments._compare_trials import inspect_only
 
 
 def exact_dp_bytes(config, trials: dict) -> float:
@@ -26,7 +26,7 @@ def exact_dp_bytes(config, trials: dict) -> float:
   trainer = run.trainer()
   state = trainer.init(run.params)
   batch = trainer.shard_batch(run.batches(0))
-  return float(comm.inspect(trainer.step_fn(state, batch), state, batch).wire_bytes())
+  return float(inspect_only(trainer.step_fn(state, batch), state, batch, run.mesh).wire_bytes())
 
 
 def reference_setting(trials: list, steps: int) -> tuple[int, list]:

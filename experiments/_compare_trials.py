@@ -25,7 +25,8 @@ class Population:
   """The trials of one method at one setting, one per seed (`configs[s]`), built and
   compiled once and trained together in chunks, their held-out loss evaluated (untimed)
   every `eval_every` steps until `evaluate_on` gives each link's interval of simulated
-  time, then at the first step past each multiple of it on any link. With `together`, one
+  time, then at the first step past each multiple of it on any link where a trial has not
+  yet reached the target (`aim`, once the target is known). With `together`, one
   program: `Trainer(trials=S)` (a leading trial axis on parameters, state and batch, the
   local step vmapped; each trial's codec keys folded with its seed); otherwise the seeds
   one after the other, each its own run (the fallback for a method whose step cannot be
@@ -52,7 +53,7 @@ class Population:
                           param_specs=r.specs, has_aux=r.has_aux, batch_specs=r.batch_specs,
                           mutable=r.config.model.mutable)
       state, batch = one.init(r.params), one.shard_batch(r.batches(0))
-      report = comm.inspect(one.step_fn(state, batch), state, batch)
+      report = inspect_only(one.step_fn(state, batch), state, batch, r.mesh)
     else:
       batch = self._batch(0, 0)
       report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
@@ -70,6 +71,7 @@ class Population:
     self.overlap_backward = bool(fn(r.config.method)) if fn else False
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
+    self.target = None  # once known (`aim`): evaluations that cannot change a time are skipped
     # _compare_wsd's branch points: link -> seconds, and a step (for a run the cap ends);
     # what is kept there: link (or CAPPED) -> (step, states)
     self.watch, self.watch_step, self.snapshots = {}, 0, {}
@@ -87,17 +89,15 @@ class Population:
       local = self.runs[k].batches(step)
     return self.trainers[k].shard_batch(local)
 
-  def _evaluate(self, k: int) -> list:
-    return self.evaluate(self.trainers[k], self.states[k])
-
-  def evaluate(self, trainer, state) -> list:
-    """Held-out losses of a trainer's trials: the parameters (a schedule-free optimiser's
-    evaluation parameters) averaged over workers."""
+  def evaluate(self, trainer, state, which: list | None = None) -> list:
+    """Held-out losses of a trainer's trials (those at the indices `which`, default all):
+    the parameters (a schedule-free optimiser's evaluation parameters) averaged over
+    workers."""
     lead = 1 if trainer.trials else 0
     params = jax.tree.map(lambda x: np.asarray(x),
                           _schedule.eval_params(state.params, state.opt_state))
-    views = [jax.tree.map(lambda x, t=t: x[t], params) for t in range(trainer.trials)] \
-        if lead else [params]
+    which = range(trainer.trials if lead else 1) if which is None else which
+    views = [jax.tree.map(lambda x, t=t: x[t], params) for t in which] if lead else [params]
     return [float(self.heldout(jax.tree.map(lambda pw, x: x.mean(0) if pw else x,
                                             trainer.layout.params, v))) for v in views]
 
@@ -111,9 +111,13 @@ class Population:
         for t, trial in enumerate(owned):
           trial.history.append({"step": step + 1, "loss": float(loss[t]),
                                 "wire_bytes": float(sent[t])})
-        if self._due(owned, step + 1):
-          for trial, value in zip(owned, self._evaluate(k)):
+        due = self._due(owned, step + 1)
+        if due:
+          values = self.evaluate(trainer, self.states[k], [owned.index(t) for t in due])
+          for trial, value in zip(due, values):
             trial.evals.append((step + 1, value))
+            if self.target is not None and value <= self.target:
+              trial.hit.update(trial.due_links)
       self._snapshot(step + 1)
     self.seconds += time.perf_counter() - start
 
@@ -127,18 +131,34 @@ class Population:
       trial.reached = {n: acc.multiples(tl.known[last - 1], intervals[n]) if last else 0
                        for n, tl in trial.clocks(clock).items()}
 
-  def _due(self, trials: list, step: int) -> bool:
-    """Whether `step` (just trained) is evaluated: on the step rule, or when it reaches a new
-    multiple of a link's interval for one of `trials` (each trial's count moves on)."""
+  def aim(self, target: float) -> None:
+    """From now on, skip the evaluations that cannot change a time to `target`: a trial is
+    evaluated at a step of a link's grid only while it has not yet reached the target on
+    that link (a time to the target is read at the first evaluation on the link's grid at
+    or below it, `_compare_account.account`, on the measured clock and on the scaled ones;
+    later ones there change no number of the verdict, only the plotted curve's tail)."""
+    self.target = target
+    for trial in self.trials:
+      trial.hit = {n for n in self.costs
+                   if self.grid and np.any(trial.evals_on(n)[1] <= target)}
+
+  def _due(self, trials: list, step: int) -> list:
+    """Those of `trials` evaluated at `step` (just trained): all of them on the step rule;
+    on the grids, those for which it reaches a new multiple of the interval of a link
+    where they have not yet reached the target (`aim`; every trial's count moves on)."""
     if self.grid is None:
-      return step % self.configs[0].compare.eval_every == 0
+      return list(trials) if step % self.configs[0].compare.eval_every == 0 else []
     clock, intervals = self.grid
-    due = False
+    due = []
     for trial in trials:
+      trial.due_links = []
       for n, tl in trial.clocks(clock).items():
         m = acc.multiples(tl.known[-1], intervals[n])
         if m > trial.reached[n]:
-          trial.reached[n], due = m, True
+          trial.reached[n] = m
+          trial.due_links.append(n)
+      if any(n not in trial.hit for n in trial.due_links):
+        due.append(trial)
     return due
 
   def _snapshot(self, step: int) -> None:
@@ -181,6 +201,8 @@ class Trial:
     self.population, self.seed = population, seed
     self.history, self.evals = [], []
     self.reached = {}  # link -> multiples of its interval evaluated (evaluate_on)
+    self.hit, self.due_links = set(), []  # links where it has reached the target (`aim`)
+    self._clocks = {}  # id(clock) -> (clock, steps trained, clocks): read many times a step
 
   def __getattr__(self, name):  # label, setting, report, costs, overlap, overlap_backward
     return getattr(self.__dict__["population"], name)
@@ -199,10 +221,14 @@ class Trial:
 
   def clocks(self, clock) -> dict:
     """{link: Timeline} of the steps trained; `clock(trial, link)` gives (compute, exposed)."""
+    cached = self._clocks.get(id(clock))
+    if cached and cached[0] is clock and cached[1] == len(self.history):
+      return cached[2]
     out = {}
     for name, cost in self.costs.items():
       compute, exposed = clock(self, name)
       out[name] = _clock.timeline(compute, self.step_bytes, cost, self.overlap, exposed)
+    self._clocks[id(clock)] = (clock, len(self.history), out)
     return out
 
   def evals_on(self, link: str) -> tuple[np.ndarray, np.ndarray]:
@@ -246,14 +272,14 @@ def trainers(runs: list, together: bool) -> list:
 # ---------------------------------------------------------------- trials of a population
 def train_population(label: str, setting: int, configs: list, links_: dict, heldout,
                      steps: int, together: bool = True, grid: tuple | None = None,
-                     watch: dict | None = None) -> Population:
+                     watch: dict | None = None, target: float | None = None) -> Population:
   """The trials of one method at one setting, one per seed, trained to `steps`: as one
   program when `together` and there are several seeds, else one after the other; a method
   whose step cannot be vmapped (a ValueError, TypeError or NotImplementedError while it is
   built or traced) falls back to one after the other, and says so on stderr. `grid`:
   (clock, intervals) of `Population.evaluate_on`, from the first step; `watch`: its
   {"links": `Population.watch`, "step": `Population.watch_step`} (the branch points of
-  `_compare_wsd`)."""
+  `_compare_wsd`); `target`: `Population.aim`'s."""
   together = together and len(configs) > 1
   try:
     pop = Population(label, setting, configs, links_, heldout, together)
@@ -261,6 +287,8 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
       pop.evaluate_on(*grid)
     if watch:
       pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
+    if target is not None:
+      pop.aim(target)
     pop.train_to(steps)
   except (ValueError, TypeError, NotImplementedError) as e:
     if not together:
@@ -273,8 +301,23 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
       pop.evaluate_on(*grid)
     if watch:
       pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
+    if target is not None:
+      pop.aim(target)
     pop.train_to(steps)
   return pop
+
+
+# The one-trial program is compiled only to read its collectives, never run: without LLVM's
+# optimisations, in about 60 % of the compile time. XLA's HLO passes, whose output
+# `comm.parse_hlo` reads, do not depend on them (the optimised HLO of dp's and diloco_h10's
+# steps compared equal with and without).
+_INSPECT_ONLY = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def inspect_only(fn, state, batch, mesh) -> comm.CollectiveReport:
+  """`comm.inspect(fn, state, batch)` of a program that is never run (`_INSPECT_ONLY`)."""
+  text = fn.lower(state, batch).compile(compiler_options=_INSPECT_ONLY).as_text()
+  return comm.parse_hlo(text, mesh=mesh)
 
 
 def heldout_fn(config):

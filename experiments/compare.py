@@ -32,7 +32,8 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
 * Evaluations: at fixed intervals of simulated time on each link: the first step whose
   clock reaches each multiple of the reference's time for `eval_every` steps there
   (`experiments/_compare_account.py`: on a step grid a method with slow steps would be
-  read at coarser times).
+  read at coarser times). Once the target is known, a trial's evaluations on a link stop
+  after its first one there at or below the target: later ones change no time to it.
 * Budget per link: `budget` times that link's reference's median time to the target (2 by
   default, not AlgoPerf's 4/3: local-update methods learn less per step, and twice the
   reference's time still times a method half as fast instead of calling it a miss).
@@ -236,11 +237,11 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   keys, local, loss_fn, params = _clock.local_steps(config, configs, compiler)
   heldout = trials_.heldout_fn(config)
 
-  def population(label, k, steps, grid=None, watch=None):
+  def population(label, k, steps, grid=None, watch=None, target=None):
     t0 = time.perf_counter()
     seeds = [settings_.seeded(configs[(label, k)], s) for s in range(c.seeds)]
     pop = trials_.train_population(label, k, seeds, links_, heldout, steps, c.population,
-                                   grid, watch)
+                                   grid, watch, target)
     _log(verbose, f"  {label}" + (f" setting {k}" if len(settings[label]) > 1 else "") +
          f": {c.seeds} seeds to step {steps} in {time.perf_counter() - t0:.1f} s"
          f"{' (one program)' if pop.together else ''}")
@@ -258,9 +259,10 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   pops = {label: [population(label, k, c.eval_every) for k in range(len(settings[label]))]
           for label in first}
   _log(verbose, "measuring compute per local step...")
-  compute = _clock.measure({key: f for key, (_, _, f) in local.items()}, c.compute_repeats)
+  compiled = {key: f.result() for key, (_, _, f) in local.items()}
+  compute = _clock.measure(compiled, c.compute_repeats)
   compiler.shutdown()
-  shares = {key: _clock.shares(loss_fn, fn, args) for key, (fn, args, _) in local.items()}
+  shares = _clock.all_shares(loss_fn, compiled)
   clock = _clock.Clock(compute, keys, shares, _clock.buckets(params), links_)
   grid = (clock, _clock.intervals([t for p in pops[c.reference] for t in p.trials], clock,
                                   c.eval_every))
@@ -276,6 +278,8 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     source = (f"{c.reference}'s best held-out loss in {config.steps} steps, median of "
               f"{c.seeds} seeds")
   chunk = max(c.eval_every, config.steps // 5)
+  for pop in (p for ps in pops.values() for p in ps):
+    pop.aim(target)  # evaluations that cannot change a time to the target are skipped
   for label, ps in pops.items():  # the pool's times (at its tuned setting) set the budgets
     ps[summary_.reference_setting(trials[label], config.steps)[0]].train_until_reached(
         clock, target, c.max_steps, chunk)
@@ -287,7 +291,7 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
       pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
   for label in entries:
     if label not in pops:
-      pops[label] = [population(label, k, min(chunk, c.max_steps), grid, watch)
+      pops[label] = [population(label, k, min(chunk, c.max_steps), grid, watch, target)
                      for k in range(len(settings[label]))]
     for pop in pops[label]:
       pop.train_within(clock, budgets, target, c.max_steps, chunk)

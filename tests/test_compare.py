@@ -143,6 +143,67 @@ def test_evaluations_fall_on_a_grid_of_simulated_time():
   assert compare_account.multiples(0.3 - 1e-12, 0.1) == 3  # rounding does not miss one
 
 
+class _SyntheticPopulation(compare_trials.Population):
+  """`Population.train_to` on synthetic trials: per link a fixed step time (its clock) and
+  per trial a noisy falling held-out curve, no model (the skip rule of `aim`, exactly)."""
+
+  STEP = {"a": 0.1, "b": 0.37, "c": 0.05}  # seconds per step on each link
+
+  def __init__(self, curves: np.ndarray, intervals: dict):
+    self.curves, self.evaluated = curves, 0
+    self.trainers, self.states = [types.SimpleNamespace(trials=len(curves))], [None]
+    self.costs = dict.fromkeys(self.STEP)
+    self.trials = [self._trial(t) for t in range(len(curves))]
+    self.grid, self.target, self.seconds = None, None, 0.0
+    self.watch, self.watch_step, self.snapshots = {}, 0, {}
+    self.evaluate_on(None, intervals)
+
+  def _trial(self, seed: int):
+    step_time = self.STEP
+
+    class Trial(compare_trials.Trial):
+      def clocks(self, clock):
+        n = len(self.history)
+        return {k: types.SimpleNamespace(known=np.arange(1, n + 1) * v)
+                for k, v in step_time.items()}
+    return Trial(self, seed)
+
+  def _batch(self, k, step):
+    return step
+
+  def evaluate(self, trainer, state, which=None):
+    which = range(len(self.curves)) if which is None else which
+    self.evaluated += len(which)
+    return [float(self.curves[t, self.trained - 1]) for t in which]
+
+
+def test_skipped_evaluations_change_no_time_to_the_target(monkeypatch):
+  """Once the target is known (`Population.aim`), a trial is evaluated on a link's grid only
+  until it has reached the target there: every link's account (time and steps to the
+  target, how the run ended), for any budget, is the one of evaluating every grid step."""
+  rng = np.random.default_rng(0)
+  steps = 120
+  curves = 3.0 - np.linspace(0, 1.2, steps) + rng.normal(0, 0.05, (3, steps))
+  intervals = {"a": 0.4, "b": 1.1, "c": 0.3}
+  trainer = types.SimpleNamespace(trials=3, step=lambda state, step: (
+      state, {"loss": np.zeros(3), "wire_bytes": np.zeros(3)}))
+  full, skipping = (_SyntheticPopulation(curves, intervals) for _ in range(2))
+  for pop in (full, skipping):
+    pop.trainers = [trainer]
+    pop.train_to(30)
+  target = 2.4
+  skipping.aim(target)
+  for pop in (full, skipping):
+    pop.train_to(steps)
+  assert skipping.evaluated < full.evaluated * 0.8  # the later evaluations were skipped
+  for a, b in zip(full.trials, skipping.trials):
+    for link, step_time in _SyntheticPopulation.STEP.items():
+      known = np.arange(1, steps + 1) * step_time
+      for budget in (2.0, 5.0, known[-1] / 2, known[-1]):
+        assert compare_account.account(*b.evals_on(link), known, target, budget, steps) \
+            == compare_account.account(*a.evals_on(link), known, target, budget, steps)
+
+
 def test_each_link_takes_the_faster_of_the_reference_pool():
   """Per link the reference is the pool's label with the lower median time to the target
   (bf16 DP on one link, f32 DP on the other); the budget is its median times `budget`, and
@@ -353,14 +414,19 @@ def test_every_seed_trains_once_and_serves_every_link(summary, plugin):
       assert t["curve"]["step"] == list(range(1, n + 1))
       for name, net in t["links"].items():
         assert len(net["time"]) == n
-        # Evaluated (untimed) at every step of each link's grid of simulated time, and those
-        # are the evaluations the link reads.
+        # Evaluated (untimed) at every step of each link's grid of simulated time until the
+        # first evaluation there at or below the target (later ones change no time: they
+        # are skipped unless another link needs that step), and those are the evaluations
+        # the link reads.
         interval = result["links"][name]["eval_interval_seconds"]
-        assert net["eval_steps"] == compare_account.grid_steps(net["time"], interval).tolist()
-        assert set(net["eval_steps"]) <= set(t["evals"]["step"])
+        grid = compare_account.grid_steps(net["time"], interval).tolist()
+        loss = dict(zip(t["evals"]["step"], t["evals"]["heldout_loss"]))
+        hit = next((s for s in grid if s in loss and loss[s] <= result["target_loss"]), n)
+        assert [s for s in grid if s <= hit] == [s for s in net["eval_steps"] if s <= hit]
+        assert set(net["eval_steps"]) <= set(grid) & set(t["evals"]["step"])
         if m["method"] == "dp_bf16":  # the reference: its step time is constant, so its
           # grid is every eval_every steps on every link
-          assert net["eval_steps"] == list(range(2, n + 1, 2))
+          assert grid == list(range(2, n + 1, 2))
       # It trained until every link reached the target or spent its budget, or the cap.
       budgets = {k: v["budget_seconds"] for k, v in result["links"].items()}
       assert n == TINY.compare.max_steps or all(

@@ -2,8 +2,10 @@
 out by the mesh: data parallel, FSDP / tensor / replica axes (`parallel.Layout`), sequence
 parallel attention over a `sequence` axis, or stages over a `pipeline` axis."""
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 from jax.sharding import PartitionSpec as P
@@ -83,10 +85,20 @@ def build(s, ctx) -> Task:
     return _pipeline(s, ctx, sizes, tokens)
   model = models.TransformerLM(**sizes, layout=ctx.layout) if ctx.layout is not None else \
       models.TransformerLM(**sizes)
-  params = ctx.init(model.init)(ctx.key, tokens)
+  if ctx.layout is None and not ctx.abstract:
+    params = _init(tuple(sorted(sizes.items())))(ctx.key, tokens)
+  else:
+    params = ctx.init(model.init)(ctx.key, tokens)
   specs = None if ctx.layout is None else ctx.layout.param_specs(model.param_axes(), params)
   return Task(model=model, loss_fn=models.lm_loss(model), has_aux=False, params=params,
               batches=ctx.batches, specs=specs)
+
+
+@functools.lru_cache(maxsize=8)
+def _init(sizes: tuple):
+  """The plain LM's init, jitted once per shape: the many runs of one program (every method
+  and seed of experiments/compare.py) share one compiled init instead of tracing their own."""
+  return jax.jit(models.TransformerLM(**dict(sizes)).init)
 
 
 def _sequence(s, ctx, sizes, tokens) -> Task:

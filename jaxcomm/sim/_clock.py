@@ -118,20 +118,35 @@ def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
     raise ValueError(f"compute_seconds has {len(compute_s)} steps but comm_seconds has "
                      f"{len(comm_s)}.")
   k = v.integer("overlap_steps", overlap_steps, low=0)
-  steps = len(comm_s)
-  compute_end, comm_end = np.zeros(steps), np.zeros(steps)
+  if k == 0:  # synchronous: each step starts when the previous one is done (a running sum)
+    compute_end, comm_end = _synchronous(compute_s, comm_s)
+    return Timeline(compute_end, comm_end, compute_s, comm_s)
+  # The recurrence on Python floats (the same float64 arithmetic, without numpy's per-element
+  # overhead: experiments/compare.py reads a growing timeline after every step).
+  compute_end, comm_end = [], []
   free = 0.0      # when the network is next free
   previous = 0.0  # when the previous step's compute ended
-  for t in range(steps):
+  for t, (compute, comm_t) in enumerate(zip(compute_s.tolist(), comm_s.tolist())):
     needs = comm_end[t - k - 1] if t - k - 1 >= 0 else 0.0
-    compute_end[t] = max(previous, needs) + compute_s[t]
-    previous = compute_end[t]
-    if comm_s[t] > 0:
-      free = max(free, compute_end[t]) + comm_s[t]
-      comm_end[t] = free
+    previous = max(previous, needs) + compute
+    compute_end.append(previous)
+    if comm_t > 0:
+      free = max(free, previous) + comm_t
+      comm_end.append(free)
     else:
-      comm_end[t] = compute_end[t]
-  return Timeline(compute_end, comm_end, compute_s, comm_s)
+      comm_end.append(previous)
+  return Timeline(np.array(compute_end, np.float64), np.array(comm_end, np.float64),
+                  compute_s, comm_s)
+
+
+def _synchronous(compute_s: np.ndarray, comm_s: np.ndarray) -> tuple:
+  """(compute_end, comm_end) of `overlap_steps=0`: step t computes from the end of step
+  t - 1 (the network is free by then), so the ends are running sums, in the order the
+  recurrence adds (compute, then communication)."""
+  both = np.empty(2 * len(comm_s))
+  both[0::2], both[1::2] = compute_s, comm_s
+  ends = np.cumsum(both)  # sequential, so the sums are the recurrence's to the bit
+  return ends[0::2], ends[1::2]
 
 
 def comm_seconds_per_step(step_bytes: Sequence[float], comm_cost: comm.CommCost) -> np.ndarray:

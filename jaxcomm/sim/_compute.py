@@ -33,7 +33,8 @@ def measure_seconds(fn: Callable, *args: Any, repeats: int = 5, warmup: int = 1,
   repeats = v.integer("repeats", repeats, low=1)
   warmup = v.integer("warmup", warmup, low=0)
   statistic = v.one_of("statistic", statistic, ("median", "min"))
-  jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+  # A jitted function, or a program compiled already (`jax.jit(f).lower(...).compile()`).
+  jitted = fn if hasattr(fn, "lower") or hasattr(fn, "cost_analysis") else jax.jit(fn)
   for _ in range(warmup):
     jax.block_until_ready(jitted(*args))
   times = []
@@ -46,14 +47,18 @@ def measure_seconds(fn: Callable, *args: Any, repeats: int = 5, warmup: int = 1,
 
 def step_flops(fn: Callable, *args: Any) -> float:
   """FLOPs of one call of `fn(*args)` as XLA's cost analysis of the compiled program counts
-  them (0 where the backend reports none).
+  them (0 where the backend reports none). `fn` may be a program already compiled
+  (`jax.jit(f).lower(...).compile()`): its analysis is read without compiling again.
 
   >>> import jax.numpy as jnp
   >>> step_flops(lambda x: x @ x, jnp.ones((8, 8)))  # 8 * 8 * 8 multiply-adds
   1024.0
   """
-  jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-  analysis = jitted.lower(*args).compile().cost_analysis()
+  if hasattr(fn, "cost_analysis"):  # compiled already
+    analysis = fn.cost_analysis()
+  else:
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    analysis = jitted.lower(*args).compile().cost_analysis()
   if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
     analysis = analysis[0] if analysis else {}
   return float((analysis or {}).get("flops", 0.0))
