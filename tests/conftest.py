@@ -9,8 +9,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # a module's CPU seconds by about a third (test_train + test_sync_powersgd 58 -> 37 s,
 # test_compare 140 -> 93 s, cold). Subprocesses inherit it, so bit-for-bit comparisons with them
 # hold. A module that trains for hundreds of steps, where the slower code costs more than the
-# compile saves, sets `XLA_OPTIMISED = True` (see `_optimised_xla`).
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# compile saves, sets `XLA_OPTIMISED = True` (see `_optimised_xla`); so does a module whose
+# cross-process comparison is to float32 rounding of the optimised code (test_multihost).
+_SWITCH = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+os.environ.setdefault(_SWITCH, "1")
 # JAX's persistent compilation cache, for this run and every subprocess a test starts (they
 # inherit the environment): most of the suite's time is XLA compiling, and many programs
 # (a fixture built on both xdist workers, a hypothesis example, a subprocess run of the same
@@ -30,14 +32,20 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 @pytest.fixture(autouse=True, scope="module")
 def _optimised_xla(request):
-  """XLA's full optimisation for a module with `XLA_OPTIMISED = True` (in-process only)."""
+  """XLA's full optimisation for a module with `XLA_OPTIMISED = True`, in this process and in
+  the subprocesses it starts."""
   if not getattr(request.module, "XLA_OPTIMISED", False):
     yield
     return
-  before = jax.config.values["jax_disable_most_optimizations"]
+  before = jax.config.values["jax_disable_most_optimizations"], os.environ.get(_SWITCH)
   jax.config.update("jax_disable_most_optimizations", False)
+  os.environ[_SWITCH] = "0"
   yield
-  jax.config.update("jax_disable_most_optimizations", before)
+  jax.config.update("jax_disable_most_optimizations", before[0])
+  if before[1] is None:
+    os.environ.pop(_SWITCH, None)
+  else:
+    os.environ[_SWITCH] = before[1]
 
 
 @pytest.fixture(scope="session")

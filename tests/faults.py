@@ -119,10 +119,17 @@ def built(algo: str, steps: int) -> build.Run:
   return build.build(config(algo, steps))
 
 
-@functools.lru_cache(maxsize=None)
 def uninterrupted(algo: str, steps: int):
   """(trainer, initial params, final state, history): the run done in this process on 8
-  devices, the reference the subprocess runs are compared with (cached per test session)."""
+  devices, the reference the subprocess runs are compared with (cached per test session and
+  per XLA optimisation switch: conftest's `XLA_OPTIMISED` modules compile fully optimised,
+  and their subprocesses too)."""
+  return _uninterrupted(algo, steps, jax.config.values["jax_disable_most_optimizations"])
+
+
+@functools.lru_cache(maxsize=None)
+def _uninterrupted(algo: str, steps: int, unoptimised: bool):
+  del unoptimised  # a cache key only: the compiles below follow the switch
   run = built(algo, steps)
   trainer = run.trainer()
   state, history = train.fit(trainer, trainer.init(run.params), run.batches, steps,
