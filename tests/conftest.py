@@ -13,12 +13,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # cross-process comparison is to float32 rounding of the optimised code (test_multihost).
 _SWITCH = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 os.environ.setdefault(_SWITCH, "1")
-# JAX's persistent compilation cache, for this run and every subprocess a test starts (they
-# inherit the environment): most of the suite's time is XLA compiling, and many programs
-# (a fixture built on both xdist workers, a hypothesis example, a subprocess run of the same
-# config) are compiled more than once. A gitignored folder; JAXCOMM_TEST_CACHE="" turns it off.
-_CACHE = os.environ.get("JAXCOMM_TEST_CACHE",
-                        os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache", "jax"))
+# JAX's persistent compilation cache, opt-in (JAXCOMM_TEST_CACHE=<folder>): for this run and
+# every subprocess a test starts (they inherit the environment). Off by default: once, a cached
+# executable that concurrent test processes had written aborted XLA every time it was loaded
+# (test_replicas, `Fatal Python error: Aborted`; the same test passes uncached), and JAX writes
+# its cache files without a lock unless `filelock` is installed. A cold run (CI) gains little
+# from it anyway.
+_CACHE = os.environ.get("JAXCOMM_TEST_CACHE", "")
 if _CACHE:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
   # Only programs that took a while to compile: the many tiny eager ops are not worth a file.
