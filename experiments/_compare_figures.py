@@ -27,6 +27,17 @@ def _shown(r: dict, link: str) -> dict:
   return next(t for t in r["trials"] if t["setting"] == k and t["seed"] == 0)
 
 
+def _save(fig, workdir: str, name: str, rect=None) -> str:
+  """Lays `fig` out (within `rect`, if given), writes it to workdir/name, closes it; the
+  path."""
+  import matplotlib.pyplot as plt
+  fig.tight_layout(rect=rect)  # None: the whole figure
+  path = os.path.join(workdir, name)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 def plot(records: list, config, links: dict, budgets: dict, target: float, score: dict,
          workdir: str) -> list:
   """loss_vs_time.png (a panel per link: held-out loss of seed 0 against the clock, target
@@ -53,10 +64,8 @@ def plot(records: list, config, links: dict, budgets: dict, target: float, score
     ax.grid(True, alpha=0.3)
   handles, labels = axes[0][0].get_legend_handles_labels()
   fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
-  fig.tight_layout(rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1))
-  paths.append(os.path.join(workdir, "loss_vs_time.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
+  paths.append(_save(fig, workdir, "loss_vs_time.png",
+                     rect=(0, 0, 1 - 1.8 / fig.get_figwidth(), 1)))
 
   fig, ax = plt.subplots(figsize=(8.8, 4.5))
   first = next(iter(links))
@@ -72,10 +81,7 @@ def plot(records: list, config, links: dict, budgets: dict, target: float, score
          ylabel="held-out loss (seed 0)", title="held-out loss vs communication")
   ax.grid(True, alpha=0.3)
   ax.legend(fontsize=8, frameon=False, loc="upper right")
-  fig.tight_layout()
-  paths.append(os.path.join(workdir, "loss_vs_bytes.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
+  paths.append(_save(fig, workdir, "loss_vs_bytes.png"))
 
   fig, ax = plt.subplots(figsize=(7.5, 4.5))
   for i, r in enumerate(records):
@@ -87,8 +93,5 @@ def plot(records: list, config, links: dict, budgets: dict, target: float, score
          ylim=(-0.02, 1.02))
   ax.grid(True, alpha=0.3)
   ax.legend(fontsize=8, frameon=False, loc="lower right")
-  fig.tight_layout()
-  paths.append(os.path.join(workdir, "profile.png"))
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
+  paths.append(_save(fig, workdir, "profile.png"))
   return paths

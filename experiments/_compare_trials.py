@@ -281,8 +281,9 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
   {"links": `Population.watch`, "step": `Population.watch_step`} (the branch points of
   `_compare_wsd`); `target`: `Population.aim`'s."""
   together = together and len(configs) > 1
-  try:
-    pop = Population(label, setting, configs, links_, heldout, together)
+
+  def trained(as_one: bool) -> Population:
+    pop = Population(label, setting, configs, links_, heldout, as_one)
     if grid:
       pop.evaluate_on(*grid)
     if watch:
@@ -290,21 +291,17 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
     if target is not None:
       pop.aim(target)
     pop.train_to(steps)
+    return pop
+
+  try:
+    return trained(together)
   except (ValueError, TypeError, NotImplementedError) as e:
     if not together:
       raise
     print(f"  {label}: no population in one program ({type(e).__name__}: "
           f"{str(e).splitlines()[0][:200]}); its seeds run one after the other.",
           file=sys.stderr, flush=True)
-    pop = Population(label, setting, configs, links_, heldout, False)
-    if grid:
-      pop.evaluate_on(*grid)
-    if watch:
-      pop.watch, pop.watch_step = dict(watch["links"]), watch["step"]
-    if target is not None:
-      pop.aim(target)
-    pop.train_to(steps)
-  return pop
+    return trained(False)
 
 
 # The one-trial program is compiled only to read its collectives, never run: without LLVM's
