@@ -242,9 +242,14 @@ class Membership:
     for p in missing(self.client, base, expected):
       sys.stderr.write(f"elastic: process {self.pid}: process {p} voted but did not reach "
                        f"the membership barrier within {self.deadline():.1f} s; evicting it\n")
-      with contextlib.suppress(jax.errors.JaxRuntimeError):
-        self.client.key_value_set(evicted_key(PREFIX, p), str(expected[p]),
-                                  allow_overwrite=True)
+      self._evict(p, expected[p])
+
+  def _evict(self, process: int, incarnation) -> None:
+    """Writes `process`'s incarnation under its eviction key: its watchdog reads it and ends
+    it (a late write from an earlier generation names an older incarnation: ignored)."""
+    with contextlib.suppress(jax.errors.JaxRuntimeError):
+      self.client.key_value_set(evicted_key(PREFIX, process), str(incarnation),
+                                allow_overwrite=True)
 
   def _form(self, live: tuple, step: int) -> Generation | None:
     """The generation of this round over `live`, or None (an empty round)."""
@@ -328,10 +333,8 @@ class Membership:
     else:
       outcome = json.loads(self._wait_for(f"{base}/decision"))
     self.decided, self.evicted = outcome["commit"], outcome["evicted"]
-    for p in self.evicted:  # the evicted process's watchdog reads it and ends it
-      inc = dict(self._seen or ()).get(p)
-      with contextlib.suppress(jax.errors.JaxRuntimeError):
-        self.client.key_value_set(evicted_key(PREFIX, p), str(inc), allow_overwrite=True)
+    for p in self.evicted:
+      self._evict(p, dict(self._seen or ()).get(p))
     if self.pid in self.evicted:
       raise Evicted(f"process {self.pid} was evicted by the others (no vote within the "
                     f"progress deadline)")
