@@ -21,6 +21,7 @@ from jaxcomm import comm, data, train
 
 CAPPED = "step cap"  # the snapshot key of a run's branch point when the step cap ends it
 
+
 class Population:
   """The trials of one method at one setting, one per seed (`configs[s]`), built and
   compiled once and trained together in chunks, their held-out loss evaluated (untimed)
