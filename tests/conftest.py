@@ -39,9 +39,14 @@ def _optimised_xla(request):
     yield
     return
   before = jax.config.values["jax_disable_most_optimizations"], os.environ.get(_SWITCH)
+  # The switch is not part of jit's cache key: without clearing, a function compiled before
+  # would run its old executable, and bit-for-bit comparisons with subprocesses (which compile
+  # afresh under the switch they inherit) fail in whichever module runs next on this worker.
+  jax.clear_caches()
   jax.config.update("jax_disable_most_optimizations", False)
   os.environ[_SWITCH] = "0"
   yield
+  jax.clear_caches()
   jax.config.update("jax_disable_most_optimizations", before[0])
   if before[1] is None:
     os.environ.pop(_SWITCH, None)

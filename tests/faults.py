@@ -113,9 +113,16 @@ def start_program(args: list[str]) -> subprocess.Popen:
                           cwd=ROOT, env=env)
 
 
-@functools.lru_cache(maxsize=None)
 def built(algo: str, steps: int) -> build.Run:
-  """The run `config(algo, steps)` describes, on 8 devices (cached per test session)."""
+  """The run `config(algo, steps)` describes, on 8 devices (cached per test session and per XLA
+  optimisation switch, like `uninterrupted`: a run built under one switch holds functions
+  compiled under it, whose float32 roundings differ from the other's)."""
+  return _built(algo, steps, jax.config.values["jax_disable_most_optimizations"])
+
+
+@functools.lru_cache(maxsize=None)
+def _built(algo: str, steps: int, unoptimised: bool) -> build.Run:
+  del unoptimised  # a cache key only
   return build.build(config(algo, steps))
 
 
