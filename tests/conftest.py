@@ -4,7 +4,8 @@ import os
 
 # Each XLA program single-threaded inside (no Eigen thread pool): the 8 emulated devices and the
 # two xdist workers already keep both cores busy, and the pools' threads only contend with
-# them (4 modules under -n 2: 58 -> 47 s wall, 102 -> 84 s user CPU). Subprocesses inherit it.
+# them (4 modules under -n 2, same code, alternating: 58 -> 46-51 s wall; an hour later, the
+# machine slower, 74 -> 70 s). Subprocesses inherit it.
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false")
 # XLA without most of its optimisation work (JAX's `jax_disable_most_optimizations`: LLVM at
