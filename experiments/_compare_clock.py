@@ -80,15 +80,13 @@ def measure(steps: dict, repeats: int) -> dict:
 def all_shares(loss_fn, steps: dict) -> dict:
   """{key: `shares`} of compiled local steps (`steps`: key -> (compiled, args), all on the
   same parameters and batch, `local_steps`): the loss and its gradient compiled once."""
-  flops = {}
-  out = {}
-  for key, (compiled, args) in steps.items():
-    params, _, batch = args
-    if not flops:
-      flops = {"forward": sim.step_flops(loss_fn, params, batch),
-               "grad": sim.step_flops(jax.grad(loss_fn), params, batch)}
-    out[key] = shares(flops["forward"], flops["grad"], sim.step_flops(compiled))
-  return out
+  if not steps:
+    return {}
+  params, _, batch = next(iter(steps.values()))[1]
+  forward = sim.step_flops(loss_fn, params, batch)
+  grad = sim.step_flops(jax.grad(loss_fn), params, batch)
+  return {key: shares(forward, grad, sim.step_flops(compiled))
+          for key, (compiled, _) in steps.items()}
 
 
 def shares(forward: float, grad: float, step: float) -> dict:
