@@ -114,11 +114,11 @@ class Population:
                                 "wire_bytes": float(sent[t])})
         due = self._due(owned, step + 1)
         if due:
-          values = self.evaluate(trainer, self.states[k], [owned.index(t) for t in due])
-          for trial, value in zip(due, values):
+          values = self.evaluate(trainer, self.states[k], [owned.index(t) for t, _ in due])
+          for (trial, links), value in zip(due, values):
             trial.evals.append((step + 1, value))
             if self.target is not None and value <= self.target:
-              trial.hit.update(trial.due_links)
+              trial.hit.update(links)
       self._snapshot(step + 1)
     self.seconds += time.perf_counter() - start
 
@@ -144,22 +144,24 @@ class Population:
                    if self.grid and np.any(trial.evals_on(n)[1] <= target)}
 
   def _due(self, trials: list, step: int) -> list:
-    """Those of `trials` evaluated at `step` (just trained): all of them on the step rule;
-    on the grids, those for which it reaches a new multiple of the interval of a link
-    where they have not yet reached the target (`aim`; every trial's count moves on)."""
+    """(trial, links) of those of `trials` evaluated at `step` (just trained): all of them
+    on the step rule (no links); on the grids, those for which it reaches a new multiple of
+    the interval of a link where they have not yet reached the target (`aim`; every trial's
+    count moves on), with the links whose multiple it reaches."""
     if self.grid is None:
-      return list(trials) if step % self.configs[0].compare.eval_every == 0 else []
+      return [(t, []) for t in trials] if step % self.configs[0].compare.eval_every == 0 \
+          else []
     clock, intervals = self.grid
     due = []
     for trial in trials:
-      trial.due_links = []
+      links = []
       for n, tl in trial.clocks(clock).items():
         m = acc.multiples(tl.known[-1], intervals[n])
         if m > trial.reached[n]:
           trial.reached[n] = m
-          trial.due_links.append(n)
-      if any(n not in trial.hit for n in trial.due_links):
-        due.append(trial)
+          links.append(n)
+      if any(n not in trial.hit for n in links):
+        due.append((trial, links))
     return due
 
   def _snapshot(self, step: int) -> None:
@@ -202,7 +204,7 @@ class Trial:
     self.population, self.seed = population, seed
     self.history, self.evals = [], []
     self.reached = {}  # link -> multiples of its interval evaluated (evaluate_on)
-    self.hit, self.due_links = set(), []  # links where it has reached the target (`aim`)
+    self.hit = set()  # links where it has reached the target (`aim`)
     self._clocks = {}  # id(clock) -> (clock, steps trained, clocks): read many times a step
 
   def __getattr__(self, name):  # label, setting, report, costs, overlap, overlap_backward
