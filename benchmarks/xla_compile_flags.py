@@ -28,8 +28,7 @@ from absl import flags
 from experiments import _cli
 
 DEVICES = "--xla_force_host_platform_device_count=8"
-# name: XLA flags beyond the 8 devices. The third is tests/conftest.py's default; the fourth
-# (LLVM's module compiled in one piece, not split 32 ways) was tried and left out: within noise.
+# name: XLA flags beyond the 8 devices. The last is tests/conftest.py's default.
 VARIANTS = {
     "XLA defaults": "",
     "no Eigen pool": "--xla_cpu_multi_thread_eigen=false",

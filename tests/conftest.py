@@ -6,12 +6,16 @@ import os
 # two xdist workers already keep both cores busy, and the pools' threads only contend with
 # them (4 modules under -n 2, same code, alternating: 58 -> 46-51 s wall; an hour later, the
 # machine slower, 74 -> 70 s). XLA:CPU's older loop emitters for fusions instead of its MLIR
-# fusion emitters: the same HLO, collectives and bytes, compiled in about half the CPU time
-# (`python -m benchmarks.xla_compile_flags`: four trainer steps and 236 eager ops, 15.3 -> 8.4
-# CPU-s; the whole suite 17m45s -> 9m15s wall on 2 cores). Subprocesses inherit all of it.
+# fusion emitters, and each program's LLVM module compiled in one piece: the same HLO,
+# collectives and bytes, compiled in about half the CPU time (`python -m
+# benchmarks.xla_compile_flags`: four trainer steps and 236 eager ops, 15.3 -> 8.4-8.7 CPU-s;
+# the whole suite 17m45s -> 9m15s wall on 2 cores). The one piece gains little by itself, but
+# it is what the suite passes under: with the loop emitters alone, float32 roundings move one
+# of 8192 MuLoCo 2-bit codes across a level (test_muon's sharded-equals-unsharded check).
+# Subprocesses inherit all of it.
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false"
-    " --xla_cpu_use_fusion_emitters=false")
+    " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 # XLA without most of its optimisation work (JAX's `jax_disable_most_optimizations`: LLVM at
 # -O0, no expensive passes; the HLO, its collectives and bytes are the same, only the machine
 # code is less tuned). The suite mostly compiles small programs that run a few steps: this cuts
