@@ -25,8 +25,9 @@ PYTEST := $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 test: $(STAMP)
 	$(PYTEST) --durations=15 tests
 
-# The edit loop: everything but the end-to-end checks marked `slow` (subprocess runs,
-# notebooks, reproductions, training to a target); `make test` (and CI) runs those too.
+# The edit loop: the unit tests, without the checks marked `slow` (subprocess runs,
+# notebooks, reproductions, docstring examples, whole sharded models, training to a target);
+# `make test` (and CI) runs those too.
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests
 

@@ -104,6 +104,7 @@ def test_every_catalogue_method_with_an_inner_optimiser_is_schedule_free():
                  schedule.eval_params(state.params, state.opt_state), state.params)
 
 
+@pytest.mark.slow
 def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
   c = _free()
   config = compare_settings.method_config(c, compare.METHODS["dp_bf16"])

@@ -140,6 +140,7 @@ def test_label_skew_sampler_is_a_grain_sampler():
     data.batches("pydoc", 16, label_skew=0.1, num_workers=8, process_index=0, process_count=1)
 
 
+@pytest.mark.slow
 def test_two_processes_read_disjoint_shares_whose_union_is_the_one_process_batch(tmp_path):
   """2 processes x 4 devices (jax.distributed on loopback, tests/grain_runner.py)."""
   import grain_runner

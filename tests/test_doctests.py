@@ -17,6 +17,7 @@ def _modules():
 
 
 @pytest.mark.parametrize("name", _modules())
+@pytest.mark.slow
 def test_docstring_examples_run(name):
   module = importlib.import_module(name)
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

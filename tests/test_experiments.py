@@ -83,6 +83,7 @@ TRAINED = [p for p in CONFIGS if os.path.basename(p) not in ("default.py", "comp
 
 
 @pytest.mark.parametrize("path", TRAINED, ids=lambda p: os.path.basename(p)[:-3])
+@pytest.mark.slow
 def test_every_config_builds_and_trains_two_steps(path):
   """The config at tiny size trains two steps; a config whose mesh has no model axis trains
   the smallest model, the digits MLP, so that the suite compiles no LM for it (the model each
@@ -216,6 +217,7 @@ def _sweep_cases():
   return cases
 
 
+@pytest.mark.slow
 def test_every_numeric_setting_builds_or_names_itself():
   """Zero, negative and non-divisible values of every numeric setting of every config either
   build (nothing is allocated: abstract parameters) or raise a ValueError naming the setting;
@@ -329,6 +331,7 @@ def test_every_codec_name_parses():
   assert config.parse_codec("none") is None and config.parse_codec("auto") == "auto"
 
 
+@pytest.mark.slow
 def test_the_command_line_error_is_one_line(tmp_path):
   """A user's mistake ends train.py with one line naming the setting, no traceback."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -371,6 +374,7 @@ def build(settings, ctx):
 '''
 
 
+@pytest.mark.slow
 def test_a_model_of_your_own_is_one_file(tmp_path):
   """train.py trains a model file named on the command line (`--config.model.name=x.py`) with
   its own settings' defaults: a loss that is ln 10 exactly at every step."""
@@ -392,6 +396,7 @@ def test_a_model_of_your_own_is_one_file(tmp_path):
   assert summary["model"] == str(path) and summary["steps"] == 2
 
 
+@pytest.mark.slow
 def test_nnx_models_and_a_folder_of_text_train_from_the_config(tmp_path):
   """config.model.name nnx_mlp (dropout, BatchNorm) and nnx_lm on a folder of text files
   through the grain pipeline: built by build(), trained two steps, data read from the

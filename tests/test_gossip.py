@@ -231,6 +231,7 @@ def _mlp_final_loss(mesh, task, tx):
   return averaged, float(own), sync.stacked_consensus_distance(host)
 
 
+@pytest.mark.slow
 def test_dpsgd_ring_and_choco_reach_exact_dp_loss_on_mlp(mesh8, mlp_task):
   lr = 0.1
   dp, _, _ = _mlp_final_loss(mesh8, mlp_task, optax.chain(sync.mean("data"), optax.sgd(lr)))

@@ -61,6 +61,7 @@ def test_diloco_lm_close_to_dp_with_h_times_fewer_bytes(lm_task):
   assert loss < 1.06 * dp_loss, (loss, dp_loss)
 
 
+@pytest.mark.slow
 def test_streaming_peak_bytes_are_one_over_fragments_of_diloco():
   # Bytes do not depend on the model: a small MLP (n = 2410, not a multiple of 4, so P = 4
   # pads) compiles in a fraction of the LM's time.

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from jaxcomm import models
 
@@ -18,6 +19,7 @@ def test_resnet18_layout_and_parameter_count():
   assert p["Dense_0"]["kernel"].shape == (512, 10)
 
 
+@pytest.mark.slow
 def test_resnet_forward_and_gradient_small():
   # One block per stage, width 4, 8x8 inputs: the same code paths (stem, strided projection
   # blocks, pooling, head) at a fraction of the compile time.

@@ -130,6 +130,7 @@ def auto_partitioned(setup):
 
 
 @pytest.mark.parametrize("strategy", ["owner", "gram"])
+@pytest.mark.slow
 def test_sharded_strategies_equal_auto_partitioned_optax(setup, runs, auto_partitioned,
                                                          strategy):
   """(a) owner-based and (b) Gram all-reduces give, on every replica, the parameters of (c)
@@ -254,6 +255,7 @@ def muloco_runs(setup):
   return (trainer, *run_against_unsharded(trainer, method, params, specs, mesh2, grads))
 
 
+@pytest.mark.slow
 def test_muloco_sharded_replicas_equal_unsharded_workers(setup, muloco_runs):
   """Each replica's parameters after 2 syncs (2-bit + EF outer gradients) equal those of 2
   unsharded workers; the replicas differ from each other between syncs."""

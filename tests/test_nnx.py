@@ -61,6 +61,7 @@ def close(a, b, atol=1e-6):
 
 
 # ------------------------------------------------------------------ the NNX LM
+@pytest.mark.slow
 def test_nnx_lm_with_dp_equals_linen_lm_from_the_same_weights(mesh8):
   lm = models.TransformerLM(**LM)
   params = lm.init(jax.random.key(0), jnp.zeros((1, LM["max_len"]), jnp.int32))

@@ -221,6 +221,7 @@ MESHES = {
 
 
 @pytest.mark.parametrize("name", list(MESHES))
+@pytest.mark.slow
 def test_lm_under_every_mesh_equals_unsharded(lm_reference, name):
   params, batch, ref_loss, ref_grads = lm_reference
   shape, options = MESHES[name]

@@ -79,6 +79,7 @@ def _toy_run(mesh, sched):
   return compiled, compiled(params, x)
 
 
+@pytest.mark.slow
 def test_executed_work_counts_and_1f1b_memory_bounded_by_stages(mesh):
   temp = {}
   for micro, build in itertools.product((S, 4 * S), (parallel.schedule_gpipe,
@@ -118,6 +119,7 @@ def lm_reference():
 
 
 @pytest.mark.parametrize("build", [parallel.schedule_gpipe, parallel.schedule_1f1b])
+@pytest.mark.slow
 def test_pipelined_lm_step_equals_unpipelined(build, mesh, lm_reference):
   lm, params, tokens, ref_loss, ref_grads = lm_reference
   micro = S

@@ -48,6 +48,7 @@ def _memory_fields(compiled) -> plan.Memory:
     # The sync crosses replicas (conditional), ZeRO-3 gathers inside them (every step).
     ("diloco", {"sync_every": 3}, "replica=2,fsdp=4"),
 ])
+@pytest.mark.slow
 def test_plan_equals_a_real_step_at_the_make_run_size(method, settings, mesh):
   c = config.with_method(compare_config.get_config(), {"method": method, **settings})
   with c.unlocked():

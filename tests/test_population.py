@@ -71,6 +71,7 @@ def run(trainer, state, batches):
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.slow
 def test_population_equals_separate_runs(mesh8, population, name):
   params, batches = population
   pop = train.Trainer(loss_fn, METHODS[name](), mesh8, trials=S)
@@ -119,6 +120,7 @@ def test_population_bad_input(mesh8, population):
     train.fold_in_trials(params, jnp.arange(2))
 
 
+@pytest.mark.slow
 def test_population_of_nnx_models_and_loss_keys(mesh8):
   """NNX models (dropout streams, per-worker BatchNorm statistics) and one loss key per
   trial: each trial equals its own run."""

@@ -134,6 +134,7 @@ class Run(NamedTuple):
 
 
 @pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.slow
 def test_methods_equal_unsharded(setup, name):
   """Each replica's parameters after 3 syncs equal those of 2 unsharded workers.
 
@@ -306,6 +307,7 @@ def test_diloco_bytes_per_axis(setup, diloco_lm):
   assert sent == pytest.approx([inner[("fsdp",)], inner[("fsdp",)] + sync_bytes])
 
 
+@pytest.mark.slow
 def test_diloco_checkpoint_resumes_bit_for_bit(setup, diloco_lm, tmp_path):
   """Save after 3 steps (per-replica parameters, sharded outer state), restore, run 3 more:
   the same bits as running 6 without stopping."""
@@ -480,6 +482,7 @@ def _small_params(names):
 
 
 @pytest.mark.parametrize("bundle", ["codecs", "every_step", "local", "overlap"])
+@pytest.mark.slow
 def test_every_method_runs_on_replicas_and_sends_only_over_replica(setup, bundle):
   """Every sync and local method (one per group of parameters, one compile per bundle) on
   replica x fsdp x tensor: the replica axis carries the methods' traffic, fsdp and tensor

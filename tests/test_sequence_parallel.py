@@ -221,6 +221,7 @@ def lm_setup():
 @pytest.mark.parametrize("kind,reference", [("ring_zigzag", "softmax"),
                                             ("ulysses", "softmax"),
                                             ("linear_allscan", "linear")])
+@pytest.mark.slow
 def test_lm_trains_on_a_sequence_axis_like_one_device(kind, reference, mesh, lm_setup):
   params, tokens, one_device = lm_setup
   lr = 0.5

@@ -162,6 +162,7 @@ def test_start_iter_first_steps_are_exact_dp(mesh8, task):
 
 
 # ---------------------------------------------------------------------------- convergence
+@pytest.mark.slow
 def test_rank2_with_ef_matches_dp_and_beats_no_ef_on_digits(mesh8):
   ds = data.digits()
   model = models.MLP(hidden=(16,), num_classes=10)

@@ -114,6 +114,7 @@ def test_per_worker_state_is_kept_distinct(mesh8, digits_task):
   chex.assert_trees_all_close(state.params, p, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lm_loss_falls_on_embedded_corpus(mesh8):
   lm = models.TransformerLM(d_model=32, num_layers=1, num_heads=2, d_ff=64, max_len=32)
   params = lm.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))

@@ -121,6 +121,7 @@ def lm_runs(mesh8):
   return params, batch_fn, runs
 
 
+@pytest.mark.slow
 def test_zero_stages_equal_data_parallel(lm_runs):
   _, _, runs = lm_runs
   for name in ("zero1", "zero3"):
@@ -193,6 +194,7 @@ def test_zero_memory_scales_with_w_on_submeshes():
 
 
 # -------------------------------------------------------------- compression with sharding
+@pytest.mark.slow
 def test_compressed_zero1_trains_lm_like_uncompressed(mesh8, lm_runs):
   params, batch_fn, runs = lm_runs
   lm = runs["zero1"]["model"]
