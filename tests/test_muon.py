@@ -270,6 +270,7 @@ def test_muloco_sharded_replicas_equal_unsharded_workers(setup, muloco_runs):
   assert min(jax.tree.leaves(moved)) > 1e-2
 
 
+@pytest.mark.slow
 def test_muloco_bytes(setup, muloco_runs):
   """Replica axis, per sync: every group's 2-bit payload gathered from the other worker: n/4
   code bytes + 4 bytes per block of 8 = 0.75 n bytes for the 10928 floats of the shards

@@ -156,6 +156,7 @@ def test_methods_equal_unsharded(setup, name):
   assert moved > 1e-2  # the comparison is not between two unmoved models
 
 
+@pytest.mark.slow
 def test_powersgd_inner_collectives_counted_on_their_axes(setup):
   """PowerSGD on shards: per matrix, P = M Q is summed over the axes splitting the columns,
   P's row blocks are all-gathered over the axes splitting the rows, Q = M^T P^ is summed
@@ -337,6 +338,7 @@ def compiled_argument_bytes(tree) -> int:
 
 @pytest.mark.parametrize("name,field", [("diloco", ("outer_params", "outer_state")),
                                         ("compressed_int8_ef", ("memory",))])
+@pytest.mark.slow
 def test_per_replica_state_is_sharded_like_the_parameters(setup, name, field):
   """DiLoCo's outer parameters and momentum, and int8's error memory, take per device 1/k
   of the unsharded copy, k = how many devices shard the leaves inside a replica: 1/4 for the

@@ -129,6 +129,7 @@ def test_zero_stages_equal_data_parallel(lm_runs):
                                 atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_zero_bytes_counted_inspected_and_formula(lm_runs):
   params, _, runs = lm_runs
   n = sum(x.size for x in jax.tree.leaves(params))
@@ -158,6 +159,7 @@ def test_zero_bytes_counted_inspected_and_formula(lm_runs):
   assert run["sent"] == [formula, formula] and run["report"].wire_bytes() == formula
 
 
+@pytest.mark.slow
 def test_zero_optimizer_state_memory_falls_as_one_over_w(lm_runs):
   params, batch_fn, runs = lm_runs
   n = sum(x.size for x in jax.tree.leaves(params))
