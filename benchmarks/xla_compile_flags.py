@@ -49,6 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
 
 def _measure(steps: int) -> dict:
   """{program: [first-step CPU s, median step ms]} and {"eager": CPU s} in this process."""
+  # Imported here: the parent only starts the children, so it never loads JAX.
   import jax
   import jax.numpy as jnp
   import optax

@@ -149,8 +149,8 @@ class Population:
     the interval of a link where they have not yet reached the target (`aim`; every trial's
     count moves on), with the links whose multiple it reaches."""
     if self.grid is None:
-      return [(t, []) for t in trials] if step % self.configs[0].compare.eval_every == 0 \
-          else []
+      on_rule = step % self.configs[0].compare.eval_every == 0
+      return [(t, []) for t in trials] if on_rule else []
     clock, intervals = self.grid
     due = []
     for trial in trials:
