@@ -2,7 +2,6 @@
 dataset, data-parallel (`Trainer.init` splits the module)."""
 
 import ml_collections
-from flax import nnx
 
 from experiments import config
 from experiments.models import Task, lm
@@ -29,11 +28,14 @@ def check_dropout_and_mutable(s) -> None:
                      f"{', '.join(MUTABLE)}.")
 
 
-def rngs(ctx) -> nnx.Rngs:
+def rngs(ctx):
+  """The model's `nnx.Rngs`: parameters from the seed, dropout from the next one."""
+  from flax import nnx  # lazy: config reads every model's defaults(); nnx only to build
   return nnx.Rngs(params=ctx.config.seed, dropout=ctx.config.seed + 1)
 
 
 def build(s, ctx) -> Task:
+  from flax import nnx  # lazy: config reads every model's defaults(); nnx only to build
   ctx.data_parallel_only()
   lm.text_only(ctx, "nnx_lm")
 

@@ -2,7 +2,6 @@
 dataset, data-parallel; BatchNorm statistics kept per worker or averaged (`mutable`)."""
 
 import ml_collections
-from flax import nnx
 
 from experiments.models import Task, mlp, nnx_lm
 from jaxcomm import models
@@ -20,6 +19,7 @@ def check(s) -> None:
 
 
 def build(s, ctx) -> Task:
+  from flax import nnx  # lazy: config reads every model's defaults(); nnx only to build
   dataset = mlp.labelled(ctx, "nnx_mlp")
 
   def make():
