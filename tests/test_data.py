@@ -20,6 +20,21 @@ def test_embedded_datasets_load():
   assert len(train.data) + len(test.data) == len(t.data)
 
 
+def test_digits_read_from_the_file_equal_load_digits_and_so_does_the_fallback(monkeypatch):
+  """The file read without importing sklearn (1.6 s) holds load_digits' rows, and where the
+  file has moved, load_digits itself gives the same table."""
+  from jaxcomm.data import _datasets
+  from sklearn.datasets import load_digits
+  ref = load_digits()
+  want = np.concatenate([ref.data, ref.target[:, None]], axis=1)
+  np.testing.assert_array_equal(_datasets._digits_table(), want)
+  monkeypatch.setattr(_datasets.os.path, "isfile", lambda path: False)
+  np.testing.assert_array_equal(_datasets._digits_table(), want)
+  d = data.digits()
+  np.testing.assert_array_equal(d.x, (ref.data / 16.0).astype(np.float32))
+  np.testing.assert_array_equal(d.y, ref.target)
+
+
 @pytest.mark.parametrize("ds,kw", [(data.digits(), {}), (data.pydoc_text(), {"seq_len": 16})])
 def test_batches_are_deterministic_and_shared_by_processes(ds, kw):
   a, b = ds.batch(3, 8, **kw), ds.batch(3, 8, **kw)
