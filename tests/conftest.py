@@ -26,14 +26,17 @@ os.environ.setdefault(
 # cross-process comparison is to float32 rounding of the optimised code (test_multihost).
 _SWITCH = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 os.environ.setdefault(_SWITCH, "1")
-# JAX's persistent compilation cache, opt-in (JAXCOMM_TEST_CACHE=<folder>): for this run and
-# every subprocess a test starts (they inherit the environment). Off by default: once, a cached
-# executable that concurrent test processes had written aborted XLA every time it was loaded
-# (test_replicas, `Fatal Python error: Aborted`; the same test passes uncached), and JAX writes
-# its cache files without a lock unless `filelock` is installed. Every program is cached, the
-# eager ops too: the whole suite warm took 7m44s wall against 9m21s for the run that filled the
-# cache; caching only programs that compiled for 0.1 s or more, 8m55s warm (without a cache,
-# 9m15s; 2 cores, 2026-12-02).
+# JAX's persistent compilation cache, opt-in (JAXCOMM_TEST_CACHE=<folder>, best started empty):
+# for this run and every subprocess a test starts (they inherit the environment). Every program
+# is cached, the eager ops too. Off by default, and a module may keep its programs out of it
+# (`PERSISTENT_CACHE = False`, see `_kept_out_of_the_cache`): XLA:CPU (jaxlib 0.10) runs some
+# executables loaded from the cache with their 8 device threads out of step. test_replicas'
+# every-method program, loaded warm in one process, deadlocked in 3 of 5 runs, with XLA's
+# default flags as with the suite's: five devices in a collective-permute, three each in an
+# all-reduce of two devices whose partner never came (inside a conditional), until XLA's 40 s
+# rendezvous timeout aborts the process ("Fatal Python error: Aborted"). Compiled afresh, it
+# never has. The whole suite warm took 6m13s wall against 8m06s for the run that filled the
+# cache (2 cores, 2026-12-02).
 _CACHE = os.environ.get("JAXCOMM_TEST_CACHE", "")
 if _CACHE:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
@@ -66,6 +69,20 @@ def _optimised_xla(request):
     os.environ.pop(_SWITCH, None)
   else:
     os.environ[_SWITCH] = before[1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kept_out_of_the_cache(request):
+  """Nothing a module with `PERSISTENT_CACHE = False` compiles is written to the persistent
+  cache (JAXCOMM_TEST_CACHE), so a warm run compiles its programs afresh."""
+  if not _CACHE or getattr(request.module, "PERSISTENT_CACHE", True):
+    yield
+    return
+  name = "jax_persistent_cache_min_compile_time_secs"  # read each time JAX would write
+  before = jax.config.values[name]
+  jax.config.update(name, float("inf"))
+  yield
+  jax.config.update(name, before)
 
 
 @pytest.fixture(scope="session")
