@@ -36,7 +36,8 @@ os.environ.setdefault(_SWITCH, "1")
 # all-reduce of two devices whose partner never came (inside a conditional), until XLA's 40 s
 # rendezvous timeout aborts the process ("Fatal Python error: Aborted"). Compiled afresh, it
 # never has. The whole suite warm took 6m13s wall against 8m06s for the run that filled the
-# cache (2 cores, 2026-12-02).
+# cache; with test_replicas kept out, an hour later on a machine 12 % slower, 6m54s against
+# 8m33s, and 9m20s without any cache (2 cores, 2026-12-02).
 _CACHE = os.environ.get("JAXCOMM_TEST_CACHE", "")
 if _CACHE:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
