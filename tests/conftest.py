@@ -31,11 +31,11 @@ os.environ.setdefault(_SWITCH, "1")
 # is cached, the eager ops too. Off by default, and a module may keep its programs out of it
 # (`PERSISTENT_CACHE = False`, see `_kept_out_of_the_cache`): XLA:CPU (jaxlib 0.10) runs some
 # executables loaded from the cache with their 8 device threads out of step. test_replicas'
-# every-method program, loaded warm in one process, deadlocked in 3 of 5 runs, with XLA's
-# default flags as with the suite's: five devices in a collective-permute, three each in an
-# all-reduce of two devices whose partner never came (inside a conditional), until XLA's 40 s
-# rendezvous timeout aborts the process ("Fatal Python error: Aborted"). Compiled afresh, it
-# never has. The whole suite warm took 6m13s wall against 8m06s for the run that filled the
+# every-method program, loaded warm in one process, deadlocked in 5 of 7 runs with XLA's
+# default flags and 5 of 6 with the suite's: five devices in a collective-permute, three each
+# in an all-reduce of two devices whose partner never came (inside a conditional), until XLA's
+# 40 s rendezvous timeout aborts the process ("Fatal Python error: Aborted"). Compiled afresh,
+# it never has. The whole suite warm took 6m13s wall against 8m06s for the run that filled the
 # cache; with test_replicas kept out, an hour later on a machine 12 % slower, 6m54s against
 # 8m33s, and 9m20s without any cache (2 cores, 2026-12-02).
 _CACHE = os.environ.get("JAXCOMM_TEST_CACHE", "")
