@@ -27,17 +27,18 @@ os.environ.setdefault(
 _SWITCH = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 os.environ.setdefault(_SWITCH, "1")
 # JAX's persistent compilation cache, opt-in (JAXCOMM_TEST_CACHE=<folder>, best started empty):
-# for this run and every subprocess a test starts (they inherit the environment). Every program
-# is cached, the eager ops too. Off by default, and a module may keep its programs out of it
+# for this run and every subprocess a test starts (they inherit the environment). Every program is
+# cached, the eager ops too. Off by default, and a module may keep its programs out of it
 # (`PERSISTENT_CACHE = False`, see `_kept_out_of_the_cache`): XLA:CPU (jaxlib 0.10) runs some
 # executables loaded from the cache with their 8 device threads out of step. test_replicas'
-# every-method program, loaded warm in one process, deadlocked in 5 of 7 runs with XLA's
-# default flags and 5 of 6 with the suite's: five devices in a collective-permute, three each
-# in an all-reduce of two devices whose partner never came (inside a conditional), until XLA's
-# 40 s rendezvous timeout aborts the process ("Fatal Python error: Aborted"). Compiled afresh,
-# it never has. The whole suite warm took 6m13s wall against 8m06s for the run that filled the
-# cache; with test_replicas kept out, an hour later on a machine 12 % slower, 6m54s against
-# 8m33s, and 9m20s without any cache (2 cores, 2026-12-02).
+# every-method program, loaded warm in one process, deadlocked in 5 of 7 runs with XLA's default
+# flags and 5 of 6 with the suite's: five devices in a collective-permute, three each in an
+# all-reduce of two devices whose partner never came (inside a conditional), until XLA's 40 s
+# rendezvous timeout aborts the process ("Fatal Python error: Aborted"). Compiled afresh, it never
+# has. (JAX also writes its cache files without a lock, the two xdist workers and their
+# subprocesses side by side.) The whole suite warm took 6m13s wall against 8m06s for the run that
+# filled the cache; with test_replicas kept out, an hour later on a machine 12 % slower, 6m54s
+# against 8m33s, and 9m20s without any cache (2 cores, 2026-12-02).
 _CACHE = os.environ.get("JAXCOMM_TEST_CACHE", "")
 if _CACHE:
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
@@ -110,11 +111,11 @@ def pytest_itemcollected(item):
 
 # `make test` runs `pytest -n 2 --dist loadscope --no-loadscope-reorder`: every module goes whole
 # to one xdist worker, so a module fixture (a compiled trainer, a subprocess run) is built once,
-# not once per worker, in the order collected here. These modules, the slowest of the suite
-# (each module's total of junit seconds, a cold run on 2 cores, 2026-12-02), start first,
-# slowest first, so that the two workers end together (longest-first scheduling: the last
-# modules handed out are the short ones; that run's times replayed, the two workers would
-# end at 452 and 467 s in the order before, at 461 and 458 s in this one).
+# not once per worker, in the order collected here. These modules, the slowest of the suite (each
+# module's total of junit seconds in the run that filled a test cache, 2 cores, 2026-12-02), start
+# first, slowest first, so that the two workers end together (longest-first scheduling: the last
+# modules handed out are the short ones; that run's times replayed, the two workers would end at
+# 452 and 467 s in the order before, at 461 and 458 s in this one).
 _SLOWEST_FIRST = (
     "test_elastic", "test_replicas", "test_doctests", "test_plan", "test_experiments",
     "test_notebooks", "test_cli", "test_multihost", "test_compare", "test_local_convergence",
