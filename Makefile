@@ -23,7 +23,8 @@ run: $(STAMP)
 PYTEST := $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 # The sources' bytecode, written once: the suite starts some sixty Python processes
 # (programs, notebook kernels, elastic runs), and where PYTHONDONTWRITEBYTECODE is set each
-# would compile every module of jaxcomm and experiments again (0.2 s of each start-up).
+# would compile every module of jaxcomm, experiments and benchmarks (test_cli runs them)
+# again (0.2 s of each start-up).
 BYTECODE := $(PY) -m compileall -q jaxcomm experiments benchmarks
 
 test: $(STAMP)

@@ -27,8 +27,9 @@ def test_digits_read_from_the_file_equal_load_digits_and_so_does_the_fallback(mo
   from sklearn.datasets import load_digits
   ref = load_digits()
   want = np.concatenate([ref.data, ref.target[:, None]], axis=1)
+  assert _datasets._sklearn_digits_file()  # the file is read: the first path is the one taken
   np.testing.assert_array_equal(_datasets._digits_table(), want)
-  monkeypatch.setattr(_datasets.os.path, "isfile", lambda path: False)
+  monkeypatch.setattr(_datasets, "_sklearn_digits_file", lambda: None)
   np.testing.assert_array_equal(_datasets._digits_table(), want)
   d = data.digits()
   np.testing.assert_array_equal(d.x, (ref.data / 16.0).astype(np.float32))

@@ -166,15 +166,24 @@ def _digits_table() -> np.ndarray:
   sklearn.datasets costs 1.6 s (SciPy), and every training process on digits would pay it.
   Where the file is not where it used to be, `load_digits` itself.
   """
-  spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-  folder = spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else ""
-  path = os.path.join(folder, "datasets", "data", "digits.csv.gz")
-  if folder and os.path.isfile(path):
+  path = _sklearn_digits_file()
+  if path:
     with gzip.open(path, "rt") as f:
       return np.loadtxt(f, delimiter=",")
   from sklearn.datasets import load_digits  # lazy: heavy (SciPy), only where the file moved
   d = load_digits()
   return np.concatenate([d.data, d.target[:, None]], axis=1)
+
+
+def _sklearn_digits_file() -> str | None:
+  """The digits file in the installed scikit-learn, found without importing it; else None."""
+  spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+  folders = spec.submodule_search_locations if spec else None
+  for folder in folders or ():
+    path = os.path.join(folder, "datasets", "data", "digits.csv.gz")
+    if os.path.isfile(path):
+      return path
+  return None
 
 
 @functools.lru_cache(maxsize=None)
