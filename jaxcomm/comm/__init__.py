@@ -43,6 +43,7 @@ from jaxcomm.comm._cost import CollectiveCost
 from jaxcomm.comm._cost import CommCost
 from jaxcomm.comm._cost import Link
 from jaxcomm.comm._cost import OPS
+from jaxcomm.comm._cost import PER
 from jaxcomm.comm._cost import PRESETS
 from jaxcomm.comm._cost import Topology
 from jaxcomm.comm._cost import algorithm_times
@@ -59,6 +60,7 @@ from jaxcomm.comm._inspect import CollectiveReport
 from jaxcomm.comm._inspect import compiled_text
 from jaxcomm.comm._inspect import inspect
 from jaxcomm.comm._inspect import parse_hlo
+from jaxcomm.comm._sites import Sites
 
 __all__ = (
     "ALGORITHMS",
@@ -71,8 +73,10 @@ __all__ = (
     "CompressedSum",
     "is_numeric",
     "ScatteredSum",
+    "Sites",
     "Link",
     "OPS",
+    "PER",
     "PRESETS",
     "Topology",
     "add_bytes",

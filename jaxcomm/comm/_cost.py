@@ -27,6 +27,12 @@ messages, which the model cannot show, and the log algorithms are then only a lo
 
 A collective over several mesh axes (a flat ring over the product) runs at the pace of its
 slowest link: bandwidth is the smallest and latency the largest of the axes' links.
+
+Whose bandwidth a link's is (`Link.per`): "device" (each device sends at that rate: NVLink,
+an InfiniBand port per GPU) or "site" (what a site has to the other sites, shared by its
+devices that send over it at once: a WAN or internet uplink). A `Topology` charges every
+device the full bandwidth, as if each device were a site of its own; `comm.Sites` (sites of
+several devices) divides a per-site bandwidth among the site's devices.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from jaxcomm.comm._inspect import Collective
 from jaxcomm.comm._inspect import CollectiveReport
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+PER = ("device", "site")  # whose bandwidth a Link's is (see the module docstring)
 ALGORITHMS = ("ring", "tree", "halving_doubling", "auto")
 _CONCRETE = ALGORITHMS[:-1]
 
@@ -61,23 +68,27 @@ class Link:
   """A class of network link: how fast one device sends over it, and its latency.
 
   Args:
-    bandwidth: bytes per second one device sends in one direction (beta = 1 / bandwidth).
+    bandwidth: bytes per second in one direction (beta = 1 / bandwidth): one device's, or
+      with `per="site"` one site's, shared by its devices that send at once.
     latency: seconds per message (alpha), including the software stack.
     name: a label for tables.
     source: where the numbers come from.
+    per: "device" or "site": whose bandwidth `bandwidth` is (module docstring).
 
   >>> link = Link.gbit(100, 20e-6)
-  >>> link.bandwidth, link.latency
-  (12500000000.0, 2e-05)
+  >>> link.bandwidth, link.latency, link.per
+  (12500000000.0, 2e-05, 'device')
   """
   bandwidth: float
   latency: float
   name: str = dataclasses.field(default="", compare=False)
   source: str = dataclasses.field(default="", compare=False)
+  per: str = "device"
 
   def __post_init__(self):
     object.__setattr__(self, "bandwidth", _finite(self.bandwidth, "bandwidth", positive=True))
     object.__setattr__(self, "latency", _finite(self.latency, "latency", positive=False))
+    v.one_of("per", self.per, PER)
 
   @classmethod
   def gbit(cls, gbit_per_s: float, latency: float, **kwargs) -> "Link":
@@ -86,10 +97,12 @@ class Link:
     return cls(rate * 1e9 / 8, latency, **kwargs)
 
 
-# Presets a user would pick. Bandwidth is per device and per direction; where a vendor quotes
-# a bidirectional figure it is halved. Latencies are end-to-end per message of a collective
-# library on that fabric (not the bare wire); they are order-of-magnitude assumptions and
-# marked so where no vendor figure exists.
+# Presets a user would pick. Bandwidth is per direction, per device (`per="device"`: the
+# fabrics inside and between nodes of a datacenter, a port per device) or per site
+# (`per="site"`: the WAN and internet uplinks, shared by a site's devices under
+# `comm.Sites`); where a vendor quotes a bidirectional figure it is halved. Latencies are
+# end-to-end per message of a collective library on that fabric (not the bare wire); they
+# are order-of-magnitude assumptions and marked so where no vendor figure exists.
 PRESETS: dict[str, Link] = {
     "tpu_ici": Link(
         100e9, 1e-6, name="tpu_ici",
@@ -103,29 +116,33 @@ PRESETS: dict[str, Link] = {
                "one node (assumed)."),
     "infiniband": Link.gbit(
         400, 5e-6, name="infiniband",
-        source="InfiniBand NDR (NVIDIA ConnectX-7 / Quantum-2), 400 Gbit/s per port; RoCE at "
+        source="InfiniBand NDR (NVIDIA ConnectX-7 / Quantum-2), 400 Gbit/s per port, one port "
+               "per GPU as in NVIDIA DGX H100 (so per device); RoCE at "
                "400 GbE is the same class. Latency ~5 us end-to-end through a switch with a "
                "collective library (assumed; switch hops are ~0.1-0.6 us)."),
     "ethernet_100g": Link.gbit(
         100, 25e-6, name="ethernet_100g",
-        source="100 Gigabit Ethernet (IEEE 802.3ba) with kernel TCP; latency ~25 us per "
-               "message through the TCP stack (assumed)."),
+        source="100 Gigabit Ethernet (IEEE 802.3ba) with kernel TCP, a port per device "
+               "(assumed); latency ~25 us per message through the TCP stack (assumed)."),
     "ethernet_10g": Link.gbit(
         10, 50e-6, name="ethernet_10g",
-        source="10 Gigabit Ethernet (IEEE 802.3ae) with kernel TCP; latency ~50 us (assumed)."),
+        source="10 Gigabit Ethernet (IEEE 802.3ae) with kernel TCP, a port per device "
+               "(assumed); latency ~50 us (assumed)."),
     "wan": Link.gbit(
-        1, 30e-3, name="wan",
-        source="A cross-datacenter link: 1 Gbit/s available to the job and 30 ms one way "
+        1, 30e-3, name="wan", per="site",
+        source="A cross-datacenter link: 1 Gbit/s per site (what the job has from one site to "
+               "the others, shared by the site's devices that send at once) and 30 ms one way "
                "(~60 ms round trip, the order of US east-west coast paths); the setting of "
                "low-communication training across datacenters (DiLoCo, arXiv 2311.08105). "
                "Both numbers are assumptions a user should replace with their own."),
     "internet": Link.gbit(
-        0.1, 40e-3, name="internet",
+        0.1, 40e-3, name="internet", per="site",
         source="Workers of independent providers over the public internet, the regime of "
                "OpenDiLoCo (arXiv 2407.07852: two continents, three countries) and INTELLECT-1 "
                "(arXiv 2412.01152: 14 nodes on three continents). The numbers are assumptions, "
-               "not those papers': 100 Mbit/s available to the job per worker and 40 ms one "
-               "way (~80 ms round trip, the order of a transatlantic path)."),
+               "not those papers': 100 Mbit/s per site (there, each worker's node is a site; "
+               "shared by the site's devices) and 40 ms one way (~80 ms round trip, the "
+               "order of a transatlantic path)."),
 }
 
 
@@ -202,6 +219,13 @@ class Topology:
     return Link(slow.bandwidth, max(l.latency for l in found),
                 name="+".join(l.name or "?" for l in found))
 
+  def collective_seconds(self, op: str, nbytes: float, group_size: int, axes,
+                         algorithm: str = "auto") -> tuple[str, float, Link]:
+    """(algorithm charged, seconds, link) of one collective over `axes` (`cost` calls it)."""
+    link = self.link(axes)
+    name, seconds = _pick(algorithm_times(op, nbytes, group_size, link), algorithm)
+    return name, seconds, link
+
 
 def topology(spec: Any) -> Topology:
   """A `Topology` from a preset name, a `Link`, a dict {axis: Link | preset}, or a Topology.
@@ -209,8 +233,8 @@ def topology(spec: Any) -> Topology:
   >>> topology("ethernet_10g").link("data").name
   'ethernet_10g'
   """
-  if isinstance(spec, Topology):
-    return spec
+  if isinstance(spec, Topology) or callable(getattr(spec, "collective_seconds", None)):
+    return spec  # a Topology, or another network with the same method (comm.Sites)
   if isinstance(spec, (str, Link)):
     return Topology.uniform(_as_link(spec, "topology"))
   if isinstance(spec, Mapping):
@@ -434,7 +458,8 @@ def cost(report: CollectiveReport | Iterable[Collective], topology_spec: Any,
 
   Args:
     report: a `CollectiveReport` (or any iterable of `Collective`).
-    topology_spec: a `Topology`, `Link`, preset name or dict {axis: link} (see `topology`).
+    topology_spec: a `Topology`, `comm.Sites`, `Link`, preset name or dict {axis: link}
+      (see `topology`).
     algorithm: "ring", "tree", "halving_doubling" or "auto" (fastest per collective).
     split_operands: how a multi-operand collective (XLA combines many small all-reduces
       into one tuple all-reduce) runs. False: as one collective of the summed bytes, one
@@ -461,13 +486,13 @@ def cost(report: CollectiveReport | Iterable[Collective], topology_spec: Any,
   for col in report:
     if not isinstance(col, Collective):
       raise ValueError(f"report must hold comm.Collective entries, got {col!r}.")
-    link = topo.link(col.axes)
     parts = _operand_bytes(col) if split_operands else [col.operand_bytes]
-    picked = [_pick(algorithm_times(col.op, n, col.group_size, link), algorithm)
+    picked = [topo.collective_seconds(col.op, n, col.group_size, col.axes, algorithm)
               for n in parts]
-    seconds = sum(t for _, t in picked)
+    seconds = sum(t for _, t, _ in picked)
+    link = picked[0][2]
     if col.op == "collective-permute" and col.wire_bytes == 0:
       seconds = 0.0
-    name = picked[0][0] if len({a for a, _ in picked}) == 1 else "mixed"
+    name = picked[0][0] if len({a for a, _, _ in picked}) == 1 else "mixed"
     costs.append(CollectiveCost(collective=col, link=link, algorithm=name, seconds=seconds))
   return CommCost(tuple(costs))

@@ -7,9 +7,17 @@ device (XLA's analyses), and its predicted step time on a network (`comm.cost`, 
     seconds = plan.compute_seconds(step.flops, plan.device("h100"), mfu=0.4)
     plan.predict(step, {"data": "wan"}, seconds, overlap_steps=0).step
 
+A model that is a stack of identical blocks is planned at 1 and 2 blocks and extrapolated
+(`plan_stack`); plans are kept on disk by what they depend on (`PlanCache`, `plan_key`).
+
 `python -m experiments.plan` plans every method of a model preset on a mesh and links.
 """
 
+from jaxcomm.plan._blocks import NotAffine
+from jaxcomm.plan._blocks import extrapolate
+from jaxcomm.plan._blocks import plan_stack
+from jaxcomm.plan._cache import PlanCache
+from jaxcomm.plan._cache import plan_key
 from jaxcomm.plan._compile import Memory
 from jaxcomm.plan._compile import StepPlan
 from jaxcomm.plan._compile import abstract_batch
@@ -30,6 +38,8 @@ __all__ = (
     "DEVICES",
     "Device",
     "Memory",
+    "NotAffine",
+    "PlanCache",
     "Prediction",
     "StepPlan",
     "abstract_batch",
@@ -40,6 +50,9 @@ __all__ = (
     "counted_bytes",
     "crossover",
     "device",
+    "extrapolate",
+    "plan_key",
+    "plan_stack",
     "predict",
     "unwrap",
 )
