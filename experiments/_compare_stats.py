@@ -3,12 +3,16 @@ a method's time to the target on a link is the median over seeds (a seed that mi
 as infinitely slow), its speed-up over the reference comes with a 95 % interval over seeds,
 and a method is called faster (or slower) only when that interval excludes 1.
 
-Intervals are paired percentile intervals: a resample draws S seeds with replacement and
-applies the same draw to the method and the reference (seed s gives both the same initial
-parameters and batches). For S^S <= `EXACT_LIMIT` (S <= 6) every resample is enumerated
-(exact); beyond it `BOOTSTRAP` resamples are drawn with a fixed seed. Of the N speed-ups
-sorted, the interval runs from the floor(N a/2)-th to the ceil(N (1 - a/2))-th (1-based: the
-smallest and largest for S = 3, where N = 27).
+The interval is a t-interval on the paired log speed-ups: seed s gives the method and the
+reference the same initial parameters and batches, d_s = log(t_ref,s / t_s), and with S
+seeds the interval is exp(mean(d) -+ t_{S-1, 1-a/2} sd(d) / sqrt(S)) around the geometric
+mean of the paired speed-ups exp(mean(d)). Under log-normal noise of the times it holds its
+level at any S >= 2 (`tests/test_compare_stats.py` simulates the whole procedure and
+measures it); the percentile interval over the S^S paired resamples it replaces is roughly
+the range of the S ratios, whose coverage is about 1 - 2 (1/2)^S (0.75 at S = 3). A seed
+that misses the target counts as the link's budget (`censor`): its true time is later, so
+the method's speed-up there is at most what is counted. Two methods whose ratio's interval
+contains 1 are tied (`tied`).
 
 Everything here is plain numpy on recorded numbers (nothing trains), so it is tested on
 synthetic curves and clocks.
@@ -16,14 +20,12 @@ synthetic curves and clocks.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 from typing import Sequence
 
 import numpy as np
 
-EXACT_LIMIT = 50_000
-BOOTSTRAP = 10_000
 FASTER, SLOWER, SAME = "faster", "slower", "not distinguishable"
 TAUS = np.linspace(1.0, 4.0, 301)  # the performance profile's ratios to the fastest
 
@@ -54,32 +56,85 @@ def ratio(reference: float, mine: float) -> float:
   return reference / mine
 
 
-def resamples(seeds: int) -> tuple[np.ndarray, str]:
-  """Index rows (one resample of `seeds` seeds each) and how they were made."""
-  if seeds < 1:
-    raise ValueError(f"seeds must be >= 1, got {seeds}.")
-  if seeds ** seeds <= EXACT_LIMIT:
-    rows = np.array(list(itertools.product(range(seeds), repeat=seeds)), dtype=np.int64)
-    return rows, f"exact over all {seeds}^{seeds} = {len(rows)} paired resamples of the seeds"
-  rng = np.random.default_rng(0)
-  return (rng.integers(0, seeds, size=(BOOTSTRAP, seeds)),
-          f"paired bootstrap, {BOOTSTRAP} resamples of the seeds")
+def _betainc(a: float, b: float, x: float) -> float:
+  """The regularised incomplete beta function I_x(a, b) (a continued fraction, Lentz's
+  method: Press et al., Numerical Recipes, 3rd ed., section 6.4)."""
+  if x <= 0.0 or x >= 1.0:
+    return min(max(x, 0.0), 1.0)
+  if x > (a + 1) / (a + b + 2):
+    return 1.0 - _betainc(b, a, 1.0 - x)
+  front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
+                   + b * math.log1p(-x)) / a
+  tiny = 1e-300
+  c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+  d = 1.0 / (d if abs(d) > tiny else tiny)
+  f = d
+  for m in range(1, 400):
+    for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+      d = 1.0 + num * d
+      d = 1.0 / (d if abs(d) > tiny else tiny)
+      c = 1.0 + num / c
+      c = c if abs(c) > tiny else tiny
+      f *= c * d
+    if abs(c * d - 1.0) < 1e-15:
+      break
+  return front * f
 
 
-def speedup_interval(reference: Sequence, mine: Sequence, confidence: float = 0.95
-                     ) -> tuple[float, float, float, str]:
-  """(speed-up, low, high, how): median(reference) / median(mine) over the seeds, and its
-  `confidence` interval over paired resamples of the seeds (module docstring)."""
+@functools.lru_cache(maxsize=64)
+def t_quantile(p: float, df: int) -> float:
+  """The p-quantile (p >= 0.5) of Student's t with `df` degrees of freedom (by bisection on
+  its distribution function, 1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 for t >= 0).
+
+  >>> round(t_quantile(0.975, 2), 4), round(t_quantile(0.975, 4), 4)
+  (4.3027, 2.7764)
+  """
+  if not 0.5 <= p < 1 or df < 1:
+    raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}.")
+  cdf = lambda t: 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+  lo, hi = 0.0, 1.0
+  while cdf(hi) < p:
+    hi *= 2.0
+  for _ in range(200):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+  return (lo + hi) / 2
+
+
+def log_interval(d: np.ndarray, confidence: float = 0.95) -> tuple:
+  """(exp(mean), low, high) of the t-interval on log ratios `d` (last axis: the seeds; any
+  leading axes are independent cases, for simulations). One seed: no interval (0, inf)."""
+  d = np.asarray(d, dtype=np.float64)
+  s = d.shape[-1]
+  mean = d.mean(axis=-1)
+  if s < 2:
+    return np.exp(mean), np.zeros_like(mean), np.full_like(mean, np.inf)
+  half = t_quantile(1 - (1 - confidence) / 2, s - 1) * d.std(axis=-1, ddof=1) / math.sqrt(s)
+  return np.exp(mean), np.exp(mean - half), np.exp(mean + half)
+
+
+def speedup_interval(reference: Sequence, mine: Sequence, confidence: float = 0.95,
+                     censor: float | None = None) -> tuple[float, float, float, str]:
+  """(speed-up, low, high, how): the geometric mean over seeds of the paired speed-ups
+  t_ref,s / t_s and its `confidence` t-interval (module docstring). A miss counts as
+  `censor` (the budget); without one, a pair with a miss leaves the interval open
+  (0 and infinity), and a pair that both miss counts as a tie."""
   ref, me = as_times(reference), as_times(mine)
   if ref.shape != me.shape or ref.size == 0:
     raise ValueError(f"the reference has {ref.size} seeds and the method {me.size}: they "
                      "must be the same seeds.")
-  rows, how = resamples(ref.size)
-  values = np.sort([ratio(float(np.median(ref[r])), float(np.median(me[r]))) for r in rows])
-  alpha, n = 1 - confidence, len(values)
-  lo = values[max(int(math.floor(n * alpha / 2)), 0)]
-  hi = values[min(int(math.ceil(n * (1 - alpha / 2))) - 1, n - 1)]
-  return ratio(median_time(ref), median_time(me)), float(lo), float(hi), how
+  how = (f"a {confidence * 100:g} % t-interval on the paired log speed-ups over {ref.size} seeds "
+         f"({ref.size - 1} degrees of freedom)")
+  if censor is not None:
+    ref, me = np.minimum(ref, censor), np.minimum(me, censor)
+    how += ", a miss counted as the budget"
+  both = np.isinf(ref) & np.isinf(me)
+  ref, me = np.where(both, 1.0, ref), np.where(both, 1.0, me)
+  if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(me))):
+    return ratio(median_time(ref), median_time(me)), 0.0, math.inf, how
+  point, lo, hi = log_interval(np.log(ref) - np.log(me), confidence)
+  return float(point), float(lo), float(hi), how
 
 
 def classify(low: float, high: float) -> str:
@@ -89,6 +144,19 @@ def classify(low: float, high: float) -> str:
   if high < 1:
     return SLOWER
   return SAME
+
+
+def tied(times: dict, leader: str, censor: float | None = None,
+         confidence: float = 0.95) -> list:
+  """The labels of `times` ({label: per-seed times}) that cannot be told apart from
+  `leader`: the interval of leader's speed-up over each contains 1 (the leader first)."""
+  out = [leader]
+  for label, t in times.items():
+    if label != leader:
+      _, lo, hi, _ = speedup_interval(t, times[leader], confidence, censor)
+      if classify(lo, hi) == SAME:
+        out.append(label)
+  return out
 
 
 def best_per_study(times: Sequence[Sequence]) -> tuple[np.ndarray, np.ndarray]:

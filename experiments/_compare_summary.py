@@ -85,7 +85,7 @@ def summarise(trials: dict, clock: Clock, target: float, config, budgets=None,
   for label in out:
     for n in clock.links:
       s, lo, hi, how = stats.speedup_interval(out[refs[n]][n]["study_times"],
-                                              out[label][n]["study_times"])
+                                              out[label][n]["study_times"], censor=budgets[n])
       out[label][n].update(speedup=s, low=lo, high=hi, interval=how,
                            verdict="reference" if label == refs[n]
                            else stats.classify(lo, hi))
