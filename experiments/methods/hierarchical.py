@@ -2,12 +2,12 @@
 local SGD across the slow axis. The mesh names both axes, e.g. config.mesh = "slow=2,fast=4"
 (the settings `slow_axis` / `fast_axis` say which is which)."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.hierarchical, skip=("inner",),
+  return toolkit.from_factory(local.hierarchical, skip=("inner",),
                              types={"participation": str, "worker_steps": tuple},
                              sync_every=10)
 
@@ -18,6 +18,6 @@ def build(settings, ctx):
     raise ValueError(f"slow_axis / fast_axis {missing} are not axes of the mesh "
                      f"{ctx.mesh_shape}; e.g. config.mesh = 'slow=2,fast=4'.")
   slow = ctx.mesh_shape[settings.slow_axis]
-  return config.call(local.hierarchical, settings, inner=ctx.inner,
+  return toolkit.call(local.hierarchical, settings, inner=ctx.inner,
                      participation=ctx.participation(settings.participation,
                                                      num_workers=slow))
