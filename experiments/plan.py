@@ -23,12 +23,15 @@ the one that would run, nothing is derived from a smaller mesh. `jaxcomm.plan` r
   method's overlap from its module's `overlap_steps`), and the crossover: the bandwidth below
   which the method is faster than exact data parallelism on a link of that latency.
 
-The outermost mesh axis crosses the link (`--links`); the others are inside a node
-(`--inner_link`). Methods: `METHODS` labels (the form of experiments.compare's entries,
-`{"method": name, **settings, "optimizer": {...}, "mesh": spec}`), method names of
-experiments/methods/, dotted module paths or .py files of your own (their default settings),
-or `config`: the method of --config with its settings. Written into --workdir: `plan.json`
-(every number, the table) and `step_time_vs_bandwidth.png` (log-log, one panel per link).
+The outermost mesh axis crosses the link (`--links`) between sites, one per index along it;
+the others are inside a site (`--inner_link`), costed as `jaxcomm.comm.Sites`: a per-site
+link (wan, internet) is shared by the devices of a site that send at once, a per-device one
+(infiniband, ethernet_*) is not. Methods: `METHODS` labels (the form of
+experiments.compare's entries, `{"method": name, **settings, "optimizer": {...}, "mesh":
+spec}`), method names of experiments/methods/, dotted module paths or .py files of your own
+(their default settings), or `config`: the method of --config with its settings. Written
+into --workdir: `plan.json` (every number, the table) and `step_time_vs_bandwidth.png`
+(log-log, one panel per link).
 """
 
 from __future__ import annotations
@@ -99,8 +102,12 @@ if __name__ == "__main__":
   _METHODS = flags.DEFINE_list("methods", None, "Methods (default: every METHODS label): "
                                "labels, method names, module paths, .py files or `config`.")
   _LINKS = flags.DEFINE_list("links", ["internet", "wan", "ethernet_100g", "infiniband"],
-                             "Link presets (jaxcomm.comm.PRESETS) the outermost axis crosses.")
-  _INNER_LINK = flags.DEFINE_string("inner_link", "nvlink", "Link preset of the other axes.")
+                             "Link presets (jaxcomm.comm.PRESETS) the outermost axis crosses, "
+                             "between sites (one per index of that axis): wan and internet "
+                             "are per site, shared by the site's devices; infiniband and "
+                             "ethernet_* per device.")
+  _INNER_LINK = flags.DEFINE_string("inner_link", "nvlink", "Link preset of the other axes "
+                                    "(inside a site, per device).")
   _DEVICE = flags.DEFINE_string("device", "h100", "Accelerator preset (jaxcomm.plan.DEVICES).")
   _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed (PaLM 540B reached "
                             "0.462 on TPU v4, arXiv 2204.02311 Table 3).")
@@ -201,9 +208,12 @@ def _links(names, inner: str) -> tuple[dict, object]:
 
 
 def topology(mesh_shape: dict, link, inner):
-  """The outermost axis on `link`, every other axis on `inner`."""
+  """The outermost axis crosses `link` between sites (one per index along it), every other
+  axis is inside a site on `inner`: `comm.Sites`, so a per-site link (wan, internet) is
+  shared by a site's devices and a per-device one (infiniband) is not."""
   axes = list(mesh_shape)
-  return comm.Topology({a: inner for a in axes[1:]}, default=link)
+  per_site = math.prod(mesh_shape[a] for a in axes[1:])
+  return comm.Sites(mesh_shape[axes[0]], per_site, link, inner, axis=axes[0])
 
 
 # ---------------------------------------------------------------- planning
@@ -249,9 +259,10 @@ def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> d
   return record
 
 
-def _seconds_at(step, shape, latency, inner, compute, overlap):
-  """Step seconds as a function of the outer link's bandwidth (bytes/s)."""
-  return lambda b: plan.predict(step, topology(shape, comm.Link(b, latency), inner), compute,
+def _seconds_at(step, shape, link, inner, compute, overlap):
+  """Step seconds as a function of the outer link's bandwidth (bytes/s, per `link.per`)."""
+  return lambda b: plan.predict(step, topology(shape, comm.Link(b, link.latency, per=link.per),
+                                               inner), compute,
                                 overlap_steps=overlap).step
 
 
@@ -361,7 +372,7 @@ def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
   grid = np.geomspace(*_BANDWIDTHS, 49)
   seconds = {label: {} for label in steps_of}
   for name, link in links.items():
-    fns = {label: _seconds_at(s, s.mesh_shape, link.latency, inner, compute, overlap)
+    fns = {label: _seconds_at(s, s.mesh_shape, link, inner, compute, overlap)
            for label, (s, compute, overlap) in steps_of.items()}
     for rec in records:
       label = rec["method"]
@@ -450,7 +461,7 @@ def plot(curves: dict, links: dict, path: str) -> str:
     ax.axvline(link.bandwidth * 8 / 1e9, color="black", linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("outer link bandwidth (Gbit/s per device, log)")
+    ax.set_xlabel(f"outer link bandwidth (Gbit/s per {link.per}, log)")
     ax.set_title(f"{name}'s latency ({_seconds(link.latency)}); dotted: its bandwidth",
                  fontsize=9)
     ax.grid(True, alpha=0.3)

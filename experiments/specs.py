@@ -81,21 +81,25 @@ def codec_names() -> list[str]:
 
 
 
-LINK_KEYS = ("gbit", "latency_ms")
+LINK_KEYS = ("gbit", "latency_ms", "per")  # per is optional: "site" unless given
 
 
 def parse_link(spec: str, setting: str = "link") -> Any:
   """A network link (`jaxcomm.comm.Link`) from its spec: a preset name of
   `jaxcomm.comm.PRESETS` (`wan`, `internet`, ...), or a link of your own,
-  `name:gbit=G,latency_ms=L` (G Gbit/s per direction, L ms per message).
+  `name:gbit=G,latency_ms=L[,per=site|device]` (G Gbit/s per direction, L ms per message;
+  G is a site's, shared by its devices that send at once, unless `per=device`: see
+  `jaxcomm.comm.Link`).
 
   >>> parse_link("wan").latency
   0.03
   >>> link = parse_link("office:gbit=0.5,latency_ms=40")
-  >>> link.name, link.bandwidth, link.latency
-  ('office', 62500000.0, 0.04)
+  >>> link.name, link.bandwidth, link.latency, link.per
+  ('office', 62500000.0, 0.04, 'site')
+  >>> parse_link("rack:gbit=200,latency_ms=0.01,per=device").per
+  'device'
   """
-  form = "name:gbit=G,latency_ms=L"
+  form = "name:gbit=G,latency_ms=L[,per=site|device]"
   text = spec.strip() if isinstance(spec, str) else ""
   name, colon, rest = text.partition(":")
   name = name.strip()
@@ -121,17 +125,21 @@ def parse_link(spec: str, setting: str = "link") -> Any:
                        f"{', '.join(LINK_KEYS)}.")
     if key in values:
       raise ValueError(f"{setting} {spec!r}: {key} is given twice.")
+    if key == "per":
+      values[key] = _validate.one_of(f"{setting} {spec!r}: per", value.strip(), comm.PER)
+      continue
     try:
       values[key] = float(value)
     except ValueError:
       raise ValueError(f"{setting} {spec!r}: {key} must be a number, got {value.strip()!r}."
                        ) from None
-  missing = [k for k in LINK_KEYS if k not in values]
+  missing = [k for k in LINK_KEYS[:2] if k not in values]
   if missing:
     raise ValueError(f"{setting} {spec!r}: missing {', '.join(missing)} (form {form}).")
   _validate.number(f"{setting} {spec!r}: gbit", values["gbit"], low=0, low_open=True)
   _validate.number(f"{setting} {spec!r}: latency_ms", values["latency_ms"], low=0)
   return comm.Link.gbit(values["gbit"], values["latency_ms"] / 1e3, name=name,
+                        per=values.get("per", "site"),
                         source=f"given on the command line: {text}")
 
 

@@ -45,7 +45,7 @@ TINY.steps = 6
 TINY.data.update(batch_size=16, seq_len=16)
 TINY.model.update(d_model=16, num_layers=1, num_heads=2, d_ff=32)
 TINY.compare.update(smooth=2, compute_repeats=2, max_steps=12, seeds=2, eval_every=2,
-                    eval_batch=8)
+                    eval_batch=8, scale="proxy")  # the proxy's clock: test_compare_scale.py
 W = 8
 H = 3  # TINY's local-update period
 TINY_METHODS = {
@@ -105,8 +105,8 @@ def _by_method(result):
 def test_accounting_of_a_trial_on_a_synthetic_clock():
   known = [1.0, 2.0, 3.0, 3.0, 4.0, 5.5, 7.0]  # a plateau: two steps known at once
   steps, heldout = [2, 4, 6], [3.0, 2.5, 2.0]  # evaluated every 2 steps
-  # The steps a link allows are the most whose clock fits the budget; the time to target is
-  # the clock at the first evaluation at or below it.
+  # The steps a link allows are the most whose clock fits the budget; the steps to the target
+  # are interpolated between the readings around it, the time is the clock there.
   a = compare_account.account(steps, heldout, known, target=2.5, budget=4.0, max_steps=7)
   assert a == {"steps": 5, "seconds": 4.0, "time_to_target": 3.0, "steps_to_target": 4,
                "stopped": "reached"}
@@ -119,6 +119,20 @@ def test_accounting_of_a_trial_on_a_synthetic_clock():
   a = compare_account.account(steps, heldout, known, target=1.0, budget=100.0, max_steps=7)
   assert (a["steps"], a["seconds"], a["stopped"]) == (7, 7.0, "step cap")
   assert compare_account.account(steps, heldout, known, 2.5, 0.5, 7)["steps"] == 0
+  # Between readings: 2.75 is halfway from 3.0 (step 2) to 2.5 (step 4): step 3, 3.0 s;
+  # 2.25 halfway to 2.0 (step 6): step 5, 4.0 s; 2.4 a fifth of the way: step 4.4, whose
+  # clock is 3.0 + 0.4 x (4.0 - 3.0).
+  for target, at, time in ((2.75, 3.0, 3.0), (2.25, 5.0, 4.0), (2.4, 4.4, 3.4)):
+    a = compare_account.account(steps, heldout, known, target, 100.0, 7)
+    assert (a["steps_to_target"], a["time_to_target"]) == pytest.approx((at, time))
+  # From step 0 (the initial parameters' reading): two methods that reach the target at
+  # their first reading are told apart by how far below it they are.
+  first = [compare_account.account([0, 2], [4.0, l], known, 3.0, 100.0, 7)["steps_to_target"]
+           for l in (2.9, 2.0)]
+  assert first == pytest.approx([2 * 1.0 / 1.1, 2 * 0.5])
+  # No reading after step 0 in the budget: not evaluated, not a miss.
+  assert compare_account.account([0, 6], [4.0, 2.0], known, 2.5, 4.0, 7)["stopped"] == \
+      "not evaluated"
   with pytest.raises(ValueError, match="non-decreasing"):
     compare_account.account(steps, heldout, known[::-1], 2.5, 4.0, 7)
 
@@ -154,7 +168,7 @@ class _SyntheticPopulation(compare_trials.Population):
     self.trainers, self.states = [types.SimpleNamespace(trials=len(curves))], [None]
     self.costs = dict.fromkeys(self.STEP)
     self.trials = [self._trial(t) for t in range(len(curves))]
-    self.grid, self.target, self.seconds = None, None, 0.0
+    self.grid, self.target, self.seconds, self.final = None, None, 0.0, None
     self.watch, self.watch_step, self.snapshots = {}, 0, {}
     self.evaluate_on(None, intervals)
 
@@ -271,13 +285,22 @@ def _summary_of(times: dict, reference: str = "ref") -> dict:
 def test_verdicts_carry_the_interval_and_say_when_nothing_is_distinguishable():
   summary = _summary_of({"ref": [10.0, 12.0, 14.0], "fast": [4.0, 5.0, 8.0],
                          "lucky": [4.0, None, 8.0], "slow": [20.0, 24.0, 28.0]})
-  line = report.verdict(summary, "l", "ref", 2.5)
+  lucky = summary.pop("lucky")
+  line = report.verdict(summary, "l", "ref", 2.5, 30.0)
   assert line == ("l: fast reaches held-out 2.5000 first: 2.19x sooner than ref (95 % CI "
                   "1.35-3.56x, 3/3 seeds).")
+  # "lucky" misses on seed 1 (counted as the 30 s budget): fast / lucky = 1, 6, 1 per seed,
+  # 1.82x with a 95 % interval spanning 1: the two cannot be told apart.
+  summary["lucky"] = lucky
+  line = report.verdict(summary, "l", "ref", 2.5, 30.0)
+  assert line.startswith("l: fast and lucky tie for first (the interval of their ratio "
+                         "contains 1): fast reaches held-out 2.5000 2.19x sooner than ref (95 "
+                         "% CI 1.35-3.56x, 3/3 seeds), lucky 1.21x (95 % CI 0.11-13.46x; fast "
+                         "/ lucky: 1.82x, 95 % CI ")
   del summary["fast"]  # the interval of "lucky" spans 1: no verdict for it
-  line = report.verdict(summary, "l", "ref", 2.5)
+  line = report.verdict(summary, "l", "ref", 2.5, 30.0)
   assert line.startswith("l: no method is distinguishable from ref here (ref reaches "
-                         "held-out 2.5000 in 12.0 s, 3/3 seeds; best other median: lucky "
+                         "held-out 2.5000 in 12.0 s, 3/3 seeds; best other: lucky "
                          "1.21x (95 % CI 0.11-13.46x, 2/3 seeds)")
   assert summary["slow"]["l"]["verdict"] == "slower"
 
@@ -409,16 +432,20 @@ def test_every_seed_trains_once_and_serves_every_link(summary, plugin):
       assert t["curve"]["step"] == list(range(1, n + 1))
       for name, net in t["links"].items():
         assert len(net["time"]) == n
-        # Evaluated (untimed) at every step of each link's grid of simulated time until the
-        # first evaluation there at or below the target (later ones change no time: they
-        # are skipped unless another link needs that step), and those are the evaluations
-        # the link reads.
+        # Evaluated (untimed) at step 0, then at every step of each link's grid of simulated
+        # time until the first evaluation there at or below the target (later ones change
+        # no time: they are skipped unless another link needs that step), and at the last
+        # step when the step cap stopped it; those are the evaluations the link reads.
         interval = result["links"][name]["eval_interval_seconds"]
         grid = compare_account.grid_steps(net["time"], interval).tolist()
         loss = dict(zip(t["evals"]["step"], t["evals"]["heldout_loss"]))
         hit = next((s for s in grid if s in loss and loss[s] <= result["target_loss"]), n)
-        assert [s for s in grid if s <= hit] == [s for s in net["eval_steps"] if s <= hit]
-        assert set(net["eval_steps"]) <= set(grid) & set(t["evals"]["step"])
+        assert t["evals"]["step"][0] == 0 == net["eval_steps"][0]
+        last = [n] if n == TINY.compare.max_steps else []
+        expected = [0] + [s for s in grid if s <= hit]
+        expected += [s for s in last if s <= hit and s not in expected]
+        assert expected == [s for s in net["eval_steps"] if s <= hit]
+        assert set(net["eval_steps"]) <= (set(grid) | {0, *last}) & set(t["evals"]["step"])
         if m["method"] == "dp_bf16":  # the reference: its step time is constant, so its
           # grid is every eval_every steps on every link
           assert grid == list(range(2, n + 1, 2))
@@ -441,13 +468,18 @@ def test_the_target_and_budgets_come_from_the_reference(summary):
       times = []
       for t in _by_method(result)[label]["trials"]:
         counted = set(t["links"][name]["eval_steps"])
-        hit = [s for s, l in zip(t["evals"]["step"], t["evals"]["heldout_loss"])
-               if s in counted and l <= result["target_loss"]]
-        times.append(t["links"][name]["time"][hit[0] - 1] if hit else None)
+        read = [(s, l) for s, l in zip(t["evals"]["step"], t["evals"]["heldout_loss"])
+                if s in counted]
+        hit = [i for i, (s, l) in enumerate(read) if l <= result["target_loss"]]
+        if hit:  # interpolated between the readings around the target, on the clock
+          at = compare_account.crossing(read[hit[0] - 1], read[hit[0]], result["target_loss"])
+          times.append(compare_account.clock_at(t["links"][name]["time"], at))
+        else:
+          times.append(None)
       medians[label] = stats.median_time(times)
     best = min(medians, key=medians.get)
     assert link["reference"] == best
-    assert link["budget_seconds"] == TINY.compare.budget * medians[best]
+    assert link["budget_seconds"] == pytest.approx(TINY.compare.budget * medians[best])
     assert _by_method(result)[best]["links"][name]["verdict"] == "reference"
 
 
@@ -469,7 +501,8 @@ def test_per_link_summaries_are_read_from_the_trials(summary):
       assert a["study_times"] == per_seed
       assert a["median"] == stats.median_time(per_seed)
       ref = _by_method(result)[link["reference"]]["links"][name]["study_times"]
-      assert (a["speedup"], a["low"], a["high"]) == stats.speedup_interval(ref, per_seed)[:3]
+      assert (a["speedup"], a["low"], a["high"]) == stats.speedup_interval(
+          ref, per_seed, censor=link["budget_seconds"])[:3]
 
 
 def test_a_population_in_one_program_equals_its_seeds_one_after_the_other(summary):

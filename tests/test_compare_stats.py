@@ -12,7 +12,7 @@ most the 2.5 % (+ the simulation's noise) the level allows. Vectorised: well und
 import numpy as np
 import pytest
 
-from experiments import _compare_stats as stats
+from experiments.compare import stats
 
 REPS = 600
 

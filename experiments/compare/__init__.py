@@ -2,21 +2,46 @@ r"""On my link, which method reaches the held-out loss first, and how much soone
 strong data-parallel reference? A benchmark protocol after MLCommons AlgoPerf.
 
   python -m experiments.compare --workdir=runs/compare          # `make run`
+  python -m experiments.compare --scale=proxy                   # the proxy's own clock
+  python -m experiments.compare --model=gpt2_124m --sites=4 --per_site=16 --mfu=0.35
   python -m experiments.compare --ruleset=tuned --seeds=3       # each method's best setting
   python -m experiments.compare --links=wan,internet --link=office:gbit=0.5,latency_ms=40
+  python -m experiments.compare --proxies=2                     # the transfer check
   python -m experiments.compare --methods=dp_bf16,diloco_h10,/path/to/my_method.py
   python -m experiments.compare --config=experiments/configs/compare.py:long  # larger, longer
 
-Every method trains the same byte-level transformer LM on the train split of the embedded
-pydoc corpus, on 8 emulated CPU devices. A trial is one method at one setting and one seed
-(the seed sets the initial parameters, the batches and the codecs' keys). A trial's losses
-do not depend on the network, only its clock does, so each trial trains once and every
-link's clock is read off it (`jaxcomm.sim`): one measured compute figure per local step
-(`experiments/compare/clock.py`: methods with the same local step share it) plus the
-communication of the method's compiled step on the link (`comm.inspect`, `comm.cost`) that
-its schedule cannot hide: a method module's `overlap_steps` (later steps overlap a sync) or
-`overlap_backward` (the all-reduce overlaps the backward pass bucket by bucket,
-`sim.backward_overlap`).
+Every method trains the same byte-level transformer LM (the proxy) on the train split of the
+embedded pydoc corpus, on 8 emulated CPU devices. A trial is one method at one setting and
+one seed (the seed sets the initial parameters, the batches and the codecs' keys). A trial's
+losses do not depend on the network, only its clock does, so each trial trains once and
+every link's clock is read off it (`jaxcomm.sim`).
+
+* The clock at a scenario's scale (`--scale=scenario`, the default; config.compare.scenario,
+  `experiments/compare/scale.py`): a model at its real size (a preset of
+  experiments/configs/models/, `--model`, or a .py file of that form), S sites x d devices
+  (`--sites`, `--per_site`: mesh `replica=S,fsdp=d`), the link inside a site (`--inside`,
+  per device), an accelerator and its MFU (`--device`, `--mfu`, or `--compute_seconds`).
+  The links (`--links`, `--link`) are those between the sites; a per-site bandwidth (wan,
+  internet) is shared by the site's devices that send at once, a per-device one
+  (infiniband) is not (`jaxcomm.comm.Sites`). Each method's step is compiled at that size
+  on that mesh but never run (`jaxcomm.plan`: a stack of blocks planned at 1 and 2 blocks
+  and extrapolated, in a subprocess while the proxy trains, kept in a plan cache): compute
+  = its FLOPs / (peak x MFU), communication = each compiled collective costed on the
+  two-level network at the steps the method's counters send it, less what its schedule
+  overlaps. The proxy trains with the scenario's replicas on the slow axis
+  (`replica=S,data=8/S`), so DiLoCo's K and every method's averaging are the scenario's.
+  Steps to the target come from the proxy; the time to the target is the scenario's clock
+  at those steps. report.md also gives each verdict on the proxy's own clock (its compiled
+  step at its size on a network of its shape, compute from its FLOPs): the regime's effect.
+  `step_time(entry, config, link)` (scale.py) is one method's step at scale, untrained.
+* The proxy's clock (`--scale=proxy`): one measured compute figure per local step
+  (`experiments/compare/clock.py`: methods with the same local step share it) plus the
+  communication of the method's compiled step at the proxy's size on the link, each device
+  at the link's bandwidth (`comm.inspect`, `comm.cost`).
+
+Either way a method's communication is charged less what its schedule cannot hide: a method
+module's `overlap_steps` (later steps overlap a sync) or `overlap_backward` (the all-reduce
+overlaps the backward pass bucket by bucket, `sim.backward_overlap`).
 
 * Reference: on each link the faster (lower median time to the target) of
   `config.compare.reference_pool`: bf16 DP (`dp_bf16`, `config.compare.reference`) and f32
@@ -32,17 +57,23 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
 * Evaluations: at fixed intervals of simulated time on each link: the first step whose
   clock reaches each multiple of the reference's time for `eval_every` steps there
   (`experiments/compare/account.py`: on a step grid a method with slow steps would be
-  read at coarser times). Once the target is known, a trial's evaluations on a link stop
-  after its first one there at or below the target: later ones change no time to it.
+  read at coarser times), at step 0, and at the last step when the step cap stops a trial
+  (a trial is never a miss for want of a reading: with none in the budget it is "not
+  evaluated"). The steps to the target are interpolated between the two readings around
+  it, and its time is the clock there. Once the target is known, a trial's evaluations on a
+  link stop after its first one there at or below the target: later ones change no time.
 * Budget per link: `budget` times that link's reference's median time to the target (2 by
   default, not AlgoPerf's 4/3: local-update methods learn less per step, and twice the
   reference's time still times a method half as fast instead of calling it a miss).
   A trial trains until it has reached the target or spent the budget on every link, or
   `max_steps`.
 * A method's time on a link is the median over seeds of its time to the target (a miss
-  counts as infinity); its speed-up over the reference comes with a 95 % interval over the
-  seeds (`experiments/compare/stats.py`: exact over all paired resamples for S <= 6, else a
-  paired bootstrap), and it is called faster only when the interval excludes 1.
+  counts as infinity); its speed-up over the reference is the geometric mean of the paired
+  per-seed speed-ups with a 95 % t-interval on their logarithms
+  (`experiments/compare/stats.py`; a miss counts as the budget; its coverage is measured in
+  tests/test_compare_stats.py), and it is called faster only when the interval excludes 1.
+  When the interval of the two fastest methods' ratio contains 1, the verdict names them as
+  tied.
 * Schedule (`config.compare.schedule`): `constant` (config.optimizer's learning rate), or
   `schedule_free`: every method's inner optimiser made schedule-free (Defazio et al., arXiv
   2405.15682; `warmup_steps` of linear warmup, no decay to place before a link's budget
@@ -58,9 +89,15 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   every link), S studies; per study and link the fastest setting's time, then the median
   over studies.
 
-Written into --workdir: `report.md` (verdicts with intervals and seed counts, a table per
-link, per-seed times, the compute figures with their spread, a sensitivity line per link at
-compute +-20 %, the performance profile's area and the geometric-mean speed-up),
+With `--proxies=2` the whole comparison runs again with a proxy of at least 4x the
+parameters (into --workdir/proxy_large), and report.md gives per method its steps to the
+target relative to DP's at both sizes and a line for each method whose rank changes
+(`experiments/compare/transfer.py`).
+
+Written into --workdir: `report.md` (the scenario, verdicts with intervals and seed counts,
+the verdicts on the proxy's own clock, a table per link, per-seed times, each method's step
+at scale (or the measured compute figures), a sensitivity line per link at compute
++-20 %, the performance profile's area and the geometric-mean speed-up),
 `results.json` (every number), `loss_vs_time.png`, `loss_vs_bytes.png` and `profile.png`.
 
 Methods: `METHODS` (labels; `MORE_METHODS` only when named), any method of
@@ -83,9 +120,12 @@ from jax.experimental.compilation_cache import compilation_cache as cc
 from .. import config as _config
 from . import clock as _clock
 from . import report
+from . import scale as scale_
+from . import scale_report
 from . import settings as settings_
 from . import stats
 from . import summary as summary_
+from . import transfer
 from . import trials as trials_
 from . import wsd as _wsd
 
@@ -187,21 +227,43 @@ def run(config, workdir: str, methods: list | None = None, *,
   """
   settings_.check(config)
   with _compile_cache():
-    return _run(config, workdir, methods, verbose, catalog, command)
+    out = _run(config, workdir, methods, verbose, catalog, command)
+    if config.compare.proxies == 2:  # the transfer check: again with a larger proxy
+      big = transfer.larger(config)
+      sizes = (transfer.parameters(config), transfer.parameters(big))
+      _log(verbose, f"the transfer check: the proxy at {sizes[1]:,} parameters "
+                    f"({sizes[1] / sizes[0]:.1f}x)...")
+      out_big = _run(big, os.path.join(workdir, "proxy_large"), methods, verbose, catalog,
+                     command)
+      reference = "dp" if any(r["method"] == "dp" for r in out["methods"]) else \
+          config.compare.reference
+      found = transfer.summary(out, out_big, reference, sizes)
+      transfer.append(workdir, found, out)
+      if verbose:
+        print("\nTransfer across proxy sizes (steps to the target relative to "
+              f"{reference}'s):\n" + "\n".join(
+                  f"  {line}" for line in found["rank_changes"] or ["no rank changed"]))
+    return out
 
 
 def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   """`run` inside its compilation cache."""
+  config = settings_.at_scale(config)
   links_ = settings_.links(config)
   c = config.compare
+  at_scale = c.scale == "scenario"
   entries = resolve_methods(methods, catalog, c.reference)
   settings = {label: settings_.settings_list(label, e, c.ruleset)
               for label, e in entries.items()}
   configs = {(label, k): settings_.method_config(config, e) for label, es in settings.items()
              for k, e in enumerate(es)}  # a bad setting fails here, before anything trains
   start_all = time.perf_counter()
-  compiler = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-  keys, local, loss_fn, params = _clock.local_steps(config, configs, compiler)
+  if at_scale:  # every method's step at the scenario's size, planned while the proxy trains
+    sc = scale_.scenario(config)
+    planner = scale_.Planner(configs, sc, lambda text: _log(verbose, text))
+  else:
+    compiler = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    keys, local, loss_fn, params = _clock.local_steps(config, configs, compiler)
   heldout = trials_.heldout_fn(config)
 
   def population(label, k, steps, grid=None, watch=None, target=None):
@@ -215,22 +277,29 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     return pop
 
   # The reference's first `eval_every` steps (the pool's, which may stand as the reference
-  # on a link) while the local steps compile; their clock there sets each link's interval
-  # between held-out evaluations. Then the pool trains `config.steps` (which set the
-  # target) and on until it reaches the target (its times set each link's reference and
-  # budget); then every trial trains until it reaches the target or spends the budget on
-  # every link.
-  _log(verbose, f"training on {jax.device_count()} devices ({c.ruleset} ruleset, "
-                f"{c.seeds} seeds)...")
+  # on a link) while the local steps compile (or the steps at scale are planned); their
+  # clock there sets each link's interval between held-out evaluations. Then the pool
+  # trains `config.steps` (which set the target) and on until it reaches the target (its
+  # times set each link's reference and budget); then every trial trains until it reaches
+  # the target or spends the budget on every link.
+  _log(verbose, f"training on {jax.device_count()} devices, mesh {config.mesh or 'data=all'} "
+                f"({c.ruleset} ruleset, {c.seeds} seeds)...")
   first = summary_.pool(config, entries)
   pops = {label: [population(label, k, c.eval_every) for k in range(len(settings[label]))]
           for label in first}
-  _log(verbose, "measuring compute per local step...")
-  compiled = {key: f.result() for key, (_, _, f) in local.items()}
-  compute = _clock.measure(compiled, c.compute_repeats)
-  compiler.shutdown()
-  shares = _clock.all_shares(loss_fn, compiled)
-  clock = _clock.Clock(compute, keys, shares, _clock.buckets(params), links_)
+  not_planned = {}
+  if at_scale:
+    _log(verbose, "waiting for the steps planned at scale...")
+    clock, not_planned = planner.clock(links_, first)
+    entries = {label: e for label, e in entries.items() if label not in not_planned}
+    compute = shares = keys = None
+  else:
+    _log(verbose, "measuring compute per local step...")
+    compiled = {key: f.result() for key, (_, _, f) in local.items()}
+    compute = _clock.measure(compiled, c.compute_repeats)
+    compiler.shutdown()
+    shares = _clock.all_shares(loss_fn, compiled)
+    clock = _clock.Clock(compute, keys, shares, _clock.buckets(params), links_)
   grid = (clock, _clock.intervals([t for p in pops[c.reference] for t in p.trials], clock,
                                   c.eval_every))
   for pop in (p for ps in pops.values() for p in ps):
@@ -265,9 +334,8 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     trials[label] = [p.trials for p in pops[label]]
   trials = {label: trials[label] for label in entries}  # the table's order
   _, summary, accounts = summary_.summarise(trials, clock, target, config, budgets, refs)
-  sensitivity = {scale: summary_.summarise(trials, _clock.Clock(
-      compute, keys, shares, clock.buckets, links_, scale), target, config)[1]
-                 for scale in (0.8, 1.2)}
+  sensitivity = {factor: summary_.summarise(trials, clock.scaled(factor), target, config)[1]
+                 for factor in (0.8, 1.2)}
   decays = None
   if wsd:  # the decay branches (trials may train on to a branch point: after the summary)
     _log(verbose, "decay branches per link (warmup-stable-decay)...")
@@ -277,11 +345,25 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   records = [report.record(label, settings[label], entries[label], trials[label],
                            accounts[label], summary[label], clock, dp_bytes)
              for label in entries]
-  out = report.write(config, workdir, links_, budgets, target, source, records,
-                     {"compute": compute, "shares": shares, "keys": _keys_by_label(keys),
-                      "sensitivity": sensitivity, "reference_setting": ref_k,
-                      "intervals": grid[1], "references": refs, "wsd": decays,
-                      "wall_seconds": time.perf_counter() - start_all}, command)
+  extra = {"compute": compute, "shares": shares,
+           "keys": _keys_by_label(keys) if keys else None,
+           "sensitivity": sensitivity, "reference_setting": ref_k,
+           "intervals": grid[1], "references": refs, "wsd": decays, "not_planned": not_planned}
+  if at_scale:  # the scenario's step times, and the same trials on the proxy's own clock
+    extra["scale"] = scale_.summary(clock, sc, links_)
+    pclock = scale_.proxy_clock({m: pops[m] for m in entries}, sc, links_)
+    p_budgets, p_refs = summary_.budgets_and_references(trials, pclock, target, config)
+    extra["proxy_clock"] = {
+        "budgets": p_budgets, "references": p_refs,
+        "summary": summary_.summarise(trials, pclock, target, config, p_budgets, p_refs)[1]}
+    extra["scale_text"] = scale_report.text(extra["scale"], extra["proxy_clock"], config,
+                                            list(links_), target)
+    extra["scale_sections"] = scale_report.sections(extra["scale"], extra["proxy_clock"],
+                                                    config, list(links_), target, not_planned)
+    for r in records:
+      r["scale"] = extra["scale"]["methods"].get(r["method"])
+  extra["wall_seconds"] = time.perf_counter() - start_all
+  out = report.write(config, workdir, links_, budgets, target, source, records, extra, command)
   if verbose:
     print(out["text"])
     print(f"\nwrote {out['report']}, {os.path.join(workdir, 'results.json')} and "

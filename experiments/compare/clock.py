@@ -118,22 +118,23 @@ def buckets(params) -> list[float]:
   return sizes[::-1]
 
 
-def overlapped_comm(report, link, compute: float, share: dict, bucket_bytes) -> float:
+def overlapped_comm(report, network, compute: float, share: dict, bucket_bytes) -> float:
   """Exposed communication of a step whose every-step collectives overlap the backward pass
   (`sim.backward_overlap`): each bucket sends its share of every collective of the compiled
   step (each a collective of its own, so each pays its latency), and the number of buckets
   is the best of 1, 2, 4, ... contiguous groups of the modules (a tuned DDP bucket size;
-  one group is no overlap)."""
+  one group is no overlap). `network`: a link, a `comm.Topology` or a `comm.Sites`."""
   cols = [c for c in report.collectives if not c.in_conditional]
   if not cols:
     return 0.0
   sizes = np.asarray(bucket_bytes, dtype=np.float64)
+  net = comm.topology(network)
   best = math.inf
   groups = 1
   while groups <= len(sizes):
     parts = [p.sum() for p in np.array_split(sizes, groups)]
-    seconds = [sum(c.trips * comm.collective_time(c.op, c.operand_bytes * p / sizes.sum(),
-                                                  c.group_size, link) for c in cols)
+    seconds = [sum(c.trips * net.collective_seconds(c.op, c.operand_bytes * p / sizes.sum(),
+                                                    c.group_size, c.axes)[1] for c in cols)
                for p in parts]
     o = sim.backward_overlap(compute * share["forward"], compute * share["backward"], parts,
                              seconds, compute * share["update"])
@@ -155,15 +156,31 @@ def timeline(compute: float, step_bytes, cost, overlap_steps: int, exposed: floa
 
 class Clock:
   """Per trial and link: the compute figure of its local step (times `scale`) and, for a
-  method overlapped with the backward pass, its exposed communication (cached)."""
+  method overlapped with the backward pass, its exposed communication (cached); each link's
+  collectives costed on `networks[link]` (default: the link itself, every device at its
+  bandwidth; or a `comm.Sites` of the proxy's shape)."""
 
   def __init__(self, compute: dict, keys: dict, shares: dict, buckets, links_: dict,
-               scale: float = 1.0):
+               scale: float = 1.0, networks: dict | None = None):
     self.compute, self.keys, self.shares, self.buckets = compute, keys, shares, buckets
-    self.links, self.scale, self._exposed = links_, scale, {}
+    self.links, self.scale, self._exposed, self._costs = links_, scale, {}, {}
+    self.networks = dict(links_) if networks is None else networks
 
   def seconds(self, trial) -> float:
     return self.compute[self.keys[(trial.label, trial.setting)]]["seconds"] * self.scale
+
+  def scaled(self, factor: float) -> "Clock":
+    """The same clock with every compute figure times `factor` (the sensitivity lines)."""
+    return Clock(self.compute, self.keys, self.shares, self.buckets, self.links, factor,
+                 self.networks)
+
+  def timeline(self, trial, link: str):
+    """The trial's timeline on `link` over the steps it trained (`timeline`)."""
+    compute, exposed = self(trial, link)
+    k = (trial.label, trial.setting, link)
+    if k not in self._costs:
+      self._costs[k] = comm.cost(trial.report, self.networks[link])
+    return timeline(compute, trial.step_bytes, self._costs[k], trial.overlap, exposed)
 
   def __call__(self, trial, link: str):
     compute = self.seconds(trial)
@@ -172,7 +189,7 @@ class Clock:
     k = (trial.label, trial.setting, link)
     if k not in self._exposed:
       share = self.shares[self.keys[(trial.label, trial.setting)]]
-      self._exposed[k] = overlapped_comm(trial.report, self.links[link], compute,
+      self._exposed[k] = overlapped_comm(trial.report, self.networks[link], compute,
                                          share, self.buckets)
     return compute, self._exposed[k]
 

@@ -18,6 +18,10 @@ from . import wsd as _wsd
 
 HEADERS = ("method", "bytes/step (mean)", "DP bytes / bytes", "compute/step",
            "time to target (median)", "seeds reached", "speed-up", "95 % CI", "verdict")
+# At scale: the bytes each device sends across sites per step (mean) and the step's time
+# on the link (compute and the communication its schedule does not hide), from the plans.
+SCALE_HEADERS = ("method", "bytes across sites/step", "DP bytes / bytes", "step on the link",
+                 *HEADERS[4:])
 
 
 def _seconds(s: float | None) -> str:
@@ -37,7 +41,7 @@ def _x(v: float | None) -> str:
 def _link_text(link) -> str:
   gbit = link.bandwidth * 8 / 1e9
   rate = f"{gbit:g} Gbit/s" if gbit >= 1 else f"{gbit * 1e3:g} Mbit/s"
-  return f"{rate}, {_seconds(link.latency)} per message"
+  return f"{rate} per {link.per}, {_seconds(link.latency)} per message"
 
 
 # ---------------------------------------------------------------- the records
@@ -63,7 +67,8 @@ def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
       "optimizer": first.config.optimizer.to_dict(), "workers": first.trainer.num_workers,
       "overlap_steps": first.overlap, "overlap_backward": first.overlap_backward,
       "population": [seeds[0].population.together for seeds in trials],
-      "compute_key": clock.keys[(label, 0)],
+      "compute_key": getattr(clock, "keys", {}).get((label, 0)),
+      "mesh": first.config.mesh, "replicas": replicas(first.population.runs[0]),
       "compute_seconds_per_step": clock.seconds(first),
       "wire_bytes_per_step": per_step, "dp_wire_bytes_per_step": dp_bytes,
       "compression_ratio": dp_bytes / per_step if per_step else None,
@@ -88,15 +93,39 @@ def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
   return out
 
 
+def replicas(run) -> int:
+  """How many replicas a run's method synchronises (the product of its method axes)."""
+  axes = run.method_axes if isinstance(run.method_axes, tuple) else (run.method_axes,)
+  return math.prod(run.mesh.shape[a] for a in axes if a)
+
+
+def _across(r: dict) -> float:
+  return sum(b for a, b in r["scale"]["bytes_per_axis"].items() if "replica" in a.split(","))
+
+
+def headers(records: list) -> tuple:
+  """HEADERS, or SCALE_HEADERS when the records carry their plans at scale."""
+  return SCALE_HEADERS if records and records[0].get("scale") else HEADERS
+
+
 def rows(records: list, link: str) -> list:
-  """One row per method on `link`: HEADERS' cells, as text."""
+  """One row per method on `link`: `headers(records)`' cells, as text."""
   out = []
+  dp = next((r for r in records if r.get("scale") and r["algo"] == "dp"
+             and not r["method_settings"].get("dtype")), None)
   for r in records:
     a = r["links"][link]
     seeds = len(a["study_times"])
-    out.append([r["method"], f"{r['wire_bytes_per_step']:,.0f}", _x(r["compression_ratio"]),
-                _seconds(r["compute_seconds_per_step"]),
-                _seconds(a["median"]) if math.isfinite(a["median"]) else "not reached",
+    if r.get("scale"):
+      across = _across(r)
+      cells = [f"{across:,.0f}", _x(_across(dp) / across) if dp and across else "-",
+               _seconds(r["scale"]["links"][link]["step"])]
+    else:
+      cells = [f"{r['wire_bytes_per_step']:,.0f}", _x(r["compression_ratio"]),
+               _seconds(r["compute_seconds_per_step"])]
+    time = a["median"]
+    out.append([r["method"], *cells,
+                _seconds(time) if math.isfinite(time) else a.get("status", "not reached"),
                 f"{a['reached']}/{seeds}", _x(a["speedup"]),
                 f"{a['low']:.2f}-{a['high']:.2f}x", a["verdict"]])
   return out
@@ -132,29 +161,45 @@ def reference_on(summary: dict, link: str, reference: str) -> str:
   return named[0] if named else reference
 
 
-def verdict(summary: dict, link: str, reference: str, target: float) -> str:
+def _ci(a: dict) -> str:
+  return f"95 % CI {a['low']:.2f}-{a['high']:.2f}x"
+
+
+def verdict(summary: dict, link: str, reference: str, target: float,
+            budget: float | None = None) -> str:
   """One line for `link`: the method that reaches the target first by a speed-up whose 95 %
-  interval lies above 1 (with the interval and its seeds), or that no method is
-  distinguishable from the reference there (the link's own, `reference_on`).
-  `summary[label][link]` as `summary.summarise`."""
+  interval lies above 1 (with the interval and its seeds); or, when the next fastest cannot
+  be told apart from it (the interval of their ratio contains 1, `stats.tied`; a miss
+  counted as `budget`), every method tied with it; or that no method is distinguishable
+  from the reference there (the link's own, `reference_on`). `summary[label][link]` as
+  `summary.summarise`."""
   reference = reference_on(summary, link, reference)
   ref = summary[reference][link]
   seeds = len(ref["study_times"])
-  faster = [(a[link]["speedup"], m) for m, a in summary.items()
-            if m != reference and a[link]["verdict"] == stats.FASTER]
+  others = {m: a[link] for m, a in summary.items() if m != reference}
+  faster = [(a["speedup"], m) for m, a in others.items() if a["verdict"] == stats.FASTER]
   if faster:
     s, best = max(faster)
-    a = summary[best][link]
+    a = others[best]
+    tied = stats.tied({m: x["study_times"] for m, x in others.items()}, best, budget)
+    if len(tied) > 1:
+      rest = []
+      for m in tied[1:]:
+        r, lo, hi, _ = stats.speedup_interval(others[m]["study_times"], a["study_times"],
+                                              censor=budget)
+        rest.append(f"{m} {others[m]['speedup']:.2f}x ({_ci(others[m])}; {best} / {m}: "
+                    f"{r:.2f}x, 95 % CI {lo:.2f}-{hi:.2f}x)")
+      return (f"{link}: {' and '.join([', '.join(tied[:-1]), tied[-1]])} tie for first (the "
+              f"interval of their ratio contains 1): {best} reaches held-out {target:.4f} "
+              f"{s:.2f}x sooner than {reference} ({_ci(a)}, {a['reached']}/{seeds} seeds), "
+              + ", ".join(rest) + ".")
     return (f"{link}: {best} reaches held-out {target:.4f} first: {s:.2f}x sooner than "
-            f"{reference} (95 % CI {a['low']:.2f}-{a['high']:.2f}x, {a['reached']}/{seeds} "
-            f"seeds).")
-  others = [(a[link]["speedup"], m) for m, a in summary.items() if m != reference]
+            f"{reference} ({_ci(a)}, {a['reached']}/{seeds} seeds).")
   tail = ""
   if others:
-    s, m = max(others)
-    a = summary[m][link]
-    tail = (f"; best other median: {m} {_x(s)} (95 % CI {a['low']:.2f}-{a['high']:.2f}x, "
-            f"{a['reached']}/{seeds} seeds)")
+    s, m = max((a["speedup"], m) for m, a in others.items())
+    a = others[m]
+    tail = f"; best other: {m} {_x(s)} ({_ci(a)}, {a['reached']}/{seeds} seeds)"
   return (f"{link}: no method is distinguishable from {reference} here ({reference} reaches "
           f"held-out {target:.4f} in {_seconds(ref['median'])}, {ref['reached']}/{seeds} "
           f"seeds{tail}).")
@@ -223,17 +268,21 @@ def _link_heading(name: str, link, budget: float, reference: str = "") -> str:
 
 
 def text(config, links: dict, budgets: dict, target: float, source: str, records: list,
-         summary: dict) -> tuple[str, list]:
-  """The terminal text (heading, a table per link, the verdicts) and the verdict lines."""
+         summary: dict, scale: dict | None = None) -> tuple[str, list]:
+  """The terminal text (heading, a table per link, the verdicts) and the verdict lines;
+  `scale`: scale_report.text's lines (the scenario, the proxy's own clock)."""
   c = config.compare
-  parts = [_heading(config, records, target, source)]
+  parts = ([scale["top"], ""] if scale else []) + [_heading(config, records, target, source)]
   for name, link in links.items():
     ref = reference_on(summary, name, c.reference)
     parts.append(f"\n{_link_heading(name, link, budgets[name], ref)}\n"
-                 + aligned(HEADERS, rows(records, name)))
-  verdicts = [verdict(summary, n, c.reference, target) for n in links]
-  parts.append("\nVerdict (time to the held-out target on each link, median over seeds):\n"
-               + "\n".join(f"  {v}" for v in verdicts))
+                 + aligned(headers(records), rows(records, name)))
+  verdicts = [verdict(summary, n, c.reference, target, budgets[n]) for n in links]
+  where = " at the scenario's scale" if scale else ""
+  parts.append(f"\nVerdict{where} (time to the held-out target on each link, median over "
+               "seeds):\n" + "\n".join(f"  {v}" for v in verdicts))
+  if scale:
+    parts.append("\n" + scale["bottom"])
   return "\n".join(parts), verdicts
 
 
@@ -243,20 +292,29 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
   """report.md."""
   c = config.compare
   interval = records[0]["links"][next(iter(links))]["interval"]
+  scale = extra.get("scale_sections")
+  clock = ("Time is simulated at the scenario's scale (above)" if scale else
+           "Time is simulated: one measured compute figure per local step plus the "
+           "communication of each method's compiled step on the link")
   sections = [
       "# Which method reaches the held-out target first, on each link",
+      *([scale["top"]] if scale else []),
       _heading(config, records, target, source),
-      "Time is simulated: one measured compute figure per local step plus the communication "
-      "of each method's compiled step on the link, less what its schedule overlaps (later "
-      "steps, or the backward pass bucket by bucket: \"overlap\" below). A method's time is "
-      "the median over seeds of its time to the target, a miss counting as infinity; the "
-      f"95 % interval of the speed-up is {interval}. A verdict says \"faster\" only when the "
-      "interval lies above 1.",
-      "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts)]
+      f"{clock}, less what its schedule overlaps (later steps, or the backward pass bucket "
+      "by bucket: \"overlap\" below). The held-out loss is read at step 0, on each link's "
+      "grid and at the step cap; the steps to the target are interpolated between the two "
+      "readings around it (the loss linear in steps between them) and the time is the clock "
+      "there. A method's time is the median over seeds of its time to the target, a miss "
+      "counting as infinity; its speed-up over the reference is the geometric mean of the "
+      f"paired per-seed speed-ups, with {interval}. A verdict says \"faster\" only when the "
+      "interval lies above 1, and names the first two as tied when the interval of their "
+      "ratio contains 1.",
+      "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts),
+      *([scale["proxy"]] if scale else [])]
   for name, link in links.items():
     ref = reference_on({r["method"]: r["links"] for r in records}, name, c.reference)
     sections.append(f"## {_link_heading(name, link, budgets[name], ref)}\n\n"
-                    + rep.markdown_table(HEADERS, rows(records, name))
+                    + rep.markdown_table(headers(records), rows(records, name))
                     + "\n\nPer seed (study), time to the target:\n\n"
                     + rep.markdown_table(["method"] + [f"seed {s}" for s in range(c.seeds)],
                                          seed_rows(records, name)))
@@ -267,7 +325,24 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
                   "and larger (the budgets follow the reference; from the steps trained):\n\n"
                   + "\n".join(f"* {sensitivity_line(extra['sensitivity'], n, c.reference)}"
                               for n in links))
-  sections.append("## Compute per local step\n\n" + rep.markdown_table(
+  if scale:
+    sections.append(scale["steps"])
+  else:
+    sections.append(_compute_section(extra))
+  sections.append("## Score over all links\n\n" + rep.markdown_table(
+      ["method", "profile area", "geometric-mean speed-up", "links counted"],
+      [[m, f"{s['area']:.3f}", _x(s["geomean_speedup"]), str(s["geomean_links"])]
+       for m, s in score.items()])
+      + "\n\nProfile: per link the ratio of a method's median time to the fastest method's; "
+      "rho(tau) = fraction of links within tau, tau in [1, 4]; area = mean of rho (1: "
+      "fastest everywhere). Geometric mean over the links where both the method and the "
+      "reference reach the target, of the median speed-up over each link's reference.")
+  return _tail(sections, config, links, records, extra, plots, command)
+
+
+def _compute_section(extra: dict) -> str:
+  """The proxy's measured compute figures (config.compare.scale="proxy")."""
+  return ("## Compute per local step\n\n" + rep.markdown_table(
       ["local step", "median", "min", "max", "repeats", "forward / backward / update",
        "methods"],
       [[k, _seconds(v["seconds"]), _seconds(v["min"]), _seconds(v["max"]),
@@ -277,14 +352,10 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
        for k, v in extra["compute"].items()])
       + "\n\nTimed in interleaved rounds (one call of each per round). Shares of the step "
       f"from {next(iter(extra['shares'].values()))['source']}.")
-  sections.append("## Score over all links\n\n" + rep.markdown_table(
-      ["method", "profile area", "geometric-mean speed-up", "links counted"],
-      [[m, f"{s['area']:.3f}", _x(s["geomean_speedup"]), str(s["geomean_links"])]
-       for m, s in score.items()])
-      + "\n\nProfile: per link the ratio of a method's median time to the fastest method's; "
-      "rho(tau) = fraction of links within tau, tau in [1, 4]; area = mean of rho (1: "
-      "fastest everywhere). Geometric mean over the links where both the method and the "
-      "reference reach the target, of the median speed-up over each link's reference.")
+
+
+def _tail(sections, config, links, records, extra, plots, command) -> str:
+  """report.md's last sections (links, figures, settings) after `sections`."""
   sections.append("## Links\n\n" + rep.markdown_table(
       ["link", "bandwidth, latency", "source"],
       [[n, _link_text(l), l.source or "-"] for n, l in links.items()]))
@@ -322,7 +393,8 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
   (what results.json holds, with the terminal text under "text")."""
   os.makedirs(workdir, exist_ok=True)
   summary = {r["method"]: r["links"] for r in records}
-  printed, verdicts = text(config, links, budgets, target, source, records, summary)
+  printed, verdicts = text(config, links, budgets, target, source, records, summary,
+                           extra.get("scale_text"))
   if extra.get("wsd"):
     printed += ("\n\nWarmup-stable-decay (held-out loss at the budget, median over seeds):\n"
                 + "\n".join(f"  {x}" for x in _wsd.lines(extra["wsd"]["summary"], list(links),
@@ -347,7 +419,12 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
       "compute": extra["compute"], "compute_shares": extra["shares"],
       "compute_keys": extra["keys"], "reference_setting": extra["reference_setting"],
       "wall_seconds": extra["wall_seconds"], "scores": score, "methods": records,
-      "wsd": extra.get("wsd"),
+      "wsd": extra.get("wsd"), "scale": extra.get("scale"),
+      "proxy_clock": ({"verdicts": extra["scale_text"]["proxy_verdicts"],
+                       "budgets": extra["proxy_clock"]["budgets"],
+                       "references": extra["proxy_clock"]["references"]}
+                      if extra.get("scale_text") else None),
+      "not_planned": extra.get("not_planned") or {}, "proxy_mesh": config.mesh,
       "text": printed, "verdicts": verdicts, "sensitivity": sensitivity, "plots": plots,
       "report": path, "command": command}
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:

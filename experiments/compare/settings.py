@@ -9,6 +9,7 @@ import math
 from .. import build
 from .. import config as _config
 from .. import specs, toolkit
+from . import scale as scale_
 
 RULESETS = ("default", "tuned")
 MAX_SETTINGS = 5  # the most settings a method's tuning() list may hold
@@ -37,6 +38,33 @@ def check(config) -> None:
   if c.target_loss is not None and not math.isfinite(c.target_loss):
     raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
   links(config)
+  toolkit.one_of(config, "compare.scale", scale_.SCALES)
+  toolkit.int_at_least(config, "compare.proxies", 1)
+  if c.proxies > 2:
+    raise ValueError(f"config.compare.proxies must be 1 or 2, got {c.proxies}.")
+  if c.scale == "scenario":
+    scale_.scenario(config)  # each setting of config.compare.scenario, named when wrong
+    at_scale(config)
+
+
+def at_scale(config):
+  """`config` as the comparison trains it: with config.compare.scale "scenario", the proxy
+  on the scenario's replicas (config.mesh `replica=S,data=8/S` unless config.mesh already
+  has a replica axis of S)."""
+  if config.compare.scale != "scenario":
+    return config
+  sites = config.compare.scenario.sites
+  if config.mesh:
+    shape = build.mesh_shape(config.mesh, scale_.PROXY_DEVICES)
+    if shape.get("replica", 1) != sites:
+      raise ValueError(f"config.mesh {config.mesh!r} must have replica={sites}, the "
+                       f"scenario's sites (config.compare.scenario.sites): the proxy trains "
+                       "with one replica per site.")
+    return config
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.mesh = scale_.proxy_mesh(config)
+  return c
 
 
 def links(config) -> dict:
@@ -54,11 +82,20 @@ def links(config) -> dict:
 
 
 def with_flags(config, links_=None, custom=(), budget=None, max_steps=None, *,
-               ruleset=None, seeds=None, target_loss=None):
+               ruleset=None, seeds=None, target_loss=None, scale=None, scenario=None,
+               proxies=None):
   """`config` with the command line's --links, --link, --budget, --max_steps, --ruleset,
-  --seeds and --target_loss."""
+  --seeds, --target_loss, --scale, --proxies and the scenario's flags (`scenario`: {setting
+  of config.compare.scenario: value}, those given)."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
+    if scale is not None:
+      c.compare.scale = scale
+    if proxies is not None:
+      c.compare.proxies = int(proxies)
+    for key, value in (scenario or {}).items():
+      if value is not None:
+        c.compare.scenario[key] = value
     if links_ is not None or custom:
       c.compare.links = tuple(c.compare.links if links_ is None else links_) + tuple(custom)
     if budget is not None:

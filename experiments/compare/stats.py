@@ -125,7 +125,7 @@ def speedup_interval(reference: Sequence, mine: Sequence, confidence: float = 0.
     raise ValueError(f"the reference has {ref.size} seeds and the method {me.size}: they "
                      "must be the same seeds.")
   how = (f"a {confidence * 100:g} % t-interval on the paired log speed-ups over {ref.size} seeds "
-         f"({ref.size - 1} degrees of freedom)")
+         f"({ref.size - 1} degree{'s' if ref.size != 2 else ''} of freedom)")
   if censor is not None:
     ref, me = np.minimum(ref, censor), np.minimum(me, censor)
     how += ", a miss counted as the budget"

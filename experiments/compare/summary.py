@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .. import build
+from . import account as acc
 from . import stats
 from .clock import Clock
 from .settings import method_config
@@ -79,14 +80,21 @@ def summarise(trials: dict, clock: Clock, target: float, config, budgets=None,
     for n in clock.links:
       best, chosen = stats.best_per_study([[a[n]["time_to_target"] for a in seeds]
                                            for seeds in per_setting])
+      unread = sum(a[n].get("stopped") == acc.NOT_EVALUATED for seeds in per_setting
+                   for a in seeds)
       out[label][n] = {"study_times": [None if math.isinf(x) else float(x) for x in best],
                        "chosen_setting": chosen.tolist(), "median": stats.median_time(best),
-                       "reached": int(np.isfinite(best).sum()), "reference": refs[n]}
+                       "reached": int(np.isfinite(best).sum()), "reference": refs[n],
+                       "not_evaluated": int(unread),
+                       "steps_to_target": [a[n].get("steps_to_target") for a in per_setting[0]]}
+      if unread:  # a trial with no reading in the budget: no time, and no miss either
+        out[label][n]["status"] = acc.NOT_EVALUATED
   for label in out:
     for n in clock.links:
       s, lo, hi, how = stats.speedup_interval(out[refs[n]][n]["study_times"],
                                               out[label][n]["study_times"], censor=budgets[n])
       out[label][n].update(speedup=s, low=lo, high=hi, interval=how,
                            verdict="reference" if label == refs[n]
+                           else acc.NOT_EVALUATED if out[label][n].get("status")
                            else stats.classify(lo, hi))
   return budgets, out, accounts

@@ -15,7 +15,6 @@ import numpy as np
 
 from .. import build
 from . import account as acc
-from . import clock as _clock
 from . import schedule as _schedule
 from jaxcomm import comm, data, train
 
@@ -54,11 +53,11 @@ class Population:
                           param_specs=r.specs, has_aux=r.has_aux, batch_specs=r.batch_specs,
                           mutable=r.config.model.mutable)
       state, batch = one.init(r.params), one.shard_batch(r.batches(0))
-      report = inspect_only(one.step_fn(state, batch), state, batch, r.mesh)
+      report, flops = inspect_only(one.step_fn(state, batch), state, batch, r.mesh, flops=True)
     else:
       batch = self._batch(0, 0)
-      report = comm.inspect(self.trainers[0].step_fn(self.states[0], batch), self.states[0],
-                            batch)
+      report, flops = inspect_only(self.trainers[0].step_fn(self.states[0], batch),
+                                   self.states[0], batch, r.mesh, flops=True)
     if (r.config.compare.get("schedule", "constant") == "schedule_free"
         and _schedule.eval_params(self.states[0].params, self.states[0].opt_state) is
         self.states[0].params):
@@ -66,12 +65,18 @@ class Population:
             "runs as its method module builds it.", file=sys.stderr, flush=True)
     self.together = together
     self.report = report
+    self.flops = flops  # per device of one trial's step (XLA's cost analysis): the proxy clock
     self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
     self.overlap = build.overlap_steps(r.config.method)
     fn = getattr(r.method, "overlap_backward", None)
     self.overlap_backward = bool(fn(r.config.method)) if fn else False
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
+    self.final = None  # the step of the reading after the step cap stopped training (`read_last`)
+    for k, trainer in enumerate(self.trainers):  # every trial is read at step 0 too
+      owned = self.trials if trainer.trials else [self.trials[k]]
+      for trial, value in zip(owned, self.evaluate(trainer, self.states[k])):
+        trial.evals.append((0, value))
     self.target = None  # once known (`aim`): evaluations that cannot change a time are skipped
     # wsd.py's branch points: link -> seconds, and a step (for a run the cap ends);
     # what is kept there: link (or CAPPED) -> (step, states)
@@ -185,6 +190,7 @@ class Population:
         a["stopped"] != acc.REACHED for t in self.trials
         for a in t.accounts(clock, free, target, cap).values()):
       self.train_to(min(self.trained + chunk, cap))
+    self.read_last(cap)
 
   def train_within(self, clock, budgets: dict, target: float, cap: int, chunk: int) -> None:
     """Trains until every trial has reached the target or spent its budget on every link,
@@ -194,6 +200,22 @@ class Population:
       if not goals:
         return
       self.train_to(min(max(goals), self.trained + chunk, cap))
+    self.read_last(cap)
+
+  def read_last(self, cap: int) -> None:
+    """When the step cap has stopped training: reads the held-out loss at the last step of
+    every trial not read there, a reading that counts on every link (`Trial.evals_on`), so
+    a trial the cap stops before a link's next grid point is evaluated, not missed."""
+    if self.trained < cap or self.final == self.trained:
+      return
+    self.final = self.trained
+    for k, trainer in enumerate(self.trainers):
+      owned = self.trials if trainer.trials else [self.trials[k]]
+      todo = [t for t in owned if not t.evals or t.evals[-1][0] < self.trained]
+      if todo:
+        values = self.evaluate(trainer, self.states[k], [owned.index(t) for t in todo])
+        for trial, value in zip(todo, values):
+          trial.evals.append((self.trained, value))
 
 
 class Trial:
@@ -223,26 +245,26 @@ class Trial:
     return np.array([row["wire_bytes"] for row in self.history], dtype=np.float64)
 
   def clocks(self, clock) -> dict:
-    """{link: Timeline} of the steps trained; `clock(trial, link)` gives (compute, exposed)."""
+    """{link: Timeline} of the steps trained (`clock.timeline(trial, link)`: the proxy's
+    clock, clock.Clock, or the scenario's, scale.ScaleClock)."""
     cached = self._clocks.get(id(clock))
     if cached and cached[0] is clock and cached[1] == len(self.history):
       return cached[2]
-    out = {}
-    for name, cost in self.costs.items():
-      compute, exposed = clock(self, name)
-      out[name] = _clock.timeline(compute, self.step_bytes, cost, self.overlap, exposed)
+    out = {name: clock.timeline(self, name) for name in self.costs}
     self._clocks[id(clock)] = (clock, len(self.history), out)
     return out
 
   def evals_on(self, link: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, held-out losses) of the evaluations that count on `link`: those on its grid
-    of the population's measured clock (`Population.evaluate_on`), or all of them."""
+    of the population's clock (`Population.evaluate_on`), step 0 and the reading at the step
+    cap (`Population.read_last`); or all of them."""
     steps, losses = (np.array(v) for v in zip(*self.evals)) if self.evals else (
         np.zeros(0, np.int64), np.zeros(0))
     if self.grid is None:
       return steps, losses
     clock, intervals = self.grid
-    keep = acc.on_grid(steps, self.clocks(clock)[link].known, intervals[link])
+    keep = (acc.on_grid(steps, self.clocks(clock)[link].known, intervals[link])
+            | (steps == 0) | (steps == (self.final or -1)))
     return steps[keep], losses[keep]
 
   def accounts(self, clock, budgets: dict, target: float, cap: int) -> dict:
@@ -314,10 +336,17 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
 _INSPECT_ONLY = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def inspect_only(fn, state, batch, mesh) -> comm.CollectiveReport:
-  """`comm.inspect(fn, state, batch)` of a program that is never run (`_INSPECT_ONLY`)."""
-  text = fn.lower(state, batch).compile(compiler_options=_INSPECT_ONLY).as_text()
-  return comm.parse_hlo(text, mesh=mesh)
+def inspect_only(fn, state, batch, mesh, flops: bool = False):
+  """`comm.inspect(fn, state, batch)` of a program that is never run (`_INSPECT_ONLY`); with
+  `flops`, (report, FLOPs per device of the program: XLA's cost analysis)."""
+  compiled = fn.lower(state, batch).compile(compiler_options=_INSPECT_ONLY)
+  report = comm.parse_hlo(compiled.as_text(), mesh=mesh)
+  if not flops:
+    return report
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else {}
+  return report, float(analysis.get("flops", 0.0))
 
 
 def heldout_fn(config):

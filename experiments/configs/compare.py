@@ -6,7 +6,10 @@ runs, about 5 CPU-minutes per trial.
 `steps` is the reference's run that sets the target: the median over seeds of its best
 held-out loss in `steps` steps. On each link the budget is `budget` times the reference's
 median time to that target, and every trial trains until it reaches the target or spends
-the budget on every link, up to `max_steps`."""
+the budget on every link, up to `max_steps`. The links are those between the scenario's
+sites (compare.scenario; each a bandwidth per site or per device, see `jaxcomm.comm.Link`):
+the default asks about a 1B LM on 2 sites x 8 H100s over a WAN, the internet, or one
+datacenter's InfiniBand."""
 
 import ml_collections
 from ml_collections import config_dict
@@ -37,7 +40,22 @@ def get_config(arg: str | None = None):
       warmup_steps=0,                # schedule_free, wsd: its linear warmup (0: none)
       decay_fraction=0.2,            # wsd: the last fraction of each link's budget decays
       target_loss=config_dict.placeholder(float),  # default: from the reference's trials
-      compute_repeats=10))           # interleaved rounds timing each local step
+      compute_repeats=10,            # --scale=proxy: interleaved rounds timing each local step
+      # The clock: "scenario" (each method's step planned at the scenario's size on its
+      # sites, experiments/compare/scale.py; the proxy trains with one replica per site), or
+      # "proxy" (the proxy's own measured compute and compiled step on each link, per device).
+      scale="scenario",
+      scenario=ml_collections.ConfigDict(dict(
+          model="llama_1b",          # a preset of experiments/configs/models/ or a .py file
+          sites=2,                   # S sites (the mesh's replica axis); must divide 8
+          per_site=8,                # d devices per site (the inner axis)
+          inner="fsdp",              # the inner axis: fsdp (ZeRO-3 inside a site) or data
+          inside="nvlink",           # the link inside a site (per device)
+          device="h100",             # accelerator preset (jaxcomm.plan.DEVICES)
+          mfu=0.4,                   # model FLOPs utilisation, in (0, 1]
+          compute_seconds=config_dict.placeholder(float),  # a measured compute time per step
+          plan_cache=config_dict.placeholder(str))),  # default: ~/.cache/jaxcomm/plans
+      proxies=1))                    # 2: also a proxy 4x the parameters (the transfer check)
   if arg == "long":  # ~0.3 CPU-seconds per step on 8 emulated devices (measured)
     c.steps = 1000
     c.compare.max_steps = 3000

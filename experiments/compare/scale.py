@@ -1,0 +1,474 @@
+"""The comparison's clock at the user's scale: each method's step planned at a real model's
+size on sites x devices (`jaxcomm.plan`), timed on a two-level network (`comm.Sites`).
+
+A scenario (config.compare.scenario) is a model (a preset of experiments/configs/models/, or
+a .py file of your own whose `get_config()` has a preset's form), S sites of d devices (the
+mesh `replica=S, <inner>=d`), the link inside a site, an accelerator preset and its MFU (or
+a measured compute time per step); the links of config.compare.links are the links between
+the sites. Each method's step is compiled for that mesh at the model's size but never run:
+a stack of identical blocks at 1 and 2 blocks, extrapolated (`plan.plan_stack`), in a
+subprocess that emulates S d CPU devices (the comparison's own process trains the proxy on
+8), and kept in a plan cache (`plan.PlanCache`) keyed by everything the program depends on.
+
+Per link, a method's step time at scale is the plan's: compute = FLOPs / (peak x MFU),
+communication = each compiled collective costed on `comm.Sites(S, d, link, inside)` and
+charged at the steps the method's counters send it, less what its schedule overlaps.
+`step_time(entry, config, link)` is that number for one method, without training anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxcomm import comm, plan, sim
+
+from .. import _plugins, build, specs, toolkit
+from . import clock as _clock
+
+SCALES = ("scenario", "proxy")
+INNER_AXES = ("fsdp", "data")
+PROXY_DEVICES = 8  # the emulated devices the proxy trains on
+_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                       "models")
+# XLA:CPU's flags for the planning process: the loop emitters and one LLVM module compile
+# in about half the CPU time (benchmarks/xla_compile_flags.py) and change no collective.
+PLAN_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
+
+
+def default_cache() -> str:
+  """Where plans are kept unless config.compare.scenario.plan_cache says otherwise."""
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "jaxcomm", "plans")
+
+
+def model_preset(name: str) -> dict:
+  """A model preset (experiments/configs/models/NAME.py) or a .py file of the same form:
+  {"model": {...config.model}, "data", "seq_len", "batch_per_device", "note"}."""
+  shipped = _plugins.available([_MODELS])
+  setting = "config.compare.scenario.model"
+  if isinstance(name, str) and name.endswith(".py"):
+    if not os.path.isfile(name):
+      raise ValueError(f"{setting} {name!r}: no such file.")
+    spec = importlib.util.spec_from_file_location("jaxcomm_scale_model", name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  elif name in shipped:
+    module = importlib.import_module(f"experiments.configs.models.{name}")
+  else:
+    raise ValueError(f"{setting} {name!r} is unknown; allowed: {', '.join(shipped)}, or a .py "
+                     "file whose get_config() has a preset's form.")
+  preset = module.get_config()
+  preset = preset.to_dict() if hasattr(preset, "to_dict") else dict(preset)
+  missing = {"model", "data", "seq_len", "batch_per_device"} - set(preset)
+  if missing:
+    raise ValueError(f"{setting} {name!r}: get_config() lacks {', '.join(sorted(missing))}.")
+  return preset
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+  """Where the comparison's clock runs: the model at its size, sites x devices, the links."""
+  model: str
+  preset: dict
+  sites: int
+  per_site: int
+  inner: str
+  inside: comm.Link
+  device: plan.Device
+  mfu: float
+  compute_seconds: float | None
+  cache: str
+
+  @property
+  def mesh(self) -> str:
+    return f"replica={self.sites},{self.inner}={self.per_site}"
+
+  @property
+  def devices(self) -> int:
+    return self.sites * self.per_site
+
+  def network(self, between: comm.Link) -> comm.Sites:
+    """The two-level network with `between` (a link of config.compare.links) between sites."""
+    return comm.Sites(self.sites, self.per_site, between, self.inside, axis="replica")
+
+  def text(self) -> str:
+    """One sentence for report.md and the terminal."""
+    compute = (f"compute {self.compute_seconds:g} s per step (measured)"
+               if self.compute_seconds is not None else
+               f"{self.device.name} at MFU {self.mfu:g} (compute = the compiled step's FLOPs "
+               f"/ ({self.device.peak_flops / 1e12:g} TFLOP/s x {self.mfu:g}))")
+    return (f"{self.model} ({self.preset.get('note', '')}) on {self.sites} sites x "
+            f"{self.per_site} devices (mesh {self.mesh}; {self.inside.name or 'inside'} inside "
+            f"a site); {compute}")
+
+
+def scenario(config) -> Scenario:
+  """config.compare.scenario, checked: a mistake is one ValueError naming the setting."""
+  s = config.compare.scenario
+  name = "config.compare.scenario"
+  toolkit.int_at_least(config, "compare.scenario.sites", 1)
+  toolkit.int_at_least(config, "compare.scenario.per_site", 1)
+  sites, per_site = s.sites, s.per_site
+  if PROXY_DEVICES % sites:
+    raise ValueError(f"{name}.sites ({sites}) must divide the proxy's {PROXY_DEVICES} devices: "
+                     "the proxy trains with one replica per site.")
+  if s.inner not in INNER_AXES:
+    raise ValueError(f"{name}.inner must be one of {', '.join(INNER_AXES)}, got {s.inner!r}.")
+  try:
+    mfu = plan.check_mfu(s.mfu)
+  except ValueError as e:
+    raise ValueError(f"{name}.{e}") from None
+  if s.device not in plan.DEVICES:
+    raise ValueError(f"{name}.device {s.device!r} is unknown; allowed: "
+                     f"{', '.join(plan.DEVICES)}.")
+  measured = s.get("compute_seconds")
+  if measured is not None and not (isinstance(measured, (int, float)) and 0 < measured < math.inf):
+    raise ValueError(f"{name}.compute_seconds must be a finite number > 0 (a measured compute "
+                     f"time per step), got {measured!r}.")
+  inside = specs.parse_link(s.inside, f"{name}.inside")
+  return Scenario(model=s.model, preset=model_preset(s.model), sites=sites, per_site=per_site,
+                  inner=s.inner, inside=inside, device=plan.device(s.device), mfu=mfu,
+                  compute_seconds=None if measured is None else float(measured),
+                  cache=s.get("plan_cache", None) or default_cache())
+
+
+def proxy_mesh(config) -> str:
+  """The proxy's mesh: one replica per site, data parallel inside (`replica=S,data=8/S`)."""
+  sites = config.compare.scenario.sites
+  return f"replica={sites},data={PROXY_DEVICES // sites}" if sites > 1 else ""
+
+
+# ---------------------------------------------------------------- one method's plan
+def plan_config(config, sc: Scenario) -> ml_collections.ConfigDict:
+  """A method's config (`config`, the proxy's) at the scenario's size and mesh."""
+  p = sc.preset
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.mesh = sc.mesh
+    c.checkpoint_every = 0
+    c.model.update(p["model"])
+    c.data.name, c.data.seq_len = p["data"], p["seq_len"]
+    c.data.batch_size = p["batch_per_device"] * sc.devices  # replica and inner: batch axes
+    c.steps = config.compare.max_steps
+  return c
+
+
+def _digest(*paths) -> str:
+  h = hashlib.sha256()
+  for p in paths:
+    if p and os.path.isfile(p):
+      with open(p, "rb") as f:
+        h.update(f.read())
+  return h.hexdigest()[:16]
+
+
+def key_of(c) -> str:
+  """The plan cache's key of a method config at scale: model, mesh, method settings, the
+  optimizer but its learning rate (which changes no program), the planned steps, the data's
+  shapes, and the sources of the method and model modules and of the builder."""
+  method = build.load_method(c.method.name)
+  model = build.load_model(c.model.name)
+  optimizer = {k: v for k, v in c.optimizer.to_dict().items() if k != "lr"}
+  return plan.plan_key(model=c.model.to_dict(), mesh=c.mesh, method=c.method.to_dict(),
+                       optimizer=optimizer, steps=c.steps, seq_len=c.data.seq_len,
+                       batch=c.data.batch_size, skip_nonfinite=c.skip_nonfinite,
+                       xla_flags=PLAN_XLA_FLAGS,
+                       sources=_digest(method.__file__, model.__file__, build.__file__))
+
+
+def plan_one(c, devices=None) -> plan.StepPlan:
+  """The plan of a method config at scale (this process must have its mesh's devices): a
+  stack of blocks from 1 and 2 blocks, or in full when the model has no `num_layers` or the
+  two do not extrapolate."""
+
+  def plan_at(blocks):
+    cb = c.copy_and_resolve_references()
+    if blocks is not None:
+      cb.model.num_layers = blocks
+    run = build.build(cb, devices, abstract=True)
+    return plan.compile_step(run.trainer(), run.params, run.batches(0), steps=cb.steps)
+
+  blocks = c.model.get("num_layers")
+  if not isinstance(blocks, int):
+    return plan_at(None)
+  try:
+    return plan.plan_stack(plan_at, blocks)
+  except plan.NotAffine:
+    return plan_at(blocks)
+
+
+# ---------------------------------------------------------------- the clock at scale
+SHARES = {"forward": 1 / 3, "backward": 2 / 3, "update": 0.0, "source": "2:1 rule"}
+
+
+def buckets(c) -> list:
+  """Gradient bytes per bucket at scale (`clock.buckets` of the model's parameters at the
+  scenario's size, as shapes: nothing is allocated)."""
+  flat = c.copy_and_resolve_references()
+  with flat.unlocked():
+    flat.mesh = ""
+  run = build.build(flat, jax.devices()[:PROXY_DEVICES], abstract=True)
+  return _clock.buckets(run.params)
+
+
+class ScaleClock:
+  """The scenario's clock (ALGORITHMS: time to target = clock_{m,L,S}(n_m)): per trial its
+  method's plan at scale (`plans[(label, setting)]`), per link the timeline of the planned
+  steps on `sc.network(link)`, of which a trial reads the steps it trained.
+
+  Args:
+    plans: {(label, setting): plan.StepPlan} at the scenario's size.
+    overlaps: {(label, setting): (overlap_steps, overlap_backward)} of the method modules.
+    sc: the scenario.
+    links_: {name: comm.Link} between the sites (config.compare.links).
+    bucket_bytes: gradient bytes per bucket at scale (`buckets`), for overlap_backward.
+    scale: a factor on every compute time (the sensitivity lines).
+  """
+
+  def __init__(self, plans: dict, overlaps: dict, sc: Scenario, links_: dict,
+               bucket_bytes, scale: float = 1.0):
+    self.plans, self.overlaps, self.sc, self.links = plans, overlaps, sc, links_
+    self.buckets, self.scale, self._full = bucket_bytes, scale, {}
+
+  def compute(self, key) -> float:
+    """Compute seconds per step of (label, setting): measured, or FLOPs / (peak x MFU)."""
+    sc = self.sc
+    seconds = sc.compute_seconds if sc.compute_seconds is not None else \
+        plan.compute_seconds(self.plans[key].flops, sc.device, sc.mfu)
+    return seconds * self.scale
+
+  def seconds(self, trial) -> float:
+    return self.compute((trial.label, trial.setting))
+
+  def full(self, key, link: str):
+    """The timeline of every planned step of (label, setting) on `link`."""
+    if (key, link) not in self._full:
+      p, (overlap, backward) = self.plans[key], self.overlaps[key]
+      net, compute = self.sc.network(self.links[link]), self.compute(key)
+      if backward:
+        exposed = _clock.overlapped_comm(p.report, net, compute, SHARES, self.buckets)
+        comm_s = np.full(p.steps, exposed)
+      else:
+        comm_s = sim.comm_seconds_per_step(p.schedule, comm.cost(p.report, net))
+      self._full[(key, link)] = sim.simulate(compute, comm_s, overlap_steps=overlap)
+    return self._full[(key, link)]
+
+  def timeline(self, trial, link: str):
+    """The trial's timeline on `link` over the steps it trained (a prefix of `full`)."""
+    t, n = self.full((trial.label, trial.setting), link), len(trial.history)
+    if n > len(t.known):
+      raise ValueError(f"{trial.label} trained {n} steps, past the {len(t.known)} planned.")
+    return sim.Timeline(t.compute_end[:n], t.comm_end[:n], t.compute_seconds[:n],
+                        t.comm_seconds[:n])
+
+  def scaled(self, factor: float) -> "ScaleClock":
+    """The same clock with every compute time times `factor` (the sensitivity lines)."""
+    return ScaleClock(self.plans, self.overlaps, self.sc, self.links, self.buckets, factor)
+
+  def prediction(self, key, link: str) -> plan.Prediction:
+    """Seconds per step of (label, setting) on `link`, means over the planned steps."""
+    t = self.full(key, link)
+    n = len(t.known)
+    return plan.Prediction(compute=float(t.compute_seconds.mean()),
+                           comm=float(t.comm_seconds.mean()), exposed=t.exposed_comm / n,
+                           step=t.total / n)
+
+
+def step_time(entry: dict, config, link: str) -> plan.Prediction:
+  """One method's seconds per step at the scenario of `config` on `link` (a link between the
+  sites: a preset or `name:gbit=G,latency_ms=L[,per=site|device]`): compute, communication,
+  exposed communication and the step, means over config.compare.max_steps steps, as the
+  comparison's clock at scale charges them. Nothing trains; the step is planned (in a
+  subprocess) unless the plan cache has it.
+
+  Args:
+    entry: a METHODS-style entry, e.g. {"method": "diloco", "sync_every": 10}.
+    config: the comparison's config (config.compare.scenario, the model's settings).
+    link: the link between sites.
+
+  Raises:
+    ValueError: the method cannot be planned at this scale (the reason), or a bad setting.
+  """
+  from . import settings as settings_  # pylint: disable=import-outside-toplevel
+  sc = scenario(config)
+  c = plan_config(settings_.method_config(config, entry), sc)
+  found = Plans({"method": c}, sc).get("method")
+  if isinstance(found, str):
+    raise ValueError(f"{entry}: not planned at {sc.mesh} ({found}).")
+  fn = getattr(build.load_method(c.method.name), "overlap_backward", None)
+  overlaps = {("m", 0): (build.overlap_steps(c.method), bool(fn(c.method)) if fn else False)}
+  between = specs.parse_link(link, "link")
+  clock_ = ScaleClock({("m", 0): found}, overlaps, sc, {between.name: between}, buckets(c))
+  return clock_.prediction(("m", 0), between.name)
+
+
+class Planner:
+  """The comparison's plans at scale: one per method and distinct settings (a setting that
+  changes only the optimizer's learning rate shares its method's plan), planned in the
+  background from the start (`Plans`); `clock` waits for them."""
+
+  def __init__(self, configs: dict, sc: Scenario, log=None):
+    self.sc = sc
+    self.at_scale = {key: plan_config(c, sc) for key, c in configs.items()}
+    names = {}
+    for key, c in self.at_scale.items():
+      names.setdefault(key_of(c), key)
+    self.name = {key: names[key_of(c)] for key, c in self.at_scale.items()}
+    self.plans = Plans({f"{k[0]}#{k[1]}": self.at_scale[k] for k in set(self.name.values())},
+                       sc, log)
+
+  def clock(self, links_: dict, pool) -> tuple:
+    """(ScaleClock, {label: why it was not planned}); a method of the reference pool that
+    cannot be planned is an error."""
+    plans, failed = {}, {}
+    for key, c in self.at_scale.items():
+      label = key[0]
+      found = self.plans.get("{}#{}".format(*self.name[key]))
+      if isinstance(found, str):
+        failed.setdefault(label, found)
+      else:
+        plans[key] = found
+    for label in pool:
+      if label in failed:
+        raise RuntimeError(f"{label} (of the reference pool) could not be planned at "
+                           f"{self.sc.mesh}: {failed[label]}")
+    overlaps = {}
+    for key, c in self.at_scale.items():
+      fn = getattr(build.load_method(c.method.name), "overlap_backward", None)
+      overlaps[key] = (build.overlap_steps(c.method), bool(fn(c.method)) if fn else False)
+    plans = {k: p for k, p in plans.items() if k[0] not in failed}
+    first = next(iter(self.at_scale.values()))
+    return ScaleClock(plans, overlaps, self.sc, links_, buckets(first)), failed
+
+
+def proxy_clock(pops: dict, sc: Scenario, links_: dict) -> _clock.Clock:
+  """The proxy's own clock, for the line that shows the regime's effect: each method's step
+  as the proxy compiled it (its size, its mesh of S sites x 8 / S devices, on the same links
+  between and inside the sites), compute its FLOPs on the scenario's device at its MFU."""
+  keys, compute, shares = {}, {}, {}
+  for label, ps in pops.items():
+    for pop in ps:
+      key = keys[(label, pop.setting)] = f"{label}#{pop.setting}"
+      compute[key] = {"seconds": plan.compute_seconds(pop.flops, sc.device, sc.mfu)}
+      shares[key] = SHARES
+  params = next(iter(pops.values()))[0].runs[0].params
+  inner = PROXY_DEVICES // sc.sites
+  networks = {n: comm.Sites(sc.sites, inner, link, sc.inside, axis="replica")
+              for n, link in links_.items()}
+  return _clock.Clock(compute, keys, shares, _clock.buckets(params), links_,
+                      networks=networks)
+
+
+def summary(clock: ScaleClock, sc: Scenario, links_: dict) -> dict:
+  """What report.md and results.json say of the scale: the scenario, each link's network,
+  and per method (its first setting) the plan's numbers and its step time per link."""
+  out = {"scenario": sc.text(), "mesh": sc.mesh, "model": sc.model, "sites": sc.sites,
+         "per_site": sc.per_site, "device": sc.device.name, "mfu": sc.mfu,
+         "compute_seconds": sc.compute_seconds, "cache": sc.cache,
+         "networks": {}, "methods": {}}
+  for name, link in links_.items():
+    share = sc.network(link).share
+    out["networks"][name] = {"bandwidth": link.bandwidth, "per": link.per,
+                             "latency": link.latency, "device_share": share.bandwidth,
+                             "inside": sc.inside.name, "inside_bandwidth": sc.inside.bandwidth}
+  for (label, k), p in clock.plans.items():
+    if k:
+      continue
+    out["methods"][label] = {
+        "flops": p.flops, "bytes_per_step": p.bytes_per_step(),
+        "bytes_per_axis": {",".join(a): b for a, b in p.bytes_per_axis().items()},
+        "state_bytes": p.state_bytes, "overlap": list(clock.overlaps[(label, k)]),
+        "links": {n: dataclasses.asdict(clock.prediction((label, k), n)) for n in links_}}
+  return out
+
+
+# ---------------------------------------------------------------- planning in a subprocess
+class Plans:
+  """The plans of method configs at a scenario's size: read from the cache, the missing ones
+  planned in one subprocess that emulates the scenario's devices (started at once, so that
+  it compiles while the proxy trains; `get` waits for it).
+
+  Args:
+    configs: {name: method config at scale (`plan_config`)}.
+    sc: the scenario (its cache).
+    log: a callable for progress lines (or None).
+  """
+
+  def __init__(self, configs: dict, sc: Scenario, log=None):
+    self.cache = plan.PlanCache(sc.cache)
+    self.keys = {name: key_of(c) for name, c in configs.items()}
+    self.errors: dict = {}
+    missing = {k: configs[n] for n, k in self.keys.items() if self.cache.get(k) is None}
+    self.planned = len(missing)
+    self._proc = self._out = None
+    if missing:
+      folder = tempfile.mkdtemp(prefix="compare_plans_")
+      self._out = os.path.join(folder, "out.json")
+      request = os.path.join(folder, "request.json")
+      with open(request, "w", encoding="utf-8") as f:
+        json.dump({"configs": {k: c.to_json_best_effort() for k, c in missing.items()},
+                   "cache": sc.cache, "devices": sc.devices, "out": self._out}, f)
+      env = {**os.environ, "XLA_FLAGS": PLAN_XLA_FLAGS, "JAX_PLATFORMS": "cpu"}
+      root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+      env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+      if log:
+        log(f"planning {len(missing)} step(s) at {sc.model}'s size on {sc.mesh} in the "
+            f"background ({len(self.keys) - len(missing)} from the plan cache {sc.cache})")
+      self._proc = subprocess.Popen([sys.executable, "-m", __name__, request], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True)
+
+  def wait(self) -> None:
+    """Waits for the planning subprocess (if any); a crash of it is an error."""
+    if self._proc is None:
+      return
+    _, err = self._proc.communicate()
+    if self._proc.returncode or not os.path.isfile(self._out):
+      raise RuntimeError(f"planning at scale failed (exit {self._proc.returncode}):\n"
+                         f"{err[-3000:]}")
+    with open(self._out, encoding="utf-8") as f:
+      self.errors = json.load(f)["errors"]
+    self._proc = None
+
+  def get(self, name: str) -> plan.StepPlan | str:
+    """The plan of config `name`, or why it could not be planned."""
+    self.wait()
+    key = self.keys[name]
+    if key in self.errors:
+      return self.errors[key]
+    found = self.cache.get(key)
+    return found if found is not None else "not in the plan cache after planning"
+
+
+def _plan_request(path: str) -> None:
+  """The subprocess: plans each requested config, stores it in the cache, records failures."""
+  with open(path, encoding="utf-8") as f:
+    request = json.load(f)
+  jax.config.update("jax_num_cpu_devices", request["devices"])
+  cache = plan.PlanCache(request["cache"])
+  errors = {}
+  for key, text in request["configs"].items():
+    c = ml_collections.ConfigDict(json.loads(text))
+    try:
+      cache.put(key, plan_one(c))
+    except Exception as e:  # a method the library cannot plan at this size: reported
+      errors[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+  with open(request["out"], "w", encoding="utf-8") as f:
+    json.dump({"errors": errors}, f)
+
+
+if __name__ == "__main__":
+  _plan_request(sys.argv[1])

@@ -1,0 +1,110 @@
+"""The transfer check (config.compare.proxies = 2): the comparison run again with a proxy of at
+least 4x the parameters, and per method its steps to the target relative to DP's at each
+size; a method whose rank changes between the sizes gets a line (rankings flip with scale:
+Wen et al., arXiv 2509.02046)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+from .. import build
+
+RATIO = 4  # the larger proxy has at least this many times the parameters
+
+
+def parameters(config) -> int:
+  """The proxy's parameter count (shapes only: nothing is initialised)."""
+  flat = config.copy_and_resolve_references()
+  with flat.unlocked():
+    flat.mesh = ""
+  import jax  # pylint: disable=import-outside-toplevel
+  run = build.build(flat, jax.devices()[:8], abstract=True)
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(run.params)))
+
+
+def larger(config):
+  """`config` with a proxy of at least RATIO x the parameters: d_model and d_ff doubled, and
+  blocks added until the count is reached."""
+  c = config.copy_and_resolve_references()
+  base = parameters(config)
+  with c.unlocked():
+    c.model.d_model *= 2
+    c.model.d_ff *= 2
+  while parameters(c) < RATIO * base:
+    with c.unlocked():
+      c.model.num_layers += 1
+  return c
+
+
+def steps_to_target(out: dict) -> dict:
+  """{method: median over seeds of its steps to the target} (the first link's readings; a
+  miss counts as infinity)."""
+  first = next(iter(out["links"]))
+  found = {}
+  for r in out["methods"]:
+    steps = [s if s is not None else math.inf
+             for s in r["links"][first].get("steps_to_target", [])]
+    found[r["method"]] = float(np.median(steps)) if steps else math.inf
+  return found
+
+
+def relative(out: dict, reference: str) -> dict:
+  """{method: steps to the target / the reference's}."""
+  steps = steps_to_target(out)
+  ref = steps[reference]
+  return {m: (s / ref if math.isfinite(s) and math.isfinite(ref) else math.inf)
+          for m, s in steps.items()}
+
+
+def ranks(ratios: dict) -> dict:
+  """{method: rank by steps to the target relative to the reference, 1 = fewest}."""
+  order = sorted(ratios, key=lambda m: ratios[m])
+  return {m: i + 1 for i, m in enumerate(order)}
+
+
+def summary(small: dict, big: dict, reference: str, sizes: tuple) -> dict:
+  """Per method the relative steps and rank at both sizes, and the lines for rank changes."""
+  a, b = relative(small, reference), relative(big, reference)
+  common = [m for m in a if m in b]
+  ra, rb = ranks({m: a[m] for m in common}), ranks({m: b[m] for m in common})
+  lines = [f"{m}: rank {ra[m]} at {sizes[0]:,} parameters ({_x(a[m])} {reference}'s steps), "
+           f"rank {rb[m]} at {sizes[1]:,} ({_x(b[m])})" for m in common if ra[m] != rb[m]]
+  return {"reference": reference, "parameters": list(sizes),
+          "methods": {m: {"small": a[m], "large": b[m], "rank_small": ra[m],
+                          "rank_large": rb[m]} for m in common},
+          "rank_changes": lines}
+
+
+def _x(v: float) -> str:
+  return "never" if math.isinf(v) else f"{v:.2f}x"
+
+
+def markdown(t: dict) -> str:
+  """report.md's section."""
+  small, large = t["parameters"]
+  rows = "\n".join(f"| {m} | {_x(v['small'])} | {v['rank_small']} | {_x(v['large'])} | "
+                   f"{v['rank_large']} |" for m, v in t["methods"].items())
+  changes = "\n".join(f"* {line}" for line in t["rank_changes"]) or \
+      "* No method's rank changed between the two sizes."
+  return (f"## Transfer across proxy sizes\n\nSteps to the target relative to "
+          f"{t['reference']}'s (median over seeds), at the proxy's {small:,} parameters and "
+          f"at {large:,} ({large / small:.1f}x; its own target, from its own "
+          f"{t['reference']}):\n\n| method | steps / {t['reference']}'s | rank | at "
+          f"{large / small:.1f}x | rank |\n|---|---|---|---|---|\n{rows}\n\n{changes}\n")
+
+
+def append(workdir: str, t: dict, out: dict) -> None:
+  """Adds the section to workdir's report.md and the numbers to results.json."""
+  with open(os.path.join(workdir, "report.md"), "a", encoding="utf-8") as f:
+    f.write("\n" + markdown(t))
+  out["transfer"] = t
+  path = os.path.join(workdir, "results.json")
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  saved["transfer"] = t
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(saved, f, indent=1)
