@@ -122,7 +122,7 @@ def test_the_report_says_where_each_number_comes_from(run):
 @pytest.mark.slow
 def test_step_time_is_the_clocks_step_for_one_method(run):
   config, _, saved, _ = run
-  p = compare_scale.step_time(METHODS["diloco"], config, "wan")
+  p = compare.step_time(METHODS["diloco"], config, "wan")
   assert p.step == pytest.approx(saved["scale"]["methods"]["diloco"]["links"]["wan"]["step"])
   assert p.step == pytest.approx(p.compute + p.exposed)
 

@@ -4,12 +4,15 @@ its evaluation parameters (per leaf and from ACCO's flat shards), the held-out l
 them, bad values refused, the report saying which schedule ran; warmup-stable-decay's rate
 by hand, and a decay branched from a kept stable state against the whole schedule."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from optax import contrib
 
+from experiments.compare import clock as compare_clock
 from experiments.compare import settings as compare_settings
 from experiments.compare import trials as compare_trials
 from experiments.compare import wsd as wsd
@@ -116,7 +119,8 @@ def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
   (free,) = [s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda s: isinstance(
       s, contrib.ScheduleFreeState)) if isinstance(s, contrib.ScheduleFreeState)]
   x = contrib.schedule_free_eval_params(free, state.params)
-  assert pop.trials[0].evals == [(2, pytest.approx(float(heldout(x)), rel=1e-6))]
+  assert pop.trials[0].evals[0][0] == 0  # the initial parameters are read too
+  assert pop.trials[0].evals[1:] == [(2, pytest.approx(float(heldout(x)), rel=1e-6))]
   assert float(heldout(x)) != float(heldout(state.params))
 
 
@@ -168,7 +172,8 @@ def test_a_decay_branched_from_the_stable_state_equals_the_whole_schedule_from_s
   links = compare_settings.links(config)
   heldout = compare_trials.heldout_fn(config)
   pop = compare_trials.Population("dp", 0, [config], links, heldout, False)
-  clock = lambda trial, link: (1.0, None)  # noqa: E731 (1 s a step plus DP's bytes)
+  clock = types.SimpleNamespace(timeline=lambda trial, link: compare_clock.timeline(
+      1.0, trial.step_bytes, trial.costs[link], 0, None))  # 1 s a step plus DP's bytes
   pop.evaluate_on(clock, {"wan": 100.0})
   pop.train_to(1)
   per_step = float(pop.trials[0].clocks(clock)["wan"].known[0])

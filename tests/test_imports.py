@@ -180,6 +180,8 @@ LONG_MODULES = {
                                      "its seeds) trained, evaluated and timed on every link",
     "experiments/compare/report.py": "one concern: the report's tables, verdicts, per-seed "
                                      "times and results.json",
+    "experiments/compare/__init__.py": "the comparison: its protocol (the docstring --help "
+                                       "shows), the methods table and the run",
     "experiments/reproduce/_reproduce.py": "what every reproduction shares: its settings, one "
                                            "run, its tables and figures",
     "benchmarks/shaped_link.py": "one benchmark: namespaces, a shaped link, two processes and "

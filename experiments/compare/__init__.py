@@ -16,28 +16,19 @@ one seed (the seed sets the initial parameters, the batches and the codecs' keys
 losses do not depend on the network, only its clock does, so each trial trains once and
 every link's clock is read off it (`jaxcomm.sim`).
 
-* The clock at a scenario's scale (`--scale=scenario`, the default; config.compare.scenario,
-  `experiments/compare/scale.py`): a model at its real size (a preset of
-  experiments/configs/models/, `--model`, or a .py file of that form), S sites x d devices
-  (`--sites`, `--per_site`: mesh `replica=S,fsdp=d`), the link inside a site (`--inside`,
-  per device), an accelerator and its MFU (`--device`, `--mfu`, or `--compute_seconds`).
-  The links (`--links`, `--link`) are those between the sites; a per-site bandwidth (wan,
-  internet) is shared by the site's devices that send at once, a per-device one
-  (infiniband) is not (`jaxcomm.comm.Sites`). Each method's step is compiled at that size
-  on that mesh but never run (`jaxcomm.plan`: a stack of blocks planned at 1 and 2 blocks
-  and extrapolated, in a subprocess while the proxy trains, kept in a plan cache): compute
-  = its FLOPs / (peak x MFU), communication = each compiled collective costed on the
-  two-level network at the steps the method's counters send it, less what its schedule
-  overlaps. The proxy trains with the scenario's replicas on the slow axis
-  (`replica=S,data=8/S`), so DiLoCo's K and every method's averaging are the scenario's.
-  Steps to the target come from the proxy; the time to the target is the scenario's clock
-  at those steps. report.md also gives each verdict on the proxy's own clock (its compiled
-  step at its size on a network of its shape, compute from its FLOPs): the regime's effect.
-  `step_time(entry, config, link)` (scale.py) is one method's step at scale, untrained.
-* The proxy's clock (`--scale=proxy`): one measured compute figure per local step
-  (`experiments/compare/clock.py`: methods with the same local step share it) plus the
-  communication of the method's compiled step at the proxy's size on the link, each device
-  at the link's bandwidth (`comm.inspect`, `comm.cost`).
+* At a scenario's scale (`--scale=scenario`, the default; `experiments/compare/scale.py`):
+  a model at its size (`--model`: a preset of experiments/configs/models/ or a .py file of
+  that form) on S sites x d devices (`--sites`, `--per_site`; mesh `replica=S,fsdp=d`),
+  `--inside` a site, an accelerator at an MFU (`--device`, `--mfu`, or `--compute_seconds`);
+  `--links` are the links between the sites (a per-site bandwidth such as wan's is shared by
+  the site's devices that send at once, `jaxcomm.comm.Sites`). Each method's step is
+  compiled at that size on that mesh, never run (`jaxcomm.plan`); its step time is its
+  FLOPs / (peak x MFU) plus its collectives on the two-level network. The proxy trains with
+  one replica per site (`replica=S,data=8/S`): steps to the target come from the proxy,
+  the time to the target is the scenario's clock at those steps. report.md also gives the
+  verdicts on the proxy's own clock (the regime's effect).
+* `--scale=proxy`: one measured compute figure per local step (`clock.py`: methods with
+  the same local step share it) plus the proxy's compiled step on each link, per device.
 
 Either way a method's communication is charged less what its schedule cannot hide: a method
 module's `overlap_steps` (later steps overlap a sync) or `overlap_backward` (the all-reduce
@@ -89,10 +80,8 @@ overlaps the backward pass bucket by bucket, `sim.backward_overlap`).
   every link), S studies; per study and link the fastest setting's time, then the median
   over studies.
 
-With `--proxies=2` the whole comparison runs again with a proxy of at least 4x the
-parameters (into --workdir/proxy_large), and report.md gives per method its steps to the
-target relative to DP's at both sizes and a line for each method whose rank changes
-(`experiments/compare/transfer.py`).
+`--proxies=2` runs it again with a proxy of >= 4x the parameters and compares each method's
+steps to the target relative to DP's at the two sizes (`transfer.py`).
 
 Written into --workdir: `report.md` (the scenario, verdicts with intervals and seed counts,
 the verdicts on the proxy's own clock, a table per link, per-seed times, each method's step
@@ -127,6 +116,7 @@ from . import stats
 from . import summary as summary_
 from . import transfer
 from . import trials as trials_
+from .timing import step_time  # noqa: F401 (one method's step at scale, for other scores)
 from . import wsd as _wsd
 
 # label -> the method and its settings (experiments/methods/<method>.py; every setting not
@@ -229,20 +219,8 @@ def run(config, workdir: str, methods: list | None = None, *,
   with _compile_cache():
     out = _run(config, workdir, methods, verbose, catalog, command)
     if config.compare.proxies == 2:  # the transfer check: again with a larger proxy
-      big = transfer.larger(config)
-      sizes = (transfer.parameters(config), transfer.parameters(big))
-      _log(verbose, f"the transfer check: the proxy at {sizes[1]:,} parameters "
-                    f"({sizes[1] / sizes[0]:.1f}x)...")
-      out_big = _run(big, os.path.join(workdir, "proxy_large"), methods, verbose, catalog,
-                     command)
-      reference = "dp" if any(r["method"] == "dp" for r in out["methods"]) else \
-          config.compare.reference
-      found = transfer.summary(out, out_big, reference, sizes)
-      transfer.append(workdir, found, out)
-      if verbose:
-        print("\nTransfer across proxy sizes (steps to the target relative to "
-              f"{reference}'s):\n" + "\n".join(
-                  f"  {line}" for line in found["rank_changes"] or ["no rank changed"]))
+      transfer.check(config, workdir, out, verbose, lambda c, path: _run(
+          c, path, methods, verbose, catalog, command))
     return out
 
 
@@ -350,18 +328,8 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
            "sensitivity": sensitivity, "reference_setting": ref_k,
            "intervals": grid[1], "references": refs, "wsd": decays, "not_planned": not_planned}
   if at_scale:  # the scenario's step times, and the same trials on the proxy's own clock
-    extra["scale"] = scale_.summary(clock, sc, links_)
-    pclock = scale_.proxy_clock({m: pops[m] for m in entries}, sc, links_)
-    p_budgets, p_refs = summary_.budgets_and_references(trials, pclock, target, config)
-    extra["proxy_clock"] = {
-        "budgets": p_budgets, "references": p_refs,
-        "summary": summary_.summarise(trials, pclock, target, config, p_budgets, p_refs)[1]}
-    extra["scale_text"] = scale_report.text(extra["scale"], extra["proxy_clock"], config,
-                                            list(links_), target)
-    extra["scale_sections"] = scale_report.sections(extra["scale"], extra["proxy_clock"],
-                                                    config, list(links_), target, not_planned)
-    for r in records:
-      r["scale"] = extra["scale"]["methods"].get(r["method"])
+    extra.update(scale_report.extra(clock, sc, links_, {m: pops[m] for m in entries}, trials,
+                                    target, config, not_planned, records))
   extra["wall_seconds"] = time.perf_counter() - start_all
   out = report.write(config, workdir, links_, budgets, target, source, records, extra, command)
   if verbose:

@@ -6,28 +6,23 @@ a .py file of your own whose `get_config()` has a preset's form), S sites of d d
 mesh `replica=S, <inner>=d`), the link inside a site, an accelerator preset and its MFU (or
 a measured compute time per step); the links of config.compare.links are the links between
 the sites. Each method's step is compiled for that mesh at the model's size but never run:
-a stack of identical blocks at 1 and 2 blocks, extrapolated (`plan.plan_stack`), in a
-subprocess that emulates S d CPU devices (the comparison's own process trains the proxy on
-8), and kept in a plan cache (`plan.PlanCache`) keyed by everything the program depends on.
+a stack of identical blocks at 1 and 2 blocks, extrapolated, in a subprocess that emulates
+S d CPU devices, kept in a plan cache (plans.py).
 
 Per link, a method's step time at scale is the plan's: compute = FLOPs / (peak x MFU),
 communication = each compiled collective costed on `comm.Sites(S, d, link, inside)` and
 charged at the steps the method's counters send it, less what its schedule overlaps.
-`step_time(entry, config, link)` is that number for one method, without training anything.
+`experiments.compare.step_time(entry, config, link)` (timing.py) is that number for one
+method, without training anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
-import json
 import math
 import os
-import subprocess
-import sys
-import tempfile
 
 import jax
 import ml_collections
@@ -37,23 +32,13 @@ from jaxcomm import comm, plan, sim
 
 from .. import _plugins, build, specs, toolkit
 from . import clock as _clock
+from . import plans as plans_
 
 SCALES = ("scenario", "proxy")
 INNER_AXES = ("fsdp", "data")
 PROXY_DEVICES = 8  # the emulated devices the proxy trains on
 _MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                        "models")
-# XLA:CPU's flags for the planning process: the loop emitters and one LLVM module compile
-# in about half the CPU time (benchmarks/xla_compile_flags.py) and change no collective.
-PLAN_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
-
-
-def default_cache() -> str:
-  """Where plans are kept unless config.compare.scenario.plan_cache says otherwise."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "jaxcomm", "plans")
-
-
 def model_preset(name: str) -> dict:
   """A model preset (experiments/configs/models/NAME.py) or a .py file of the same form:
   {"model": {...config.model}, "data", "seq_len", "batch_per_device", "note"}."""
@@ -142,7 +127,7 @@ def scenario(config) -> Scenario:
   return Scenario(model=s.model, preset=model_preset(s.model), sites=sites, per_site=per_site,
                   inner=s.inner, inside=inside, device=plan.device(s.device), mfu=mfu,
                   compute_seconds=None if measured is None else float(measured),
-                  cache=s.get("plan_cache", None) or default_cache())
+                  cache=s.get("plan_cache", None) or plans_.default_cache())
 
 
 def proxy_mesh(config) -> str:
@@ -164,50 +149,6 @@ def plan_config(config, sc: Scenario) -> ml_collections.ConfigDict:
     c.data.batch_size = p["batch_per_device"] * sc.devices  # replica and inner: batch axes
     c.steps = config.compare.max_steps
   return c
-
-
-def _digest(*paths) -> str:
-  h = hashlib.sha256()
-  for p in paths:
-    if p and os.path.isfile(p):
-      with open(p, "rb") as f:
-        h.update(f.read())
-  return h.hexdigest()[:16]
-
-
-def key_of(c) -> str:
-  """The plan cache's key of a method config at scale: model, mesh, method settings, the
-  optimizer but its learning rate (which changes no program), the planned steps, the data's
-  shapes, and the sources of the method and model modules and of the builder."""
-  method = build.load_method(c.method.name)
-  model = build.load_model(c.model.name)
-  optimizer = {k: v for k, v in c.optimizer.to_dict().items() if k != "lr"}
-  return plan.plan_key(model=c.model.to_dict(), mesh=c.mesh, method=c.method.to_dict(),
-                       optimizer=optimizer, steps=c.steps, seq_len=c.data.seq_len,
-                       batch=c.data.batch_size, skip_nonfinite=c.skip_nonfinite,
-                       xla_flags=PLAN_XLA_FLAGS,
-                       sources=_digest(method.__file__, model.__file__, build.__file__))
-
-
-def plan_one(c, devices=None) -> plan.StepPlan:
-  """The plan of a method config at scale (this process must have its mesh's devices): a
-  stack of blocks from 1 and 2 blocks, or in full when the model has no `num_layers` or the
-  two do not extrapolate."""
-
-  def plan_at(blocks):
-    cb = c.copy_and_resolve_references()
-    if blocks is not None:
-      cb.model.num_layers = blocks
-    run = build.build(cb, devices, abstract=True)
-    return plan.compile_step(run.trainer(), run.params, run.batches(0), steps=cb.steps)
-
-  blocks = c.model.get("num_layers")
-  if not isinstance(blocks, int):
-    return plan_at(None)
-  try:
-    return plan.plan_stack(plan_at, blocks)
-  except plan.NotAffine:
-    return plan_at(blocks)
 
 
 # ---------------------------------------------------------------- the clock at scale
@@ -287,32 +228,10 @@ class ScaleClock:
                            step=t.total / n)
 
 
-def step_time(entry: dict, config, link: str) -> plan.Prediction:
-  """One method's seconds per step at the scenario of `config` on `link` (a link between the
-  sites: a preset or `name:gbit=G,latency_ms=L[,per=site|device]`): compute, communication,
-  exposed communication and the step, means over config.compare.max_steps steps, as the
-  comparison's clock at scale charges them. Nothing trains; the step is planned (in a
-  subprocess) unless the plan cache has it.
-
-  Args:
-    entry: a METHODS-style entry, e.g. {"method": "diloco", "sync_every": 10}.
-    config: the comparison's config (config.compare.scenario, the model's settings).
-    link: the link between sites.
-
-  Raises:
-    ValueError: the method cannot be planned at this scale (the reason), or a bad setting.
-  """
-  from . import settings as settings_  # pylint: disable=import-outside-toplevel
-  sc = scenario(config)
-  c = plan_config(settings_.method_config(config, entry), sc)
-  found = Plans({"method": c}, sc).get("method")
-  if isinstance(found, str):
-    raise ValueError(f"{entry}: not planned at {sc.mesh} ({found}).")
+def overlaps_of(c) -> tuple:
+  """(overlap_steps, overlap_backward) of a method config (its method module's hooks)."""
   fn = getattr(build.load_method(c.method.name), "overlap_backward", None)
-  overlaps = {("m", 0): (build.overlap_steps(c.method), bool(fn(c.method)) if fn else False)}
-  between = specs.parse_link(link, "link")
-  clock_ = ScaleClock({("m", 0): found}, overlaps, sc, {between.name: between}, buckets(c))
-  return clock_.prediction(("m", 0), between.name)
+  return build.overlap_steps(c.method), bool(fn(c.method)) if fn else False
 
 
 class Planner:
@@ -325,10 +244,10 @@ class Planner:
     self.at_scale = {key: plan_config(c, sc) for key, c in configs.items()}
     names = {}
     for key, c in self.at_scale.items():
-      names.setdefault(key_of(c), key)
-    self.name = {key: names[key_of(c)] for key, c in self.at_scale.items()}
-    self.plans = Plans({f"{k[0]}#{k[1]}": self.at_scale[k] for k in set(self.name.values())},
-                       sc, log)
+      names.setdefault(plans_.key_of(c), key)
+    self.name = {key: names[plans_.key_of(c)] for key, c in self.at_scale.items()}
+    self.plans = plans_.Plans({f"{k[0]}#{k[1]}": self.at_scale[k]
+                               for k in set(self.name.values())}, sc.cache, sc.devices, log)
 
   def clock(self, links_: dict, pool) -> tuple:
     """(ScaleClock, {label: why it was not planned}); a method of the reference pool that
@@ -345,10 +264,7 @@ class Planner:
       if label in failed:
         raise RuntimeError(f"{label} (of the reference pool) could not be planned at "
                            f"{self.sc.mesh}: {failed[label]}")
-    overlaps = {}
-    for key, c in self.at_scale.items():
-      fn = getattr(build.load_method(c.method.name), "overlap_backward", None)
-      overlaps[key] = (build.overlap_steps(c.method), bool(fn(c.method)) if fn else False)
+    overlaps = {key: overlaps_of(c) for key, c in self.at_scale.items()}
     plans = {k: p for k, p in plans.items() if k[0] not in failed}
     first = next(iter(self.at_scale.values()))
     return ScaleClock(plans, overlaps, self.sc, links_, buckets(first)), failed
@@ -370,105 +286,3 @@ def proxy_clock(pops: dict, sc: Scenario, links_: dict) -> _clock.Clock:
               for n, link in links_.items()}
   return _clock.Clock(compute, keys, shares, _clock.buckets(params), links_,
                       networks=networks)
-
-
-def summary(clock: ScaleClock, sc: Scenario, links_: dict) -> dict:
-  """What report.md and results.json say of the scale: the scenario, each link's network,
-  and per method (its first setting) the plan's numbers and its step time per link."""
-  out = {"scenario": sc.text(), "mesh": sc.mesh, "model": sc.model, "sites": sc.sites,
-         "per_site": sc.per_site, "device": sc.device.name, "mfu": sc.mfu,
-         "compute_seconds": sc.compute_seconds, "cache": sc.cache,
-         "networks": {}, "methods": {}}
-  for name, link in links_.items():
-    share = sc.network(link).share
-    out["networks"][name] = {"bandwidth": link.bandwidth, "per": link.per,
-                             "latency": link.latency, "device_share": share.bandwidth,
-                             "inside": sc.inside.name, "inside_bandwidth": sc.inside.bandwidth}
-  for (label, k), p in clock.plans.items():
-    if k:
-      continue
-    out["methods"][label] = {
-        "flops": p.flops, "bytes_per_step": p.bytes_per_step(),
-        "bytes_per_axis": {",".join(a): b for a, b in p.bytes_per_axis().items()},
-        "state_bytes": p.state_bytes, "overlap": list(clock.overlaps[(label, k)]),
-        "links": {n: dataclasses.asdict(clock.prediction((label, k), n)) for n in links_}}
-  return out
-
-
-# ---------------------------------------------------------------- planning in a subprocess
-class Plans:
-  """The plans of method configs at a scenario's size: read from the cache, the missing ones
-  planned in one subprocess that emulates the scenario's devices (started at once, so that
-  it compiles while the proxy trains; `get` waits for it).
-
-  Args:
-    configs: {name: method config at scale (`plan_config`)}.
-    sc: the scenario (its cache).
-    log: a callable for progress lines (or None).
-  """
-
-  def __init__(self, configs: dict, sc: Scenario, log=None):
-    self.cache = plan.PlanCache(sc.cache)
-    self.keys = {name: key_of(c) for name, c in configs.items()}
-    self.errors: dict = {}
-    missing = {k: configs[n] for n, k in self.keys.items() if self.cache.get(k) is None}
-    self.planned = len(missing)
-    self._proc = self._out = None
-    if missing:
-      folder = tempfile.mkdtemp(prefix="compare_plans_")
-      self._out = os.path.join(folder, "out.json")
-      request = os.path.join(folder, "request.json")
-      with open(request, "w", encoding="utf-8") as f:
-        json.dump({"configs": {k: c.to_json_best_effort() for k, c in missing.items()},
-                   "cache": sc.cache, "devices": sc.devices, "out": self._out}, f)
-      env = {**os.environ, "XLA_FLAGS": PLAN_XLA_FLAGS, "JAX_PLATFORMS": "cpu"}
-      root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-      env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-      if log:
-        log(f"planning {len(missing)} step(s) at {sc.model}'s size on {sc.mesh} in the "
-            f"background ({len(self.keys) - len(missing)} from the plan cache {sc.cache})")
-      self._proc = subprocess.Popen([sys.executable, "-m", __name__, request], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    text=True)
-
-  def wait(self) -> None:
-    """Waits for the planning subprocess (if any); a crash of it is an error."""
-    if self._proc is None:
-      return
-    _, err = self._proc.communicate()
-    if self._proc.returncode or not os.path.isfile(self._out):
-      raise RuntimeError(f"planning at scale failed (exit {self._proc.returncode}):\n"
-                         f"{err[-3000:]}")
-    with open(self._out, encoding="utf-8") as f:
-      self.errors = json.load(f)["errors"]
-    self._proc = None
-
-  def get(self, name: str) -> plan.StepPlan | str:
-    """The plan of config `name`, or why it could not be planned."""
-    self.wait()
-    key = self.keys[name]
-    if key in self.errors:
-      return self.errors[key]
-    found = self.cache.get(key)
-    return found if found is not None else "not in the plan cache after planning"
-
-
-def _plan_request(path: str) -> None:
-  """The subprocess: plans each requested config, stores it in the cache, records failures."""
-  with open(path, encoding="utf-8") as f:
-    request = json.load(f)
-  jax.config.update("jax_num_cpu_devices", request["devices"])
-  cache = plan.PlanCache(request["cache"])
-  errors = {}
-  for key, text in request["configs"].items():
-    c = ml_collections.ConfigDict(json.loads(text))
-    try:
-      cache.put(key, plan_one(c))
-    except Exception as e:  # a method the library cannot plan at this size: reported
-      errors[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-  with open(request["out"], "w", encoding="utf-8") as f:
-    json.dump({"errors": errors}, f)
-
-
-if __name__ == "__main__":
-  _plan_request(sys.argv[1])

@@ -4,8 +4,12 @@ link, and the verdict on the proxy's own clock beside the scenario's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..reproduce import _reproduce as rep
 from . import report
+from . import scale as scale_
+from . import summary as summary_
 
 
 def _bytes(n: float) -> str:
@@ -18,6 +22,29 @@ def _bytes(n: float) -> str:
 def _rate(bytes_per_s: float) -> str:
   gbit = bytes_per_s * 8 / 1e9
   return f"{gbit:g} Gbit/s" if gbit >= 1 else f"{gbit * 1e3:g} Mbit/s"
+
+
+def summary(clock, sc, links_: dict) -> dict:
+  """What report.md and results.json say of the scale: the scenario, each link's network,
+  and per method (its first setting) the plan's numbers and its step time per link."""
+  out = {"scenario": sc.text(), "mesh": sc.mesh, "model": sc.model, "sites": sc.sites,
+         "per_site": sc.per_site, "device": sc.device.name, "mfu": sc.mfu,
+         "compute_seconds": sc.compute_seconds, "cache": sc.cache,
+         "networks": {}, "methods": {}}
+  for name, link in links_.items():
+    share = sc.network(link).share
+    out["networks"][name] = {"bandwidth": link.bandwidth, "per": link.per,
+                             "latency": link.latency, "device_share": share.bandwidth,
+                             "inside": sc.inside.name, "inside_bandwidth": sc.inside.bandwidth}
+  for (label, k), p in clock.plans.items():
+    if k:
+      continue
+    out["methods"][label] = {
+        "flops": p.flops, "bytes_per_step": p.bytes_per_step(),
+        "bytes_per_axis": {",".join(a): b for a, b in p.bytes_per_axis().items()},
+        "state_bytes": p.state_bytes, "overlap": list(clock.overlaps[(label, k)]),
+        "links": {n: dataclasses.asdict(clock.prediction((label, k), n)) for n in links_}}
+  return out
 
 
 def networks(scale: dict) -> str:
@@ -97,3 +124,20 @@ def sections(scale: dict, proxy: dict, config, links: list, target: float,
                 "communication its schedule does not hide.\n\n"
                 + rep.markdown_table(headers, rows) + missing
                 + f"\n\nPlans kept in {scale['cache']}.")}
+
+
+def extra(clock, sc, links_: dict, pops: dict, trials: dict, target: float, config,
+          not_planned: dict, records: list) -> dict:
+  """What `compare.run` adds to its report at scale: the scenario's step times ("scale"),
+  the same trials on the proxy's own clock ("proxy_clock"), the text and sections above;
+  and each record's plan at scale (`record["scale"]`)."""
+  scale = summary(clock, sc, links_)
+  pclock = scale_.proxy_clock(pops, sc, links_)
+  budgets, refs = summary_.budgets_and_references(trials, pclock, target, config)
+  proxy = {"budgets": budgets, "references": refs,
+           "summary": summary_.summarise(trials, pclock, target, config, budgets, refs)[1]}
+  for r in records:
+    r["scale"] = scale["methods"].get(r["method"])
+  return {"scale": scale, "proxy_clock": proxy,
+          "scale_text": text(scale, proxy, config, list(links_), target),
+          "scale_sections": sections(scale, proxy, config, list(links_), target, not_planned)}

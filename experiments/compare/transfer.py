@@ -97,6 +97,24 @@ def markdown(t: dict) -> str:
           f"{large / small:.1f}x | rank |\n|---|---|---|---|---|\n{rows}\n\n{changes}\n")
 
 
+def check(config, workdir: str, out: dict, verbose: bool, run) -> None:
+  """The transfer check after the comparison `out` (run(config, workdir) runs one): again
+  with the larger proxy into workdir/proxy_large, then the section in report.md."""
+  big = larger(config)
+  sizes = (parameters(config), parameters(big))
+  if verbose:
+    print(f"the transfer check: the proxy at {sizes[1]:,} parameters "
+          f"({sizes[1] / sizes[0]:.1f}x)...", flush=True)
+  out_big = run(big, os.path.join(workdir, "proxy_large"))
+  reference = "dp" if any(r["method"] == "dp" for r in out["methods"]) else \
+      config.compare.reference
+  found = summary(out, out_big, reference, sizes)
+  append(workdir, found, out)
+  if verbose:
+    print(f"\nTransfer across proxy sizes (steps to the target relative to {reference}'s):\n"
+          + "\n".join(f"  {line}" for line in found["rank_changes"] or ["no rank changed"]))
+
+
 def append(workdir: str, t: dict, out: dict) -> None:
   """Adds the section to workdir's report.md and the numbers to results.json."""
   with open(os.path.join(workdir, "report.md"), "a", encoding="utf-8") as f:
