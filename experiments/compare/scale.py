@@ -78,6 +78,11 @@ class Scenario:
   cache: str
 
   @property
+  def name(self) -> str:
+    """The model's name: its preset's, or its file's without the folder."""
+    return os.path.basename(self.model)
+
+  @property
   def mesh(self) -> str:
     return f"replica={self.sites},{self.inner}={self.per_site}"
 
@@ -95,7 +100,7 @@ class Scenario:
                if self.compute_seconds is not None else
                f"{self.device.name} at MFU {self.mfu:g} (compute = the compiled step's FLOPs "
                f"/ ({self.device.peak_flops / 1e12:g} TFLOP/s x {self.mfu:g}))")
-    return (f"{self.model} ({self.preset.get('note', '')}) on {self.sites} sites x "
+    return (f"{self.name} ({self.preset.get('note', '')}) on {self.sites} sites x "
             f"{self.per_site} devices (mesh {self.mesh}; {self.inside.name or 'inside'} inside "
             f"a site); {compute}")
 

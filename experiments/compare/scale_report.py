@@ -27,7 +27,7 @@ def _rate(bytes_per_s: float) -> str:
 def summary(clock, sc, links_: dict) -> dict:
   """What report.md and results.json say of the scale: the scenario, each link's network,
   and per method (its first setting) the plan's numbers and its step time per link."""
-  out = {"scenario": sc.text(), "mesh": sc.mesh, "model": sc.model, "sites": sc.sites,
+  out = {"scenario": sc.text(), "mesh": sc.mesh, "model": sc.name, "sites": sc.sites,
          "per_site": sc.per_site, "device": sc.device.name, "mfu": sc.mfu,
          "compute_seconds": sc.compute_seconds, "cache": sc.cache,
          "networks": {}, "methods": {}}
