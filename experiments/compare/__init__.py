@@ -291,7 +291,7 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     target = stats.higher_median(bests)
     source = (f"{c.reference}'s best held-out loss in {config.steps} steps, median of "
               f"{c.seeds} seeds")
-  chunk = max(c.eval_every, config.steps // 5)
+  chunk = c.eval_every  # trained between checks: a trial stops within one reading of done
   for pop in (p for ps in pops.values() for p in ps):
     pop.aim(target)  # evaluations that cannot change a time to the target are skipped
   for label, ps in pops.items():  # the pool's times (at its tuned setting) set the budgets

@@ -71,6 +71,7 @@ class Population:
     fn = getattr(r.method, "overlap_backward", None)
     self.overlap_backward = bool(fn(r.config.method)) if fn else False
     self.trials = [Trial(self, s) for s in range(len(configs))]
+    self.eval_every = r.config.compare.eval_every
     self.seconds, self.grid = 0.0, None
     self.final = None  # the step of the reading after the step cap stopped training (`read_last`)
     for k, trainer in enumerate(self.trainers):  # every trial is read at step 0 too
@@ -152,9 +153,12 @@ class Population:
     """(trial, links) of those of `trials` evaluated at `step` (just trained): all of them
     on the step rule (no links); on the grids, those for which it reaches a new multiple of
     the interval of a link where they have not yet reached the target (`aim`; every trial's
-    count moves on), with the links whose multiple it reaches."""
+    count moves on), with the links whose multiple it reaches; and at every `eval_every`-th
+    step, a reading that counts on every link (so that a method whose steps are much
+    shorter than the reference's is read at least that often, not once in hundreds of
+    steps), while a link has not yet reached the target."""
     if self.grid is None:
-      on_rule = step % self.configs[0].compare.eval_every == 0
+      on_rule = step % self.eval_every == 0
       return [(t, []) for t in trials] if on_rule else []
     clock, intervals = self.grid
     due = []
@@ -165,6 +169,8 @@ class Population:
         if m > trial.reached[n]:
           trial.reached[n] = m
           links.append(n)
+      if step % self.eval_every == 0:
+        links = list(intervals)
       if any(n not in trial.hit for n in links):
         due.append((trial, links))
     return due
@@ -256,15 +262,15 @@ class Trial:
 
   def evals_on(self, link: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, held-out losses) of the evaluations that count on `link`: those on its grid
-    of the population's clock (`Population.evaluate_on`), step 0 and the reading at the step
-    cap (`Population.read_last`); or all of them."""
+    of the population's clock (`Population.evaluate_on`), every `eval_every`-th step, step 0
+    and the reading at the step cap (`Population.read_last`); or all of them."""
     steps, losses = (np.array(v) for v in zip(*self.evals)) if self.evals else (
         np.zeros(0, np.int64), np.zeros(0))
     if self.grid is None:
       return steps, losses
     clock, intervals = self.grid
     keep = (acc.on_grid(steps, self.clocks(clock)[link].known, intervals[link])
-            | (steps == 0) | (steps == (self.final or -1)))
+            | (steps % self.eval_every == 0) | (steps == (self.final or -1)))
     return steps[keep], losses[keep]
 
   def accounts(self, clock, budgets: dict, target: float, cap: int) -> dict:
