@@ -120,6 +120,7 @@ def test_the_report_says_where_each_number_comes_from(run):
   assert "wan (1 Gbit/s per site, shared by its 4 devices that send at once" in md
   assert "## The same trials on the proxy's own clock" in md and "## Step time at scale" in md
   assert "interpolated between the two readings around it" in md
+  assert "read every 2 steps, at step 0 and at the step cap" in md
   assert "t-interval on the paired log speed-ups over 2 seeds" in md
   assert len(saved["proxy_clock"]["verdicts"]) == 2 and len(out["verdicts"]) == 2
   for v in out["verdicts"] + saved["proxy_clock"]["verdicts"]:

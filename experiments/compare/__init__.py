@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -266,7 +267,9 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
   pops = {label: [population(label, k, c.eval_every) for k in range(len(settings[label]))]
           for label in first}
   not_planned = {}
-  if at_scale:
+  if at_scale:  # the pool's readings need no clock (every eval_every steps): train on
+    for pop in (p for ps in pops.values() for p in ps):
+      pop.train_to(config.steps)
     _log(verbose, "waiting for the steps planned at scale...")
     clock, not_planned = planner.clock(links_, first)
     entries = {label: e for label, e in entries.items() if label not in not_planned}
@@ -278,8 +281,10 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
     compiler.shutdown()
     shares = _clock.all_shares(loss_fn, compiled)
     clock = _clock.Clock(compute, keys, shares, _clock.buckets(params), links_)
-  grid = (clock, _clock.intervals([t for p in pops[c.reference] for t in p.trials], clock,
-                                  c.eval_every))
+  # Readings: at scale every eval_every steps (the steps to the target are the proxy's, the
+  # same on every link); on the proxy's clock also on each link's grid of simulated time.
+  grid = (clock, {n: math.inf for n in links_} if at_scale else _clock.intervals(
+      [t for p in pops[c.reference] for t in p.trials], clock, c.eval_every))
   for pop in (p for ps in pops.values() for p in ps):
     pop.evaluate_on(*grid)
     pop.train_to(config.steps)

@@ -243,11 +243,19 @@ def _heading(config, records: list, target: float, source: str) -> str:
           f"layers={m.num_layers} on {config.data.name} ({config.data.split} split; batch "
           f"{config.data.batch_size} x {config.data.seq_len}). {c.ruleset} ruleset, "
           f"{c.seeds} seeds, {schedule_text(c)}. Target: held-out loss {target:.4f} "
-          f"({source}; evaluated on {c.eval_batch} test sequences, untimed, at fixed "
-          f"intervals of simulated time on each link: {c.reference}'s time for "
-          f"{c.eval_every} steps there). Reference on each link: the fastest of "
+          f"({source}; evaluated on {c.eval_batch} test sequences, untimed, {_readings(c)}). "
+          f"Reference on each link: the fastest of "
           f"{', '.join(c.get('reference_pool', (c.reference,)))}; budget: its median time "
           f"to the target there x {c.budget:g}; at most {c.max_steps} steps per trial.")
+
+
+def _readings(c) -> str:
+  """When the held-out loss is read (trials.Population.evaluate_on), in words."""
+  if c.get("scale") == "scenario":
+    return (f"every {c.eval_every} steps, at step 0 and at the step cap: the steps to the "
+            "target are the proxy's, the same on every link")
+  return (f"at fixed intervals of simulated time on each link ({c.reference}'s time for "
+          f"{c.eval_every} steps there) and every {c.eval_every} steps")
 
 
 def schedule_text(c) -> str:
@@ -301,14 +309,13 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
       *([scale["top"]] if scale else []),
       _heading(config, records, target, source),
       f"{clock}, less what its schedule overlaps (later steps, or the backward pass bucket "
-      "by bucket: \"overlap\" below). The held-out loss is read at step 0, on each link's "
-      "grid and at the step cap; the steps to the target are interpolated between the two "
-      "readings around it (the loss linear in steps between them) and the time is the clock "
-      "there. A method's time is the median over seeds of its time to the target, a miss "
-      "counting as infinity; its speed-up over the reference is the geometric mean of the "
-      f"paired per-seed speed-ups, with {interval}. A verdict says \"faster\" only when the "
-      "interval lies above 1, and names the first two as tied when the interval of their "
-      "ratio contains 1.",
+      f"by bucket: \"overlap\" below). The held-out loss is read {_readings(c)}; the steps "
+      "to the target are interpolated between the two readings around it (the loss linear in "
+      "steps between them) and the time is the clock there. A method's time is the median "
+      "over seeds of its time to the target, a miss counting as infinity; its speed-up over "
+      f"the reference is the geometric mean of the paired per-seed speed-ups, with {interval}. "
+      "A verdict says \"faster\" only when the interval lies above 1, and names the first "
+      "two as tied when the interval of their ratio contains 1.",
       "## Verdict\n\n" + "\n".join(f"* {v}" for v in verdicts),
       *([scale["proxy"]] if scale else [])]
   for name, link in links.items():
@@ -422,7 +429,11 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
       "wsd": extra.get("wsd"), "scale": extra.get("scale"),
       "proxy_clock": ({"verdicts": extra["scale_text"]["proxy_verdicts"],
                        "budgets": extra["proxy_clock"]["budgets"],
-                       "references": extra["proxy_clock"]["references"]}
+                       "references": extra["proxy_clock"]["references"],
+                       "methods": {m: {n: {k: a[k] for k in ("median", "speedup", "low", "high",
+                                                             "verdict", "study_times")}
+                                       for n, a in per.items()}
+                                   for m, per in extra["proxy_clock"]["summary"].items()}}
                       if extra.get("scale_text") else None),
       "not_planned": extra.get("not_planned") or {}, "proxy_mesh": config.mesh,
       "text": printed, "verdicts": verdicts, "sensitivity": sensitivity, "plots": plots,
