@@ -150,6 +150,34 @@ def test_sync_fn_sees_slot_index_key_and_its_own_state():
   np.testing.assert_array_equal(state.key, keys)  # split once per sync
 
 
+def test_grad_fn_sees_params_and_counts_bytes_every_step():
+  """A proximal term μ (θ_w − θ_anchor) added by grad_fn (FedProx), one device: by hand."""
+
+  class ProxState(NamedTuple):
+    count: jax.Array
+    inner_state: object
+    wire_bytes: jax.Array
+    anchor: object  # like params: θ at the last sync
+
+  def proximal(grads, state, params):
+    grads = jax.tree.map(lambda g, p, a: g + 0.5 * (p - a), grads, params, state.anchor)
+    return grads, state._replace(wire_bytes=comm.add_bytes(state.wire_bytes, 10))
+
+  def reanchor(params, state, info):
+    return params, state._replace(anchor=params), 0
+
+  tx = local.periodic(optax.sgd(LR), 2, reanchor, init_fn=lambda p: {"anchor": p},
+                      state_type=ProxState, grad_fn=proximal, axis_name=None)
+  params = {"w": jnp.ones(())}
+  state = tx.init(params)
+  for _ in range(3):
+    updates, state = tx.update({"w": jnp.ones(())}, state, params)
+    params = optax.apply_updates(params, updates)
+  # 1 − 0.1 = 0.9; 0.9 − 0.1 (1 + 0.5 (0.9 − 1)) = 0.805, the new anchor; 0.805 − 0.1.
+  np.testing.assert_allclose([params["w"], state.anchor["w"]], [0.705, 0.805], rtol=1e-6)
+  assert int(state.wire_bytes) == 30
+
+
 def test_contract_breaches_fail_clearly():
   params = {"w": jnp.ones(2)}
   grads = {"w": jnp.ones(2)}

@@ -66,8 +66,9 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
   weighting = v.one_of("weighting", weighting, WEIGHTINGS)
   steps = _core.check_worker_steps(worker_steps, sync_every)
 
-  def fast_mean(updates, state):
+  def fast_mean(updates, state, params):
     """The gradient averaged exactly over the fast axis, every step (bytes counted here)."""
+    del params
     grads, nbytes = comm.mean(updates, fast_axis)
     return grads, state._replace(wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
 

@@ -62,7 +62,7 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
              worker_steps: Sequence[int] | None = None,
              worker_weights: Sequence[float] | None = None,
              offsets: Sequence[int] = (0,), key: jax.Array | None = None,
-             grad_fn: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+             grad_fn: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None,
              name: str = "periodic") -> optax.GradientTransformationExtraArgs:
   """A local-update schedule from its sync rule: inner steps, a sync every `sync_every`.
 
@@ -70,9 +70,10 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
   (`sync_fn`), its own state (`init_fn` and `state_type`) and, if it needs one, a gradient
   hook (`grad_fn`). Update t = count + 1 (1-based) runs, on every worker:
 
-  1. `grad_fn(updates, state) -> (updates, state)`, if given, on every update: the gradient
-     the inner optimiser sees, and the state (count = t - 1) with the method's own fields
-     (and `wire_bytes`, for bytes it sends every step) replaced.
+  1. `grad_fn(updates, state, params) -> (updates, state)`, if given, on every update: the
+     gradient the inner optimiser sees (e.g. with a proximal or control-variate term), and
+     the state (count = t - 1) with the method's own fields (and `wire_bytes`, for bytes it
+     sends every step) replaced.
   2. The inner step: `local = params + inner.update(...)`. With `worker_steps`, worker r
      steps only when (t - 1) mod H < worker_steps[r] (a slower worker) and is idle
      otherwise: its parameters and inner state stay as they were.
@@ -130,8 +131,8 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
       t mod H == offsets[s] (fragments, groups of layers); default one slot at 0.
     key: a PRNG key kept in `state.key` and split at every sync (one half to
       `SyncInfo.key`); None: no key.
-    grad_fn: optional `(updates, state) -> (updates, state)`, run on every update before the
-      inner step (a correction of the gradient; an exact mean over a fast axis).
+    grad_fn: optional `(updates, state, params) -> (updates, state)`, run on every update
+      before the inner step (a correction of the gradient; an exact mean over a fast axis).
     name: the method's name in error messages ("local.<name> needs ...").
 
   Returns:
@@ -228,7 +229,7 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
     _core.require_params(params, name)
     if grad_fn is not None:
       before = state
-      updates, state = grad_fn(updates, state)
+      updates, state = grad_fn(updates, state, params)
       check_owned("grad_fn", before, state)
     inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     if steps is not None:  # an idle worker's parameters and inner state stay as they were

@@ -69,8 +69,9 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return dict(control=zeros(), global_control=zeros(), grad_sum=zeros())
 
-  def correct(updates, state):
+  def correct(updates, state, params):
     """g_w − c_w + c for the inner step; the round's sum of the raw gradients grows."""
+    del params
     corrected = jax.tree.map(lambda g, cw, c: g - cw + c, updates, state.control,
                              state.global_control)
     return corrected, state._replace(grad_sum=jax.tree.map(jnp.add, state.grad_sum, updates))
