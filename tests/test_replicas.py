@@ -105,7 +105,7 @@ def _run_both(setup, name, steps):
                              is_leaf=lambda s: isinstance(s, P))
   sharded = train.Trainer(linear_loss(layout_scales(layout, specs)),
                           layout.optimizer(METHODS[name](specs), specs), layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=batch_specs)
   return Run(sharded, *run_against_unsharded(sharded, METHODS[name], params, specs, mesh2,
                                               grads))
@@ -116,7 +116,7 @@ def run_against_unsharded(sharded, method, params, specs, mesh2, grads):
   gradients: (sharded state, reference trainer, its state, compiled report, bytes per step)."""
   ones = jax.tree.map(lambda _: 1.0, params)
   ref = train.Trainer(linear_loss(ones), parallel.by_sharding(method(None), specs), mesh2,
-                      axis_name="replica")
+                      batch_axes="replica")
   s, r = sharded.init(params), ref.init(params)
   compiled, report = compile_step(sharded, s, grads[0])
   sent = []
@@ -252,7 +252,7 @@ def layout_bytes(setup, regather_tree):
 def lm_trainer(setup, method):
   layout, lm, params, specs, _ = setup
   return train.Trainer(models.lm_loss(lm), layout.optimizer(method, specs, lm.param_regather()),
-                       layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
+                       layout.mesh, batch_axes=layout.batch_axes, param_specs=specs)
 
 
 def compile_step(trainer, state, batch):
@@ -502,7 +502,7 @@ def test_every_method_runs_on_replicas_and_sends_only_over_replica(setup, bundle
   labels = {n: {leaf: n for leaf in SMALL_SPECS} for n in methods}
   tx = layout.optimizer(optax.multi_transform(methods, labels), specs)
   trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                                    is_leaf=lambda s: isinstance(s, P)))
   state = trainer.init(params)
@@ -531,7 +531,7 @@ def test_donated_state_is_not_held_twice(setup):
     trainer = train.Trainer(
         linear_loss(layout_scales(layout, specs)),
         layout.optimizer(local.diloco(optax.adam(0.1), OUTER(), 4, "replica"), specs),
-        layout.mesh, axis_name=layout.batch_axes, param_specs=specs, donate=donate,
+        layout.mesh, batch_axes=layout.batch_axes, param_specs=specs, donate=donate,
         batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                  is_leaf=lambda s: isinstance(s, P)))
     state = trainer.init(params)
@@ -553,7 +553,7 @@ def test_skip_nonfinite_outside_the_layout_skips_on_every_device(setup):
       layout.optimizer(optax.chain(sync.mean("replica"), optax.sgd(0.1)), specs),
       layout.batch_axes)
   trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                                    is_leaf=lambda s: isinstance(s, P)))
   state = trainer.init(params)
@@ -573,6 +573,6 @@ def test_a_flat_vector_over_every_leaf_is_refused_with_the_fix(setup):
   tx = parallel.zero(optax.chain(sync.compressed(codecs.uniform(8), axis_name="replica"),
                                  optax.sgd(0.1)), 3, "fsdp", param_specs=specs)
   trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs)
+                          batch_axes=layout.batch_axes, param_specs=specs)
   with pytest.raises(ValueError, match=r"differ over mesh axes \['tensor'\].*by_sharding"):
     trainer.init(_small_params(["d"]))
