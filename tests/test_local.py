@@ -430,7 +430,7 @@ def test_checkpoint_mid_period_resumes_exactly(task, tmp_path):
     state, _ = trainer.step(state, batches[t])
   ckpt = train.Checkpointer(str(tmp_path), every=1, async_save=False)
   ckpt.save(state)
-  restored, _ = ckpt.restore(trainer, trainer.init(params))
+  restored, _ = ckpt.restore(trainer.program, trainer.init(params))
   ckpt.close()
   chex.assert_trees_all_equal(restored, state)
   a, b = state, restored

@@ -368,7 +368,7 @@ def test_diloco_checkpoint_resumes_bit_for_bit(setup, diloco_lm, tmp_path):
   for batch in batches[3:]:
     state, _, _ = compiled(state, batch)
   straight = host(state)
-  restored, _ = ckpt.restore(trainer, trainer.init(params))
+  restored, _ = ckpt.restore(trainer.program, trainer.init(params))
   ckpt.close()
   assert int(restored.step) == 3
   for batch in batches[3:]:
