@@ -154,8 +154,8 @@ c = config.base_config("compressed", codec="top_k:fraction=0.01", memory="ef")
 c.model.name, c.data.name, c.steps = "mlp", "digits", STEPS
 print(c.method)                         # the method's settings, defaults from sync.compressed
 run = build.build(c, devices=DEVICES[:8])
-trainer = run.trainer()
-state, history = train.fit(trainer, trainer.init(run.params), run.batches, STEPS,
+program = run.program()                 # what train.fit takes: init, step, layout, ...
+state, history = train.fit(program, program.init(run.params), run.batches, STEPS,
                            log_every=max(STEPS // 4, 1))
 print(history[-1]["loss"], history[-1]["wire_bytes"])'''),
 ]
