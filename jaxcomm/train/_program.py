@@ -150,9 +150,13 @@ class Program:
     """
     _validate.step_batch(self.config, batch)
     state, per_device, sent = self.step(state, batch)
-    if all(d.platform == "cpu" for d in self.config.mesh.devices.flat):
+    if self._on_cpu:
       jax.block_until_ready(state)
     return state, per_device, sent
+
+  @functools.cached_property
+  def _on_cpu(self) -> bool:  # asked once: a mesh may hold thousands of devices
+    return all(d.platform == "cpu" for d in self.config.mesh.devices.flat)
 
 
 def _initializer(config: StepConfig, layout: StateLayout) -> Callable:
