@@ -127,7 +127,7 @@ def test_experiment_programs_run_from_the_wheel(venv, installed, tmp_path):
         f"--config.model.name={tmp_path}/my_model.py", "--config.data.name=digits",
         "--workdir=runs/t"], work, env)
   rows = [json.loads(line) for line in (work / "runs/t/metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows][-1] == 3 and rows[-1]["wire_bytes"] > 0, rows
+  assert [r["step"] for r in rows][-1] == 3 and rows[-1]["total_wire_bytes"] > 0, rows
   saved = json.loads((work / "runs/t/config.json").read_text())["method"]
   assert (saved["name"], saved["sync_every"]) == ("diloco", 2), saved
   # absl ends --help with status 1, after the flags of the program (a failed import ends
