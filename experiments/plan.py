@@ -91,7 +91,9 @@ if __name__ == "__main__":
   _CONFIG = _config.define_config_flag(
       os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"),
       "Settings every method shares (optimizer, seed; model and data unless --model) and the "
-      "method planned as `config` in --methods; default.py:NAME for any method or plugin.")
+      "method planned as `config` in --methods; default.py:NAME for any method or plugin. "
+      "--config.method.<setting> sets that setting in every method planned that has it.",
+      several=True)
   _MODEL = flags.DEFINE_string("model", None, f"Model preset: {', '.join(MODELS)} (default: "
                                "--config's model).")
   _MESH = flags.DEFINE_string("mesh", "data=8", "The mesh, e.g. data=64 or replica=8,fsdp=8; "
@@ -181,8 +183,8 @@ def catalog(mesh_shape: dict, model_name: str) -> dict:
 def resolve_methods(names, labelled: dict, config) -> dict:
   """{label: entry}, DP (the reference of the crossover) first (`config.resolve_methods`);
   CONFIG_LABEL names the method of `config` with its settings, under its own label."""
-  mine = {"method": config.method.name,
-          **{k: v for k, v in config.method.items() if k != "name"}}
+  own = build.method_defaults(config.method.name).keys()  # not the other methods' settings
+  mine = {"method": config.method.name, **{k: config.method[k] for k in own}}
   chosen = _config.resolve_methods(names, labelled, first=REFERENCE, setting="methods",
                                    known={**labelled, CONFIG_LABEL: mine})
   label = _config.method_label(config.method.name)
@@ -260,11 +262,12 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
         inner_link: str = "nvlink", device: str = "h100", mfu: float = 0.4,
         compute_seconds: float | None = None, batch_per_device: int | None = None,
         seq_len: int | None = None, steps: int = 1000, verbose: bool = True,
-        figure: bool = True) -> dict:
+        figure: bool = True, method_settings: dict | None = None) -> dict:
   """Plans every method; prints the table, writes plan.json and the figure into `workdir`.
 
   Every argument is checked, and every method's run built (abstract), before anything
-  compiles: a mistake is one ValueError naming the argument or setting.
+  compiles: a mistake is one ValueError naming the argument or setting. `method_settings`
+  (`--config.method.<setting>`) are set in every method that has them.
   """
 
   started = time.perf_counter()
@@ -280,7 +283,8 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
   base = model_config(config, model, mesh, batch_per_device, seq_len)
   with base.unlocked():
     base.steps = steps  # participation masks and schedules cover the planned steps
-  entries = resolve_methods(methods, catalog(shape, base.model.name), base)
+  entries = _config.with_settings(resolve_methods(methods, catalog(shape, base.model.name),
+                                                  base), method_settings)
   configs = {label: _config.with_method(base, e) for label, e in entries.items()}
   runs = {label: build.build(c, devices, abstract=True) for label, c in configs.items()}
   tokens = base.data.batch_size * (base.data.seq_len if base.model.name in ("lm", "nnx_lm")
@@ -475,7 +479,8 @@ def main(argv):
     run(_CONFIG.value, _WORKDIR.value, model=_MODEL.value, mesh=_MESH.value,
         methods=_METHODS.value, links=_LINKS.value, inner_link=_INNER_LINK.value,
         device=_DEVICE.value, mfu=_MFU.value, compute_seconds=_COMPUTE.value,
-        batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value)
+        batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value,
+        method_settings=_cli.method_settings(_CONFIG.value))
   except ValueError as e:  # a user's mistake: one line, no traceback
     _cli.fail(e)
 

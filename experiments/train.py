@@ -47,7 +47,8 @@ _CONFIG = _config.define_config_flag(
     "any method); override fields with --config.<path>=<value>.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Where config, metrics, checkpoints "
                                "and the summary go.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (CPU runs only).")
+_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (CPU runs only).",
+                                lower_bound=1)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator", None, "host:port of process 0 for a multi-process run.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run.")

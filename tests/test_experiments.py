@@ -4,7 +4,6 @@ ValueError that names it."""
 
 import ast
 import glob
-import importlib.util
 import inspect
 import json
 import os
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from experiments.compare import settings as compare_settings
+from experiments import _config_file
 from experiments import build
 from experiments import config
 from experiments import specs
@@ -50,10 +50,8 @@ BUILT = {"muon_weight_dimension_numbers", "outer"}
 
 
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  spec = importlib.util.spec_from_file_location("experiment_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  """The config of a file as `--config=path[:arg]` loads it (a shipped one as a module)."""
+  return _config_file.load(f"{path}:{arg}" if arg else path)
 
 
 def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

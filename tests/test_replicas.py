@@ -473,7 +473,7 @@ def test_zeropp_slow_axis_carries_quantised_gradients_and_parameters(setup):
 # ------------------------------------------------------------ every method on the mesh
 # Every method module of experiments/methods/, as the programs build it (`build.make_optimizer`
 # and `build.task_loss` with the module's `wrap_loss`), with settings small enough that each
-# syncs within 3 steps: {bundle: {label: experiments/compare.py-style entry}}.
+# syncs within 3 steps: {bundle: {label: experiments.compare-style entry}}.
 PROGRAM_METHODS = {
     "every_step": {
         "dp": {}, "compressed": {"codec": "top_k:fraction=0.25", "memory": "ef"},
