@@ -8,7 +8,7 @@ Every local-update schedule accepts a participation mask (which workers are live
 sync).
 
 `periodic(inner, sync_every, sync_fn, ...)` is the skeleton local SGD, DiLoCo, SCAFFOLD,
-NoLoCo and the hierarchical schedule are written on: it owns the count, the inner step, idle
+NoLoCo, DreamDDP and the hierarchical schedule are written on: it owns the count, the inner step, idle
 workers, participation, the conditional sync and the byte counter, and a method supplies its
 sync rule and its state (`help(periodic)`: the contract; `SyncInfo`, `masked_average`,
 `masked_sum` and `worker_index` are what a sync rule works with).
