@@ -146,8 +146,8 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`; extra
     arguments go to `inner`.
 
-  Local SGD, DiLoCo (so SparseLoCo and MuLoCo), SCAFFOLD, NoLoCo, DreamDDP and the
-  hierarchical schedule are written on it. Local SGD, averaging every 2 updates, on one device:
+  Local SGD, DiLoCo (so SparseLoCo and MuLoCo), SCAFFOLD, NoLoCo, DreamDDP, Streaming
+  DiLoCo, CoCoDC and the hierarchical schedule are written on it. Local SGD, averaging every 2 updates, on one device:
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import local
