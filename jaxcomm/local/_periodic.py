@@ -147,7 +147,8 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
     arguments go to `inner`.
 
   Local SGD, DiLoCo (so SparseLoCo and MuLoCo), SCAFFOLD, NoLoCo, DreamDDP, Streaming
-  DiLoCo, CoCoDC and the hierarchical schedule are written on it. Local SGD, averaging every 2 updates, on one device:
+  DiLoCo, CoCoDC and the hierarchical schedule are written on it. Local SGD, averaging every
+  2 updates, on one device:
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import local
