@@ -24,7 +24,7 @@ the one that would run, nothing is derived from a smaller mesh. `jaxcomm.plan` r
   which the method is faster than exact data parallelism on a link of that latency.
 
 The outermost mesh axis crosses the link (`--links`); the others are inside a node
-(`--inner_link`). Methods: `METHODS` labels (the form of experiments/compare.py's entries,
+(`--inner_link`). Methods: `METHODS` labels (the form of experiments.compare's entries,
 `{"method": name, **settings, "optimizer": {...}, "mesh": spec}`), method names of
 experiments/methods/, dotted module paths or .py files of your own (their default settings),
 or `config`: the method of --config with its settings. Written into --workdir: `plan.json`
@@ -47,8 +47,8 @@ import jax
 import numpy as np
 from absl import flags
 
-from experiments import _cli, _plugins, build, compare
-from experiments import config as _config
+from . import _cli, _plugins, build, compare
+from . import config as _config
 from jaxcomm import comm, parallel, plan
 
 
@@ -58,13 +58,13 @@ from jaxcomm import comm, parallel, plan
 # dimensions, and `note` says where they differ.
 def _presets() -> dict[str, dict]:
   folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "models")
-  return {name: importlib.import_module(f"experiments.configs.models.{name}").get_config()
+  return {name: importlib.import_module(f".configs.models.{name}", __package__).get_config()
           .to_dict() for name in _plugins.available([folder])}
 
 
 MODELS: dict[str, dict] = _presets()
 
-# label -> a method entry: the methods of `make run` (experiments/compare.py), and two
+# label -> a method entry: the methods of `make run` (experiments/compare/), and two
 # settings meant for many workers, where a codec's payloads should not be all-gathered:
 # Streaming DiLoCo's fp4 and DiLoCo every 100 steps with int8 outer gradients, both by the
 # two-phase sum. "zero3" is added on meshes with a data axis: the same exact mean, with that
@@ -213,7 +213,7 @@ def _param_count(params) -> int:
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
   """Every number of one planned method (plan.json)."""
-  overlap = build.overlap_steps(c.method)
+  overlap = int(build.hooks(c.method.name).overlap_steps(c.method))
   shape = step.mesh_shape
   record = {
       "method": label, "entry": entry, "mesh": c.mesh, "algo": c.method.name,
@@ -340,7 +340,7 @@ def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
     t0 = time.perf_counter()
     r = runs[label]
     try:
-      step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
+      step = plan.compile_step(r.program(), r.params, r.batches(0), steps=steps)
     except Exception as e:
       # A library limit met at this size (the user's input is checked before): reported in
       # the table and plan.json, and the other methods are planned.

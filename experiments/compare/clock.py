@@ -1,4 +1,4 @@
-"""The simulated clock of experiments/compare.py: one measured compute figure per local step,
+"""The simulated clock of experiments.compare: one measured compute figure per local step,
 its forward / backward / update shares from XLA's cost analysis, and each run's timeline on
 each link (the backward pass overlapped bucket by bucket for the methods that can).
 
@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import optax
 
-from experiments import build
+from .. import build
 from jaxcomm import comm, sim
 
 INNER = "inner"
@@ -27,8 +27,7 @@ INNER = "inner"
 
 def local_step_key(label: str, config) -> str:
   """The name of the local computation a method's worker runs each step."""
-  fn = getattr(build.load_method(config.method.name), "local_step", None)
-  key = fn(config.method) if fn else None
+  key = build.hooks(config.method.name).local_step(config.method)
   if key == INNER:
     return INNER
   # The method's own settings decide its local step (a learning rate does not): settings of
