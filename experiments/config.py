@@ -264,32 +264,7 @@ def parse_codec(spec: str | None, setting: str = "codec") -> Any:
   >>> parse_codec("cast:bfloat16").name
   'cast(bfloat16)'
   """
-  if spec is None or str(spec).strip().lower() in ("", "none"):
-    return None
-  if spec == "auto":
-    return "auto"
-  name, _, rest = str(spec).partition(":")
-  allowed = codec_names()
-  if name not in allowed:
-    raise ValueError(f"{setting} {spec!r}: unknown codec {name!r}; allowed: "
-                     f"{', '.join(allowed)} (as name or name:arg,key=value).")
-  args, kwargs = [], {}
-  for part in filter(None, (p.strip() for p in rest.split(","))):
-    key, eq, value = part.partition("=")
-    if eq:
-      kwargs[key.strip()] = _literal(value)
-    else:
-      args.append(_literal(part))
-  factory = getattr(codecs, name)
-  try:
-    inspect.signature(factory).bind(*args, **kwargs)
-  except TypeError as e:
-    raise ValueError(f"{setting} {spec!r}: {e} (the arguments of codecs.{name}"
-                     f"{inspect.signature(factory)}).") from None
-  try:
-    return factory(*args, **kwargs)
-  except ValueError as e:
-    raise ValueError(f"{setting} {spec!r}: {e}") from None
+  return "auto" if spec == "auto" else codecs.parse(spec, setting)
 
 
 LINK_KEYS = ("gbit", "latency_ms")
@@ -352,11 +327,7 @@ def parse_link(spec: str, setting: str = "link") -> Any:
 
 def codec_names() -> list[str]:
   """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
-  def returns_codec(fn) -> bool:
-    ret = inspect.signature(fn).return_annotation
-    return getattr(ret, "__name__", str(ret)).split(".")[-1].strip("'\"") == "Codec"
-  return sorted(n for n in codecs.__all__ if inspect.isfunction(getattr(codecs, n))
-                and returns_codec(getattr(codecs, n)))
+  return codecs.names()
 
 
 def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed: int = 0,
