@@ -285,15 +285,7 @@ def test_zero_error_feedback_is_the_shared_memory_exactly():
     np.testing.assert_array_equal(state.error, e)
 
 
-# ------------------------------------------------------------ the contract suite, bad input
-@pytest.mark.parametrize("kwargs", [dict(stage=1), dict(stage=2, accumulate_steps=2),
-                                    dict(stage=1, codec=codecs.uniform(8), memory="ef"),
-                                    dict(stage=3, param_specs={"w": P(), "b": P()})],
-                         ids=["stage1", "stage2_accumulate", "stage1_int8_ef", "stage3"])
-def test_zero_contract_one_device(kwargs):
-  testing.check_transform(parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
-
-
+# ------------------------------------ the contract on the mesh (one device: tests/contract.py)
 @pytest.mark.parametrize("kwargs", [dict(stage=1, codec=codecs.uniform(8), memory="ef"),
                                     dict(stage=1, accumulate_steps=2),
                                     dict(stage=2, accumulate_steps=2)],
