@@ -31,7 +31,10 @@ def test_every_public_codec_is_in_the_zoo():
   public = {name for name in codecs.__all__ if inspect.isfunction(getattr(codecs, name))
             and str(signature(name).return_annotation) == "Codec"
             and "codec" not in signature(name).parameters}
-  assert set(codecs.names()) == public, "codecs.names() and codecs.__all__ disagree"
+  names = set(codecs.names())
+  assert names == public, (
+      f"codecs.names() misses {sorted(public - names)} (add its module to _FACTORY_MODULES in "
+      f"jaxcomm/codecs/_load.py) and names {sorted(names - public)}, not in codecs.__all__")
   assert set(testing.CODEC_EXAMPLES) == public, (
       f"add example arguments to jaxcomm.testing.CODEC_EXAMPLES for "
       f"{sorted(public - set(testing.CODEC_EXAMPLES))}; remove "
