@@ -3,7 +3,9 @@
 A memory is a record of three pure functions on float32 vectors (`ErrorMemory`); the
 compressing stage (`sync.compressed`) owns flattening, hierarchy, the key and the collective,
 and calls the memory around its exchange. EF, EF21 and LoCo are three such records, and a
-memory of your own is a fourth, written the same way.
+memory of your own is a fourth, written the same way. Every `memory=` of jaxcomm (`compressed`,
+`powersgd`, `lq_sgd`, `local.diloco`, `local.muloco`, `parallel.zero`) reads its argument with
+`resolve_memory`, so the names and the records mean the same thing in each.
 """
 
 from __future__ import annotations
