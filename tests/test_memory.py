@@ -86,7 +86,7 @@ def test_resolved_records_see_float32_and_keep_their_dtypes():
 
 
 # ------------------------------------------------------------------ the same record, same meaning
-def _on_workers(mesh, tx, memory_of, steps=3):
+def _on_workers(mesh, tx, memory_of, steps=2):
   """Every worker's parameters and memory (`memory_of(state)`) after `steps` updates, each
   worker with its own gradient."""
   params = {"w": jnp.linspace(-1.0, 1.0, 24).reshape(4, 6), "b": jnp.linspace(0.5, -0.5, 6)}
