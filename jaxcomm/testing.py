@@ -85,7 +85,7 @@ def codec_zoo(whole: bool = False) -> dict:
       `tiled_dct_top_k` is for given shapes); by default only those that take any length.
 
   Returns:
-    `{codec.name: codec}`.
+    A dict from each codec's name to the codec.
 
   >>> "top_k(k=4, chunk=64)" in codec_zoo()
   True
