@@ -6,6 +6,7 @@ for test files written against this module).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -77,6 +78,12 @@ class Method(NamedTuple):
   plugin: str | None = None
   variants: dict = {}
   hands_on: bool = False
+
+
+def _average(params, state, sync, axis_name=None):
+  """Local SGD's sync rule (the skeleton's row, `local.periodic`)."""
+  avg, nbytes = local.masked_average(params, sync.mine, sync.total, axis_name)
+  return avg, state, nbytes
 
 
 def _zero(**kwargs) -> Setting:
@@ -167,6 +174,8 @@ METHODS = {
                                                             bits=4, block=4, memory="ef"),
                            plugin="muloco"),
     "local.noloco": Method(lambda inner, axis: local.noloco(inner, 2, axis), plugin="noloco"),
+    "local.periodic": Method(lambda inner, axis: local.periodic(
+        inner, 2, functools.partial(_average, axis_name=axis), axis_name=axis)),
     "local.scaffold": Method(lambda inner, axis: local.scaffold(inner, 2, axis),
                              plugin="scaffold"),
     "local.sparseloco": Method(
