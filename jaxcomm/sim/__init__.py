@@ -18,6 +18,7 @@ from jaxcomm.sim._compute import measure_seconds
 from jaxcomm.sim._failures import PRESETS
 from jaxcomm.sim._failures import FailureModel
 from jaxcomm.sim._failures import checkpoint_goodput
+from jaxcomm.sim._failures import draw_failures
 from jaxcomm.sim._failures import expected_slowdown
 from jaxcomm.sim._failures import failure_model
 from jaxcomm.sim._failures import first_order_goodput
@@ -61,6 +62,7 @@ __all__ = (
     "backward_overlap",
     "checkpoint_goodput",
     "comm_seconds_per_step",
+    "draw_failures",
     "expected_goodput",
     "expected_slowdown",
     "failure_model",

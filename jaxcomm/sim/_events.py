@@ -13,16 +13,37 @@ from jaxcomm import elastic
 from jaxcomm.sim._failures import expected_slowdown, interval
 
 
-def restart_run(model, devices, sem, step_s, work_s, horizon_s, rng):
+class Clock:
+  """When each unit fails next: drawn (a Poisson process of `rate` per unit while it is up)
+  or read from a fixed schedule of (seconds, unit) (a failure while the unit is down does
+  not happen)."""
+
+  def __init__(self, rate: float, rng, schedule=None):
+    self.rate, self.rng = rate, rng
+    self.schedule = None
+    if schedule is not None:
+      self.schedule = {}
+      for when, unit in sorted(schedule):
+        self.schedule.setdefault(int(unit), []).append(float(when))
+
+  def after(self, unit: int, t: float) -> float:
+    """The next failure of `unit`, up from time t on."""
+    if self.schedule is not None:
+      times = self.schedule.get(unit, [])
+      while times and times[0] < t:
+        times.pop(0)
+      return times.pop(0) if times else math.inf
+    return t + self.rng.exponential(1.0 / self.rate) if self.rate else math.inf
+
+
+def restart_run(model, devices, sem, step_s, work_s, horizon_s, clock):
   """Checkpoint/restart: segments of `interval` work, each followed by a save."""
   del sem, step_s
-  lam = model.rate * devices
   slow = expected_slowdown(model, devices)
   every = interval(model, devices)
-  draw = (lambda: rng.exponential(1.0 / lam)) if lam else (lambda: math.inf)
   t, done, failures = 0.0, 0.0, 0
   wall, prog = [0.0], [0.0]
-  fail = draw()
+  fail = clock.after(0, 0.0)
   while done < work_s and t < horizon_s:
     seg = min(every, work_s - done, (horizon_s - t) / slow)
     save = model.checkpoint_s if done + seg < work_s and t + seg * slow < horizon_s else 0.0
@@ -40,7 +61,7 @@ def restart_run(model, devices, sem, step_s, work_s, horizon_s, rng):
     t = fail
     while True:   # down (not exposed), then the restore (exposed: may fail again)
       t += model.detect_s + model.restart_s
-      fail = t + draw()
+      fail = clock.after(0, t)
       wall.append(t), prog.append(done)
       if fail >= t + model.restore_s:
         t += model.restore_s
@@ -98,13 +119,11 @@ class _Replicas:
     return quorum_ok(quorum, live, kept, self.last, step)
 
 
-def elastic_run(model, devices, sem, step_s, work_s, horizon_s, rng):
+def elastic_run(model, devices, sem, step_s, work_s, horizon_s, clock):
   """Rounds over the live replicas under the runtime's quorum rules, event by event."""
   k = sem.units
-  lam = model.rate * devices / k
   round_s = sem.round_steps * step_s * expected_slowdown(model, max(1, round(devices / k)))
-  draw = (lambda: rng.exponential(1.0 / lam)) if lam else (lambda: math.inf)
-  fail_at = [draw() for _ in range(k)]          # next failure of each replica while it is up
+  fail_at = [clock.after(u, 0.0) for u in range(k)]  # next failure of each replica while up
   fails = [(f, u) for u, f in enumerate(fail_at)]
   heapq.heapify(fails)
   backs = []                                    # (when, replica) of the replicas down
@@ -133,7 +152,7 @@ def elastic_run(model, devices, sem, step_s, work_s, horizon_s, rng):
         wall.append(t), prog.append(done)
         start = t
         if reps.ready:   # replicas back since: they join at this boundary, after the window
-          t += sem.quorum.join_window_s
+          t += sem.quorum.join_window_s + model.regroup_s
           reps.join()
           start = t
           wall.append(t), prog.append(done)
@@ -146,7 +165,7 @@ def elastic_run(model, devices, sem, step_s, work_s, horizon_s, rng):
       event, u = heapq.heappop(backs)
       reps.state[u] = "ready"
       reps.ready.add(u)
-      fail_at[u] = tb + draw()
+      fail_at[u] = clock.after(u, tb)
       heapq.heappush(fails, (fail_at[u], u))
     else:
       event = tf
@@ -163,21 +182,19 @@ def elastic_run(model, devices, sem, step_s, work_s, horizon_s, rng):
       if reps.live + len(reps.ready) and reps.valid(sem.quorum, steps, joining=True):
         reps.join()
         wall.append(t), prog.append(done)
-        t += sem.quorum.join_window_s
+        t += sem.quorum.join_window_s + model.regroup_s
         wall.append(t), prog.append(done)
         start = t
   return wall, prog, failures
 
 
-def decoupled_run(model, devices, sem, step_s, work_s, horizon_s, rng):
+def decoupled_run(model, devices, sem, step_s, work_s, horizon_s, clock):
   """Independent learners; a failure loses the learner's undelivered work."""
   m = sem.units
-  lam = model.rate * devices / m
   slow = expected_slowdown(model, max(1, round(devices / m)))
   rate = 1.0 / (m * slow)   # progress per learner-second
   every = sem.round_steps * step_s * slow   # wall seconds between a learner's deliveries
-  draw = (lambda: rng.exponential(1.0 / lam)) if lam else (lambda: math.inf)
-  events = [(draw(), u, "fail") for u in range(m)]
+  events = [(clock.after(u, 0.0), u, "fail") for u in range(m)]
   heapq.heapify(events)
   up_since = [0.0] * m
   up, t, done, failures = m, 0.0, 0.0, 0
@@ -205,5 +222,5 @@ def decoupled_run(model, devices, sem, step_s, work_s, horizon_s, rng):
       up += 1
       up_since[u] = t
       wall.append(t), prog.append(done)
-      heapq.heappush(events, (t + draw(), u, "fail"))
+      heapq.heappush(events, (clock.after(u, t), u, "fail"))
   return wall, prog, failures

@@ -53,6 +53,8 @@ class FailureModel(NamedTuple):
   restore_s: float = 120.0       # one restore after a restart (exposed to failures)
   checkpoint_every_s: float = 0.0  # seconds of work between saves; 0: Young's interval
   detect_s: float = 30.0         # until the survivors notice (heartbeat / collective timeout)
+  regroup_s: float = 0.0         # elastic: the stall of each change of the live set (a new
+                                 # mesh and its compiles, the heal of a joiner)
   straggler_p: float = 0.0       # probability that a device's step is slowed
   straggler_scale: float = 0.5   # a slowed step takes 1 + scale x Lomax(alpha) times as long
   straggler_alpha: float = 3.0   # Lomax tail index (> 1: a finite mean)
@@ -123,7 +125,8 @@ def failure_model(spec: "str | FailureModel" = "none", **overrides) -> FailureMo
 def _check(m: FailureModel) -> FailureModel:
   if not (isinstance(m.mtbf_h, (int, float)) and m.mtbf_h == math.inf):
     v.number("mtbf_h", m.mtbf_h, low=0.0, low_open=True)
-  for name in ("restart_s", "checkpoint_s", "restore_s", "checkpoint_every_s", "detect_s"):
+  for name in ("restart_s", "checkpoint_s", "restore_s", "checkpoint_every_s", "detect_s",
+               "regroup_s"):
     v.number(name, getattr(m, name), low=0.0)
   v.number("straggler_p", m.straggler_p, low=0.0, high=1.0)
   v.number("straggler_scale", m.straggler_scale, low=0.0)
@@ -238,3 +241,31 @@ def step_slowdowns(model: FailureModel, devices: int, steps: int, seed: int = 0)
   slowed = above < p
   tail = np.where(slowed, above / p, 1.0)         # P(extra > x | slowed) = (1 + x/s)^-a
   return 1.0 + np.where(slowed, s * (np.maximum(tail, 1e-300) ** (-1.0 / a) - 1.0), 0.0)
+
+
+def draw_failures(model: FailureModel, devices: int, units: int, horizon_s: float,
+                  seed: int = 0) -> list:
+  """Sorted [(seconds, unit), ...]: each unit's failures in [0, horizon_s), drawn.
+
+  Unit u (of `units`, each of devices / units devices) fails as a Poisson process of rate
+  devices / (units x MTBF); the schedule can be replayed in a simulation
+  (`simulate_failures(..., failures=...)`) or a real run (experiments/failure_replay.py).
+
+  >>> m = failure_model("mtbf_h=0.01")   # 36 s per device
+  >>> [(round(t, 1), u) for t, u in draw_failures(m, 3, 3, 30.0, seed=1)]
+  [(11.1, 1), (13.2, 2), (17.3, 2)]
+  """
+  devices = v.integer("devices", devices, low=1)
+  units = v.integer("units", units, low=1, high=devices)
+  horizon_s = v.number("horizon_s", horizon_s, low=0.0)
+  rng = np.random.default_rng(v.integer("seed", seed, low=0))
+  rate = model.rate * devices / units
+  out = []
+  for u in range(units):
+    t = 0.0
+    while rate:
+      t += rng.exponential(1.0 / rate)
+      if t >= horizon_s:
+        break
+      out.append((t, u))
+  return sorted(out)

@@ -97,7 +97,7 @@ class FailureRun(NamedTuple):
 
 def simulate_failures(model: FailureModel, devices: int, semantics: Semantics, step_s: float,
                       *, work_s: float = math.inf, horizon_s: float = math.inf,
-                      seed: int = 0) -> FailureRun:
+                      seed: int = 0, failures=None) -> FailureRun:
   """One seeded run under `model`, event by event, until `work_s` of progress or `horizon_s`.
 
   Args:
@@ -108,6 +108,8 @@ def simulate_failures(model: FailureModel, devices: int, semantics: Semantics, s
     work_s: stop once this much progress (failure-free seconds) is kept.
     horizon_s: stop at this wall time (one of the two must be finite).
     seed: the failure draws' seed.
+    failures: optional fixed schedule, (seconds, unit) pairs (e.g. `draw_failures`' or a
+      real run's), instead of draws; a failure of a unit that is down is skipped.
 
   >>> from jaxcomm.sim import failure_model
   >>> run = simulate_failures(failure_model("none"), 8, Semantics(), 1.0, work_s=100.0)
@@ -120,10 +122,14 @@ def simulate_failures(model: FailureModel, devices: int, semantics: Semantics, s
   if math.isinf(work_s) and math.isinf(horizon_s):
     raise ValueError("simulate_failures needs a finite work_s or horizon_s.")
   rng = np.random.default_rng(v.integer("seed", seed, low=0))
+  units = 1 if sem.kind == "restart" else sem.units   # (a synchronous job fails as one)
+  if failures is not None and units == 1:
+    failures = [(when, 0) for when, _ in failures]
+  clock = _events.Clock(model.rate * devices / units, rng, failures)
   fn = {"restart": _events.restart_run, "elastic": _events.elastic_run,
         "decoupled": _events.decoupled_run}[sem.kind]
-  wall, progress, failures = fn(model, devices, sem, step_s, work_s, horizon_s, rng)
-  return FailureRun(np.asarray(wall, np.float64), np.asarray(progress, np.float64), failures)
+  wall, progress, hit = fn(model, devices, sem, step_s, work_s, horizon_s, clock)
+  return FailureRun(np.asarray(wall, np.float64), np.asarray(progress, np.float64), hit)
 
 
 def expected_goodput(model: FailureModel, devices: int, semantics: Semantics,
