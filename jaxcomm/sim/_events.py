@@ -174,7 +174,7 @@ def elastic_run(model, devices, sem, step_s, work_s, horizon_s, clock):
       heapq.heappush(backs, (tf + model.restart_s, uf))
       if reps.fail(uf) and start is not None:   # the round in flight is discarded
         wall.extend((tf, tf)), prog.extend((done + (tf - start) * (reps.live + 1) / k, done))
-        t = tf + model.detect_s
+        t = tf + model.detect_s + model.regroup_s
         wall.append(t), prog.append(done)
         start = t if reps.valid(sem.quorum, steps) else None
     if start is None:   # below quorum: waits until the replicas back make a valid one
