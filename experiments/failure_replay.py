@@ -36,9 +36,10 @@ import time
 import ml_collections
 from absl import flags
 
-from experiments import _cli
-from experiments import config as _config
 from jaxcomm import elastic, sim
+
+from . import _cli
+from . import toolkit
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 PROGRAM = {"model.name": "mlp", "data.name": "digits", "optimizer.name": "momentum",
@@ -60,13 +61,13 @@ def get_config() -> ml_collections.ConfigDict:
 
 
 def check(c) -> None:
-  for name in ("processes", "steps", "sync_every", "heartbeat_timeout", "collective_timeout"):
-    _config.int_at_least(c, name, 1)
-  _config.int_at_least(c, "processes", 2)
-  _config.number_in(c, "mtbf_h", 0.0, float("inf"), True, "a finite number > 0")
-  _config.number_in(c, "nominal_step_s", 0.0, float("inf"), True, "a finite number > 0")
-  _config.number_in(c, "deadline_s", 0.0, float("inf"), True, "a finite number > 0")
-  _config.int_at_least(c, "seed", 0)
+  """The settings, checked (ValueError naming the first out of range)."""
+  for name in ("steps", "sync_every", "heartbeat_timeout", "collective_timeout"):
+    toolkit.int_at_least(c, name, 1)
+  toolkit.int_at_least(c, "processes", 2)
+  toolkit.int_at_least(c, "seed", 0)
+  for name in ("mtbf_h", "nominal_step_s", "deadline_s"):
+    toolkit.number_in(c, name, 0.0, low_open=True)
 
 
 def schedule(c) -> list[tuple[int, int]]:

@@ -15,6 +15,9 @@ from jaxcomm.local._acco import AccoState
 from jaxcomm.local._acco import acco
 from jaxcomm.local._acco import micro_batch_loss
 from jaxcomm.local._cocodc import cocodc
+from jaxcomm.local._decoupled import DecoupledDilocoState
+from jaxcomm.local._decoupled import DecoupledSchedule
+from jaxcomm.local._decoupled import decoupled_diloco
 from jaxcomm.local._delayed import DelayedState
 from jaxcomm.local._delayed import delayed
 from jaxcomm.local._des_loc import DesLocState
@@ -43,6 +46,8 @@ from jaxcomm.local._streaming import streaming_diloco
 
 __all__ = (
     "AccoState",
+    "DecoupledDilocoState",
+    "DecoupledSchedule",
     "DelayedState",
     "DesLocState",
     "DilocoState",
@@ -55,6 +60,7 @@ __all__ = (
     "StreamingDilocoState",
     "acco",
     "cocodc",
+    "decoupled_diloco",
     "delay_compensation",
     "delayed",
     "des_loc",

@@ -15,6 +15,7 @@ from jaxcomm.sim._clock import Timeline
 from jaxcomm.sim._clock import comm_seconds_per_step
 from jaxcomm.sim._clock import simulate
 from jaxcomm.sim._compute import measure_seconds
+from jaxcomm.sim._decoupled import decoupled_schedule
 from jaxcomm.sim._failures import PRESETS
 from jaxcomm.sim._failures import FailureModel
 from jaxcomm.sim._failures import checkpoint_goodput
@@ -62,6 +63,7 @@ __all__ = (
     "backward_overlap",
     "checkpoint_goodput",
     "comm_seconds_per_step",
+    "decoupled_schedule",
     "draw_failures",
     "expected_goodput",
     "expected_slowdown",
