@@ -188,3 +188,18 @@ def test_a_drawn_schedule_replayed_in_a_real_elastic_run_matches_its_simulation(
   measured, simulated = out["measured"]["goodput"], out["simulated_goodput"]
   assert 0 < measured < 1 and 0 < simulated < 1
   assert 0.5 <= measured / simulated <= 2.0, (measured, simulated, out["measured"])
+
+
+def test_method_modules_declare_the_semantics_the_elastic_runtime_gives_them():
+  """The methods the runtime runs in rounds of `sync_every` (experiments/elastic_run.py)
+  declare elastic semantics with those rounds; every other method declares nothing and is
+  synchronous (restart from the last checkpoint)."""
+  from experiments import build, config, elastic_run, methods
+  for name in build.available_methods():
+    settings = config.base_config(name).method
+    got = methods.failure_semantics(settings, 4)
+    if name in elastic_run.PERIODIC:
+      assert got == sim.Semantics("elastic", 4, elastic_run.round_steps(
+          name, settings.sync_every)), name
+    else:
+      assert got == sim.Semantics(), name

@@ -2,8 +2,10 @@
 
 Each module defines `defaults()` (its settings, the library factory's defaults read from its
 signature) and `build(settings, ctx)` (the optax transform); optionally `wrap_loss` and
-`overlap_steps`. See experiments/build.py for the contract; a method of your own is one such
-file anywhere (`config.method.name = "/path/to/my_method.py"`).
+`overlap_steps`, and `failure_semantics` (how its run behaves when a device fails: synchronous
+restart from the last checkpoint unless it says otherwise). See experiments/build.py for the
+contract; a method of your own is one such file anywhere
+(`config.method.name = "/path/to/my_method.py"`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import functools
 from types import ModuleType
 
 import ml_collections
+
+from jaxcomm import sim
 
 from .. import _plugins
 
@@ -37,3 +41,13 @@ def overlap_steps(method: ml_collections.ConfigDict) -> int:
   """Steps a sync of this method overlaps on the simulated clock (0: none)."""
   fn = getattr(load_method(method.name), "overlap_steps", None)
   return int(fn(method)) if fn else 0
+
+
+def failure_semantics(method: ml_collections.ConfigDict, replicas: int) -> sim.Semantics:
+  """How a run of this method behaves when a device fails (`jaxcomm.sim.Semantics`), with
+  `replicas` replicas (or learners): its module's `failure_semantics(settings)`; a module
+  that declares none is synchronous (any failure stops the job, which restarts from its last
+  checkpoint)."""
+  fn = getattr(load_method(method.name), "failure_semantics", None)
+  semantics = fn(method) if fn else sim.Semantics()
+  return semantics._replace(units=1 if semantics.kind == "restart" else replicas)

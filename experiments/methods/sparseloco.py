@@ -3,6 +3,7 @@
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -13,3 +14,9 @@ def defaults():
 def build(settings, ctx):
   return toolkit.call(local.sparseloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (`sync_every` steps)."""
+  return sim.Semantics("elastic", round_steps=settings.sync_every)
