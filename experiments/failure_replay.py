@@ -19,7 +19,7 @@ r"""The failure model against the real elastic runtime: a drawn schedule, replay
    every change of the live set); `restart_s`, a process's start-up (launch to first commit)
    less that; `detect_s`, the heartbeat timeout plus the progress deadline (the settings).
 
-Prints both goodputs and writes `replay.json` to --workdir.
+Prints both goodputs and writes `replay.json` (and the run's log, `launch.log`) to --workdir.
 """
 
 from __future__ import annotations
@@ -155,6 +155,8 @@ def main(argv):
   workdir = flags.FLAGS.workdir
   shutil.rmtree(workdir, ignore_errors=True)
   began, log, report = launch(c, workdir, kills)
+  with open(os.path.join(workdir, "launch.log"), "w", encoding="utf-8") as f:
+    f.write(log)
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
   measured = measure(c, rows, log, began)

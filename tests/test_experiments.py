@@ -39,6 +39,7 @@ FACTORIES = {
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
     "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
     "des_loc": local.des_loc, "noloco": local.noloco,
+    "decoupled_diloco": local.decoupled_diloco,
 }
 
 
