@@ -191,15 +191,26 @@ def test_a_drawn_schedule_replayed_in_a_real_elastic_run_matches_its_simulation(
 
 
 def test_method_modules_declare_the_semantics_the_elastic_runtime_gives_them():
-  """The methods the runtime runs in rounds of `sync_every` (experiments/elastic_run.py)
-  declare elastic semantics with those rounds; every other method declares nothing and is
-  synchronous (restart from the last checkpoint)."""
+  """A method module with a sync period (the rounds `jaxcomm.elastic` runs it in,
+  experiments/elastic_run.py) declares elastic semantics with those rounds, Decoupled DiLoCo
+  its learners' deliveries; every other method declares nothing and is synchronous (restart
+  from the last checkpoint)."""
   from experiments import build, config, elastic_run, methods
+  from experiments.compare import failures
   for name in build.available_methods():
     settings = config.base_config(name).method
-    got = methods.failure_semantics(settings, 4)
-    if name in elastic_run.PERIODIC:
-      assert got == sim.Semantics("elastic", 4, elastic_run.round_steps(
-          name, settings.sync_every)), name
+    got = failures.semantics(settings, 4)
+    if name == "decoupled_diloco":
+      assert got == sim.Semantics("decoupled", 4, settings.sync_every // settings.fragments)
+    elif hasattr(methods.load_method(name), "period"):
+      assert got == sim.Semantics("elastic", 4, elastic_run.round_steps(settings)), name
     else:
       assert got == sim.Semantics(), name
+
+
+def test_a_method_that_declares_nothing_is_synchronous(tmp_path):
+  from experiments import methods
+  path = tmp_path / "quiet.py"
+  path.write_text("from experiments.methods import dp\ndefaults = dp.defaults\n"
+                  "build = dp.build\n")
+  assert methods.hooks(str(path)).failure_semantics(None) == sim.Semantics()

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxcomm import sim
 
+from .. import methods
 from . import stats
 
 NONE = "none"
@@ -38,6 +39,18 @@ def model(spec: str) -> sim.FailureModel | None:
     return sim.failure_model(spec)
   except ValueError as e:
     raise ValueError(f"--failures: {e}") from None
+
+
+def semantics(settings, replicas: int) -> sim.Semantics:
+  """The failure semantics of a method (config.method) with the scenario's `replicas`: its
+  module's `failure_semantics` hook (synchronous restart if it declares none).
+
+  >>> from experiments import config
+  >>> semantics(config.base_config("diloco").method, 8)[:3]
+  ('elastic', 8, 10)
+  """
+  declared = methods.hooks(settings.name).failure_semantics(settings)
+  return declared._replace(units=1 if declared.kind == "restart" else replicas)
 
 
 def under_failures(time_s: float, step_s: float, semantics: sim.Semantics,

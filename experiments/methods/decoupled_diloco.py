@@ -20,7 +20,7 @@ def defaults():
       latency_steps=0, speeds=(), outer_lr=0.7, outer_momentum=0.9)
 
 
-def schedule(settings, learners: int, steps: int) -> local.DecoupledSchedule:
+def _schedule(settings, learners: int, steps: int) -> local.DecoupledSchedule:
   """The ticks of `steps` updates of `learners` learners (every learner takes `steps`
   steps at least: the slowest's time for them is the horizon)."""
   toolkit.int_at_least(settings, "sync_every", 1)
@@ -45,8 +45,13 @@ def build(settings, ctx):
   return toolkit.call(
       local.decoupled_diloco, settings, inner=ctx.inner,
       outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
-      schedule=schedule(settings, ctx.num_workers, ctx.config.steps),
+      schedule=_schedule(settings, ctx.num_workers, ctx.config.steps),
       axis_name=ctx.axis_name, key=ctx.key, codec=ctx.codec(settings.codec))
+
+
+def period(settings) -> int:
+  """Each learner delivers every fragment once in `sync_every` of its steps."""
+  return settings.sync_every
 
 
 def overlap_steps(settings) -> int:

@@ -24,6 +24,11 @@ def build(settings, ctx):
                      participation=ctx.participation(settings.participation))
 
 
+def period(settings) -> int:
+  """An outer sync every `sync_every` inner steps."""
+  return settings.sync_every
+
+
 def overlap_steps(settings) -> int:
   """Eager updates use sync k's mean at sync k + 1: the all-reduce overlaps H inner steps."""
   return settings.sync_every if settings.eager else 0
@@ -43,5 +48,5 @@ def tuning() -> list:
 
 def failure_semantics(settings) -> sim.Semantics:
   """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (`sync_every` steps)."""
-  return sim.Semantics("elastic", round_steps=settings.sync_every)
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

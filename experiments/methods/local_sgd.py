@@ -18,7 +18,12 @@ def build(settings, ctx):
                      participation=ctx.participation(settings.participation))
 
 
+def period(settings) -> int:
+  """The parameters are averaged every `sync_every` local steps."""
+  return settings.sync_every
+
+
 def failure_semantics(settings) -> sim.Semantics:
   """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (`sync_every` steps)."""
-  return sim.Semantics("elastic", round_steps=settings.sync_every)
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

@@ -23,6 +23,11 @@ def build(settings, ctx):
       participation=ctx.participation(settings.participation, settings.fragments))
 
 
+def period(settings) -> int:
+  """Every fragment is sent once per `sync_every` inner steps."""
+  return settings.sync_every
+
+
 def overlap_steps(settings) -> int:
   """A fragment is merged `overlap` inner steps after it is sent; eager, its mean is used
   at its next sync, H inner steps later."""
@@ -42,5 +47,5 @@ def tuning() -> list:
 
 def failure_semantics(settings) -> sim.Semantics:
   """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (`sync_every` steps)."""
-  return sim.Semantics("elastic", round_steps=settings.sync_every)
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))
