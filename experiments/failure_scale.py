@@ -60,7 +60,10 @@ def check(c) -> sim.FailureModel:
     toolkit.int_at_least(c, name, 1)
   for name in ("step_s", "horizon_h"):
     toolkit.number_in(c, name, 0.0, low_open=True)
-  return sim.failure_model(c.failures)
+  try:
+    return sim.failure_model(c.failures)
+  except ValueError as e:
+    raise ValueError(f"config.failures: {e}") from None
 
 
 def units_for(c, devices: int) -> int:

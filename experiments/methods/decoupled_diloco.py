@@ -23,10 +23,11 @@ def defaults():
 def _schedule(settings, learners: int, steps: int) -> local.DecoupledSchedule:
   """The ticks of `steps` updates of `learners` learners (every learner takes `steps`
   steps at least: the slowest's time for them is the horizon)."""
-  toolkit.int_at_least(settings, "sync_every", 1)
-  toolkit.int_at_least(settings, "quorum", 0)
-  toolkit.int_at_least(settings, "latency_steps", 0)
-  toolkit.number_in(settings, "grace_steps", 0.0)
+  tree = {"method": settings}
+  toolkit.int_at_least(tree, "method.sync_every", 1)
+  toolkit.int_at_least(tree, "method.quorum", 0)
+  toolkit.int_at_least(tree, "method.latency_steps", 0)
+  toolkit.number_in(tree, "method.grace_steps", 0.0)
   try:
     speeds = np.asarray(settings.speeds or (1.0,) * learners, np.float64)
   except (TypeError, ValueError):
