@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import codecs, data, local, models, parallel, sync, train
+from jaxcomm import codecs, data, local, models, parallel, sim, sync, train
 from jaxcomm.testing import check_codec  # noqa: F401
 from jaxcomm.testing import check_converges_on_quadratic  # noqa: F401
 from jaxcomm.testing import check_jit_state_and_dtypes  # noqa: F401
@@ -86,6 +86,13 @@ def _average(params, state, sync, axis_name=None):
   return avg, state, nbytes
 
 
+def _decoupled_schedule(axis_name) -> local.DecoupledSchedule:
+  """Decoupled DiLoCo's ticks for the contract: equal learners (one without an axis, else the
+  suite's W = 8), two fragments, H = 2, long enough for the quadratic's steps."""
+  return sim.decoupled_schedule([1.0] * (1 if axis_name is None else 8), fragments=2,
+                                sync_every=2, horizon_s=400.0)
+
+
 def _zero(**kwargs) -> Setting:
   return Setting(lambda: parallel.zero(optax.sgd(0.1), axis_name=None, **kwargs))
 
@@ -150,6 +157,9 @@ METHODS = {
                              optax.sgd(0.1, momentum=0.5), None, micro_batches=2))}),
     "local.cocodc": Method(lambda inner, axis: local.cocodc(inner, optax.sgd(1.0), 2, 2, 1,
                                                             axis_name=axis, codec=None)),
+    "local.decoupled_diloco": Method(lambda inner, axis: local.decoupled_diloco(
+        inner, optax.sgd(1.0), _decoupled_schedule(axis), fragments=2, axis_name=axis),
+        plugin="decoupled_diloco"),
     "local.delayed": Method(lambda inner, axis: local.delayed(inner, axis), plugin="delayed",
                             variants={"momentum": Setting(lambda: local.delayed(
                                 optax.sgd(0.1, momentum=0.5), None))}),

@@ -271,8 +271,9 @@ def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_pa
 SETTINGS_PROGRAMS = (
     *(f"experiments.reproduce.{name}" for name in REPRODUCTIONS),
     "experiments.replica_periods", "experiments.heterogeneous", "experiments.compression_table",
-    "experiments.elastic_goodput", "benchmarks.codec_table", "benchmarks.fit_speed",
-    "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
+    "experiments.elastic_goodput", "experiments.failure_replay", "experiments.failure_scale",
+    "benchmarks.codec_table",
+    "benchmarks.fit_speed", "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
     "benchmarks.profile_step", "benchmarks.replicas")
 
 

@@ -487,6 +487,7 @@ PROGRAM_METHODS = {
         "diloco_int8_ef": {"method": "diloco", "sync_every": 2, "codec": "uniform:bits=8",
                            "memory": "ef"},
         "streaming_diloco": {"sync_every": 2, "fragments": 2, "overlap": 1},
+        "decoupled_diloco": {"sync_every": 2, "fragments": 2, "speeds": (1.0, 2.0)},
         "sparseloco": {"sync_every": 2, "density": 0.25, "chunk": 16},
         "dreamddp": {"sync_every": 2}, "scaffold": {"sync_every": 2},
         "hierarchical": {"sync_every": 2, "slow_axis": "replica", "fast_axis": None},

@@ -22,6 +22,9 @@ from jaxcomm.local._cocodc import cocodc
 from jaxcomm.local._core import masked_average
 from jaxcomm.local._core import masked_sum
 from jaxcomm.local._core import worker_index
+from jaxcomm.local._decoupled import DecoupledDilocoState
+from jaxcomm.local._decoupled import DecoupledSchedule
+from jaxcomm.local._decoupled import decoupled_diloco
 from jaxcomm.local._delayed import DelayedState
 from jaxcomm.local._delayed import delayed
 from jaxcomm.local._des_loc import DesLocState
@@ -53,6 +56,8 @@ from jaxcomm.local._streaming import streaming_diloco
 
 __all__ = (
     "AccoState",
+    "DecoupledDilocoState",
+    "DecoupledSchedule",
     "DelayedState",
     "DesLocState",
     "DilocoState",
@@ -67,6 +72,7 @@ __all__ = (
     "SyncInfo",
     "acco",
     "cocodc",
+    "decoupled_diloco",
     "delay_compensation",
     "delayed",
     "des_loc",
