@@ -4,7 +4,8 @@
   sections, split into pages, their links rewritten to the site's pages;
 * results.md, contributing.md, changelog.md: experiments/RESULTS.md, CONTRIBUTING.md and
   CHANGELOG.md, links rewritten;
-* notebooks/*.ipynb: colab/'s notebooks with a note that the site shows them unexecuted;
+* notebooks/*.ipynb: colab/'s notebooks with a note that the build runs them with small
+  settings;
 * api/*.md: one page per public module, an autosummary table and an autodoc entry for every
   name of the module's `__all__` (so a new public name is documented without editing here).
 
@@ -52,9 +53,10 @@ SITE = {
 SITE.update({f"colab/{p.name}": f"notebooks/{p.name}" for p in (ROOT / "colab").glob("*.ipynb")})
 
 NOTEBOOK_NOTE = (
-    "```{note}\nThis page shows the notebook's code as written; the documentation build does "
-    "not run it (`nb_execution_mode = \"off\"`), so there are no outputs. Run it on Colab "
-    "(setup cell below) or locally: `tests/test_notebooks.py` runs every notebook in CI.\n```")
+    "```{note}\nThe outputs on this page are those of the documentation build, which runs the "
+    "notebook with small settings (`JAXCOMM_NB_STEPS=8` steps, 8 emulated CPU devices): "
+    "losses are those of a few steps, timings those of a CPU. Run it on Colab (setup cell "
+    "below) or locally for the full settings.\n```")
 
 
 def generate(docs=DOCS):
@@ -152,9 +154,9 @@ def _write_notebooks(out):
     _write(out / path.name, json.dumps(nb, indent=1) + "\n")
   links = "\n".join(sorted(p.stem for p in (ROOT / "colab").glob("*.ipynb")))
   _write(out / "index.md",
-         "# Notebooks\n\nThe Colab notebooks of `colab/`, rendered without running them: "
-         "the pages show the code, not its outputs (the build sets "
-         "`nb_execution_mode = \"off\"` to stay fast). Each notebook runs top to bottom on "
+         "# Notebooks\n\nThe Colab notebooks of `colab/`, run when the site is built with "
+         "small settings (8 steps on 8 emulated CPU devices), their outputs shown. Each "
+         "notebook runs top to bottom on "
          "Colab (CPU, GPU or TPU runtime) or locally on 8 emulated CPU devices; its first "
          "cells say how to install jaxcomm there and which cells need how many devices.\n\n"
          f"```{{toctree}}\n:maxdepth: 1\n\n{links}\n```\n")
@@ -167,6 +169,29 @@ def public_modules():
   """The documented modules: every subpackage named in `jaxcomm.__all__`."""
   import jaxcomm
   return [f"jaxcomm.{sub}" for sub in jaxcomm.__all__]
+
+
+def constant_doc(fullname):
+  """The description of a public constant (`jaxcomm.sync.GRAPHS`): the `#:` comment above
+  its assignment in the module of its package that assigns it (Sphinx's attribute docs; a
+  re-exported constant has no docstring of its own). [] when there is none."""
+  import pkgutil
+
+  from sphinx.pycode import ModuleAnalyzer
+  from sphinx.pycode import PycodeError
+  modname, _, name = fullname.rpartition(".")
+  package = importlib.import_module(modname)
+  modules = [modname] + [f"{modname}.{m.name}"
+                         for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
+  for module in modules:
+    try:
+      docs = ModuleAnalyzer.for_module(module).find_attr_docs()
+    except PycodeError:
+      continue
+    lines = [line for line in docs.get(("", name), []) if line.strip()]
+    if lines:
+      return lines
+  return []
 
 
 def _directive(obj):

@@ -70,3 +70,30 @@ def test_built_reference_documents_every_public_name():
     pytest.skip("the built docs are older than the sources (make docs)")
   missing = sorted(_public_names() - _inventory_names(INVENTORY))
   assert not missing, f"the built API reference has no entry for {missing}"
+
+
+def _constants():
+  """Every public name that is neither a class nor a function (constants, type aliases)."""
+  gen = _generate()
+  for sub in jaxcomm.__all__:
+    module = importlib.import_module(f"jaxcomm.{sub}")
+    for name in module.__all__:
+      if gen._directive(getattr(module, name))[0] == "autodata":
+        yield f"jaxcomm.{sub}.{name}"
+
+
+def test_every_public_constant_is_described():
+  """A constant has no docstring of its own: its `#:` comment where it is assigned is its
+  description on the reference page (docs/conf.py)."""
+  gen = _generate()
+  constants = list(_constants())
+  assert "jaxcomm.sync.GRAPHS" in constants and len(constants) >= 20
+  missing = [c for c in constants if not gen.constant_doc(c)]
+  assert not missing, f"no `#:` description where these are assigned: {missing}"
+  site = INVENTORY.parent
+  if INVENTORY.exists() and INVENTORY.stat().st_mtime >= max(
+      p.stat().st_mtime for p in (ROOT / "jaxcomm").rglob("*.py")):
+    page = (site / "api" / "sync.html").read_text()
+    entry = page[page.index('id="jaxcomm.sync.GRAPHS"'):]
+    described = re.search(r"<dd>\s*<p>([^<]+)", entry[:entry.index("</dd>")])
+    assert described and "gossip graphs" in described.group(1), entry[:600]

@@ -29,6 +29,7 @@ from jaxcomm.models._transformer import causal_attention
 from jaxcomm.models._transformer import embed_forward
 from jaxcomm.models._transformer import head_forward
 
+#: The sequence-parallel attention kernels `sequence_attention` builds, by name.
 SEQUENCE_ATTENTION = ("ring", "ring_zigzag", "ulysses", "linear_lasp2", "linear_allscan",
                       "linear_lasp_ring")
 
