@@ -23,8 +23,8 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 
-from experiments import build
-from experiments import config as _config
+from . import build
+from . import config as _config
 from jaxcomm import plan
 
 

@@ -4,12 +4,12 @@ local SGD across the slow axis. The mesh names both axes, e.g. config.mesh = "sl
 model (config.mesh = "replica=2,fsdp=2,tensor=2") `slow_axis="replica"` and `fast_axis=None`:
 the exact reduction inside a replica is the layout's (ZeRO-3 over fsdp)."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.hierarchical, skip=("inner",),
+  return toolkit.from_factory(local.hierarchical, skip=("inner",),
                              types={"participation": str, "worker_steps": tuple},
                              sync_every=10)
 
@@ -21,6 +21,6 @@ def build(settings, ctx):
     raise ValueError(f"slow_axis / fast_axis {missing} are not axes of the mesh "
                      f"{ctx.mesh_shape}; e.g. config.mesh = 'slow=2,fast=4'.")
   slow = ctx.mesh_shape[settings.slow_axis]
-  return config.call(local.hierarchical, settings, inner=ctx.inner,
+  return toolkit.call(local.hierarchical, settings, inner=ctx.inner,
                      participation=ctx.participation(settings.participation,
                                                      num_workers=slow))
