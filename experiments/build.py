@@ -15,10 +15,9 @@ experiments/methods/ (`diloco`), a dotted module path (`my_pkg.my_method`) or th
                                             experiments.toolkit.from_factory)
   build(settings, ctx) -> optax transform   ctx: a `Context` (inner optimiser, axes, ...)
 
-and may define `wrap_loss(settings, loss_fn, ctx)` (the loss each worker differentiates,
-e.g. ACCO's mean over micro-batches) and `overlap_steps(settings) -> int` (how many later
-steps a sync overlaps on the simulated clock; 0 when absent). A method of your own is one
-file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
+and may define the optional hooks of `experiments.methods.Hooks` (`wrap_loss`, `period`,
+`overlap_steps`, ...; each with its default there), read through `hooks(name)`. A method of
+your own is one file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
 
 A model is one module too, in experiments/models/ (`lm`, `mlp`, `nnx_lm`, `resnet50`, ...)
 or anywhere (`--config.model.name=/path/to/my_model.py`): `defaults()` and
@@ -56,7 +55,7 @@ MESH_AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
 available_methods = _methods.available_methods
 load_method = _methods.load_method
 method_defaults = _methods.method_defaults
-overlap_steps = _methods.overlap_steps
+hooks = _methods.hooks
 available_models = _models.available_models
 load_model = _models.load_model
 model_defaults = _models.model_defaults
@@ -261,12 +260,10 @@ def make_optimizer(config: ml_collections.ConfigDict, ctx: Context):
 
 
 def task_loss(config: ml_collections.ConfigDict, loss_fn: Callable, ctx: Context) -> Callable:
-  """The loss each worker differentiates: the method's `wrap_loss` applied, if it has one."""
-  wrap = getattr(load_method(config.method.name), "wrap_loss", None)
-  if wrap is None:
-    return loss_fn
+  """The loss each worker differentiates: the method's `wrap_loss` applied (by default the
+  loss itself)."""
   try:
-    return wrap(config.method, loss_fn, ctx)
+    return hooks(config.method.name).wrap_loss(config.method, loss_fn, ctx)
   except ValueError as e:
     raise ValueError(f"config.method ({config.method.name}): {e}") from None
 

@@ -33,23 +33,26 @@ from typing import Callable
 
 import jax
 
-from . import specs
-from jaxcomm import elastic
+from . import methods, specs
+from jaxcomm import _validate, elastic
 
-# Methods whose sync period is `sync_every` (rounds end at their syncs, so a process that
-# joins takes part from the next outer sync); every other method syncs each step.
-PERIODIC = ("diloco", "local_sgd", "sparseloco", "streaming_diloco")
 FAULTS = ("kill", "stop", "hang", "partition")
 NO_QUORUM = 69  # exit status when no valid quorum formed (EX_UNAVAILABLE)
 
 
-def round_steps(algo: str, sync_every: int) -> int:
-  """Steps per elastic round: the method's sync period.
+def round_steps(method) -> int:
+  """Steps per elastic round: the sync period of the method (config.method), its module's
+  `period` hook (rounds end at its syncs, so a process that joins takes part from the next
+  sync; a method without one syncs every step).
 
-  >>> round_steps("diloco", 20), round_steps("dp", 20)
-  (20, 1)
+  >>> from experiments import config
+  >>> round_steps(config.base_config("diloco", sync_every=20).method)
+  20
+  >>> round_steps(config.base_config("dp").method)
+  1
   """
-  return sync_every if algo in PERIODIC else 1
+  return _validate.integer(f"the period of method {method.name!r}",
+                           methods.hooks(method.name).period(method), low=1)
 
 
 def parse_faults(specs: list[str]) -> dict:

@@ -286,7 +286,7 @@ def _param_count(params) -> int:
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
   """Every number of one planned method (plan.json)."""
-  overlap = build.overlap_steps(c.method)
+  overlap = int(build.hooks(c.method.name).overlap_steps(c.method))
   shape = step.mesh_shape
   record = {
       "method": label, "entry": entry, "mesh": c.mesh, "algo": c.method.name,

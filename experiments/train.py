@@ -137,8 +137,7 @@ def run_elastic(run, workdir: str) -> None:
   elastic_run.run(lambda m: train.Trainer(run.loss_fn, run.optimizer, m, axis_name="data",
                                           has_aux=run.has_aux),
                   run.params, run.batches, c, steps=run.steps,
-                  round_steps=elastic_run.round_steps(c.method.name,
-                                                      c.method.get("sync_every") or 1),
+                  round_steps=elastic_run.round_steps(c.method),
                   workdir=workdir, faults=_faults(),
                   progress_file=_PROGRESS.value if flags.FLAGS.is_parsed() else None)
 

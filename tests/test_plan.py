@@ -93,7 +93,7 @@ def test_plan_equals_a_real_step_at_the_make_run_size(method, settings, mesh):
   for axes, value in step.bytes_per_axis().items():
     assert value == pytest.approx(every[axes] + cond[axes] * fraction, rel=1e-12)
   # The predicted step time is jaxcomm.sim's clock on the real run's counted bytes.
-  overlap = build.overlap_steps(c.method)
+  overlap = build.hooks(c.method.name).overlap_steps(c.method)
   topology = {a: "wan" if i == 0 else "nvlink" for i, a in enumerate(trainer.mesh.axis_names)}
   expected = sim.simulate(0.01, sim.comm_seconds_per_step(
       counted, comm.cost(real_report, topology)), overlap_steps=overlap)

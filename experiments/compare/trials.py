@@ -67,9 +67,9 @@ class Population:
     self.together = together
     self.report = report
     self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
-    self.overlap = build.overlap_steps(r.config.method)
-    fn = getattr(r.method, "overlap_backward", None)
-    self.overlap_backward = bool(fn(r.config.method)) if fn else False
+    hooks = build.hooks(r.method)
+    self.overlap = int(hooks.overlap_steps(r.config.method))
+    self.overlap_backward = bool(hooks.overlap_backward(r.config.method))
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
     self.target = None  # once known (`aim`): evaluations that cannot change a time are skipped
