@@ -25,6 +25,7 @@ import numpy as np
 
 from . import build
 from . import config as _config
+from . import methods
 from jaxcomm import plan
 
 
@@ -62,10 +63,11 @@ def dp_bytes(config, axes: Iterable[str], devices=None) -> float:
 
 
 def horizon(config, steps_done: int) -> int:
-  """Steps of counted bytes to plan: the run's, and enough for a steady state (the counter
-  machine is one `lax.scan`: a longer one costs little)."""
-  every = int(config.method.get("sync_every") or 1)
-  return max(2 * steps_done, 256, min(16 * every, 4096))
+  """Steps of counted bytes to plan: the run's, and enough for a steady state, 16 of the
+  method's sync periods (its `period` hook) up to 4096 (the counter machine is one
+  `lax.scan`: a longer one costs little)."""
+  period = int(methods.hooks(config.method.name).period(config.method))
+  return max(2 * steps_done, 256, min(16 * period, 4096))
 
 
 def sync_period(schedule) -> int | None:

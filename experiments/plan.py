@@ -54,7 +54,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from . import _cli, _plugins, build, compare
+from . import _cli, _plugins, build, compare, specs
 from . import config as _config
 from .models import lm as lm_model
 from jaxcomm import comm, parallel, plan
@@ -206,7 +206,7 @@ def resolve_methods(names, labelled: dict, config) -> dict:
 
 def _links(names, inner: str, own=()) -> tuple[dict, object]:
   """({name: Link} of the presets `names` and the links of your own `own` (spec strings,
-  `config.parse_link`), the inner link)."""
+  `specs.parse_link`), the inner link)."""
   names, own = list(names or ()), list(own or ())
   if not names and not own:
     raise ValueError("links must name at least one link preset (or give --link).")
@@ -219,7 +219,7 @@ def _links(names, inner: str, own=()) -> tuple[dict, object]:
                        f"{', '.join(comm.PRESETS)}.{hint}")
   out = {n: comm.PRESETS[n] for n in names}
   for spec in own:
-    link = _config.parse_link(spec, "link")
+    link = specs.parse_link(spec, "link")
     if link.name in out:
       raise ValueError(f"link {spec!r}: the name {link.name!r} is given twice.")
     out[link.name] = link

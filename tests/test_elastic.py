@@ -312,7 +312,7 @@ def test_the_readme_elastic_example_cannot_end_before_the_restarted_process_rejo
   processes = int(flag("processes")[0])
   restarts = launch_local.schedule("restart", flag("restart"), processes)
   steps = int(flag("config.steps")[0])
-  need = config.min_workers((flag("config.elastic.min_workers") or ["1"])[0])
+  need = specs.min_workers((flag("config.elastic.min_workers") or ["1"])[0])
   assert restarts
   for _, after in restarts:
     assert any(need(t) == processes for t in range(after + 1, steps)), argv
