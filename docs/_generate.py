@@ -6,12 +6,16 @@
   CHANGELOG.md, links rewritten;
 * notebooks/*.ipynb: colab/'s notebooks with a note that the build runs them with small
   settings;
+* _method_hooks.md, _method_context.md: the tables of a method module's hooks and of its
+  `ctx`, from `experiments.methods.Hooks` and `experiments.build.Context` (own_method.md
+  includes them);
 * api/*.md: one page per public module, an autosummary table and an autodoc entry for every
   name of the module's `__all__` (so a new public name is documented without editing here).
 
 Generated files are not committed (docs/.gitignore); the README stays the one source.
 """
 
+import functools
 import importlib
 import inspect
 import json
@@ -63,6 +67,9 @@ def generate(docs=DOCS):
   """Writes every derived page under `docs` (a directory laid out like docs/)."""
   docs = pathlib.Path(docs)
   _write_guide(docs)
+  hooks, context = method_contract()
+  _write(docs / "_method_hooks.md", hooks)  # included by own_method.md
+  _write(docs / "_method_context.md", context)
   for source in ("experiments/RESULTS.md", "CONTRIBUTING.md", "CHANGELOG.md"):
     page = SITE[source]
     _write(docs / page, _rewrite_links((ROOT / source).read_text(), source, page))
@@ -162,6 +169,79 @@ def _write_notebooks(out):
          f"```{{toctree}}\n:maxdepth: 1\n\n{links}\n```\n")
 
 
+# --- a method's contract ---------------------------------------------------------------------
+
+
+def _attributes(doc):
+  """{name: text} of the `Attributes:` section of a Google-style docstring."""
+  lines = inspect.cleandoc(doc).splitlines()
+  out, name = {}, None
+  for line in lines[lines.index("Attributes:") + 1:]:
+    entry = re.match(r"  (\w+): (.*)", line)
+    if entry:
+      name = entry.group(1)
+      out[name] = entry.group(2)
+    elif line.startswith("    ") and name:
+      out[name] += " " + line.strip()
+    else:
+      break
+  return out
+
+
+def _cell(text):
+  """Text for a Markdown table cell: pipes escaped, and `<` and `>` outside code spans
+  (`optimizer.<name>` is no HTML tag)."""
+  parts = re.split(r"(`[^`]*`)", text.replace("|", "\\|"))
+  return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;")
+                 for p in parts)
+
+
+def _default_of(fn):
+  """What a hook's default returns, called with stand-ins for its arguments."""
+  names = list(inspect.signature(fn).parameters)
+  args = [object() for _ in names]
+  out = fn(*args)
+  given = [n for n, a in zip(names, args) if out is a]
+  return f"`{given[0]}` itself" if given else f"`{out!r}`"
+
+
+def method_contract():
+  """(the table of `experiments.methods.Hooks`, the table of `experiments.build.Context`) as
+  Markdown, from the record and its docstring: the page "Your own method" includes both."""
+  import dataclasses
+
+  from experiments import build
+  from experiments import methods
+  text = _attributes(methods.Hooks.__doc__)
+  rows = ["| hook | takes, returns | what it is for | default |", "|---|---|---|---|"]
+  for field in dataclasses.fields(methods.Hooks):
+    signature, _, rest = text[field.name].partition("`")[2].partition("`")
+    required = field.default is dataclasses.MISSING
+    what = re.sub(r"^(, required)?: ", "", rest)
+    default = "required"
+    if not required:  # the record's default, and what the docstring says it means
+      what, _, said = what.partition(" Default")
+      why = said.split(": ", 1)[1] if ": " in said else ""
+      default = _default_of(field.default)
+      if why and not why.startswith(default):
+        default += f": {why}"
+    rows.append(f"| `{field.name}` | {_cell(f'`{signature}`')} | {_cell(what)} | "
+                f"{_cell(default)} |")
+  hooks = "\n".join(rows) + "\n"
+  text = _attributes(build.Context.__doc__)
+  rows = ["| field | type | what it holds |", "|---|---|---|"]
+  for field in dataclasses.fields(build.Context):
+    default = "" if field.default is dataclasses.MISSING else f" (default `{field.default!r}`)"
+    rows.append(f"| `ctx.{field.name}` | {_cell(f'`{field.type}`')} | "
+                f"{_cell(text[field.name])}{default} |")
+  for name, fn in inspect.getmembers(build.Context, inspect.isfunction):
+    if not name.startswith("_"):
+      summary = " ".join(inspect.getdoc(fn).split("\n\n")[0].split())
+      signature = str(inspect.signature(fn, eval_str=True)).replace("self, ", "")
+      rows.append(f"| {_cell(f'`ctx.{name}{signature}`')} | method | {_cell(summary)} |")
+  return hooks, "\n".join(rows) + "\n"
+
+
 # --- API reference -----------------------------------------------------------------------------
 
 
@@ -177,21 +257,26 @@ def constant_doc(fullname):
   re-exported constant has no docstring of its own). [] when there is none."""
   import pkgutil
 
-  from sphinx.pycode import ModuleAnalyzer
-  from sphinx.pycode import PycodeError
   modname, _, name = fullname.rpartition(".")
   package = importlib.import_module(modname)
   modules = [modname] + [f"{modname}.{m.name}"
                          for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
   for module in modules:
-    try:
-      docs = ModuleAnalyzer.for_module(module).find_attr_docs()
-    except PycodeError:
-      continue
-    lines = [line for line in docs.get(("", name), []) if line.strip()]
+    lines = [line for line in _attr_docs(module).get(("", name), []) if line.strip()]
     if lines:
       return lines
   return []
+
+
+@functools.lru_cache(maxsize=None)
+def _attr_docs(module):
+  """Sphinx's attribute docs (`#:` comments) of a module, parsed once."""
+  from sphinx.pycode import ModuleAnalyzer
+  from sphinx.pycode import PycodeError
+  try:
+    return ModuleAnalyzer.for_module(module).find_attr_docs()
+  except PycodeError:
+    return {}
 
 
 def _directive(obj):

@@ -31,7 +31,7 @@ extensions = [
     "sphinx.ext.napoleon",  # Google-style docstrings
     "sphinx.ext.viewcode",
 ]
-exclude_patterns = ["_build", "_opening.md", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_opening.md", "_method_*.md", "**/.ipynb_checkpoints"]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb", ".rst": "restructuredtext"}
 
 # Notebooks are run when the site is built, with the small settings tests/test_notebooks.py
