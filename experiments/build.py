@@ -4,8 +4,8 @@ Every program (train.py, compare.py, the reproductions, the benchmarks, the note
 a config (experiments/config.py) into a `Run` here, and nowhere else:
 
   run = build(config)                 # model, loss, params, batches, optimizer, mesh, specs
-  trainer = run.trainer()             # jaxcomm.train.Trainer
-  state, history = train.fit(trainer, trainer.init(run.params), run.batches, run.steps)
+  program = run.program()             # jaxcomm.train.Program
+  state, history = train.fit(program, program.init(run.params), run.batches, run.steps)
 
 A method is one module, loaded by name (no registry, nothing runs at import): a name in
 experiments/methods/ (`diloco`), a dotted module path (`my_pkg.my_method`) or the path of a
@@ -116,8 +116,9 @@ class Run:
       the shapes of that share (`jax.ShapeDtypeStruct`s; nothing of the batch's size is
       loaded).
     optimizer: the method's transform around the inner optimiser.
-    axis_name: the batch axes (the Trainer's `axis_name`).
-    method_axes: the axes the method synchronises over.
+    batch_axes: the mesh axes the batch is split over (the program's `batch_axes`).
+    method_axes: the axes the method synchronises over (what its transforms get as
+      `axis_name`: `Context.axis_name`).
     specs: PartitionSpecs of the parameters (None: replicated).
     batch_specs: PartitionSpecs of the batch (None: leading dimension over the batch axes).
     method: the method's module.
@@ -132,7 +133,7 @@ class Run:
   params: Any
   batches: Callable[[int], dict]
   optimizer: optax.GradientTransformation
-  axis_name: Any
+  batch_axes: tuple
   method_axes: Any
   specs: Any = None
   batch_specs: Any = None
@@ -145,13 +146,21 @@ class Run:
 
   @property
   def num_workers(self) -> int:
-    axes = (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
-    return math.prod(self.mesh.shape[a] for a in axes)
+    return math.prod(self.mesh.shape[a] for a in self.batch_axes)
+
+  def _options(self) -> dict:
+    return dict(batch_axes=self.batch_axes, param_specs=self.specs, has_aux=self.has_aux,
+                batch_specs=self.batch_specs, mutable=self.mutable)
+
+  def program(self) -> train.Program:
+    """The training program (`jaxcomm.train.Program`) that `fit`, checkpoints and the
+    planner take; its layout derived from `params` (arrays or ShapeDtypeStructs)."""
+    return train.make_program(self.loss_fn, self.optimizer, self.mesh, self.params,
+                              **self._options())
 
   def trainer(self) -> train.Trainer:
-    return train.Trainer(self.loss_fn, self.optimizer, self.mesh, axis_name=self.axis_name,
-                         param_specs=self.specs, has_aux=self.has_aux,
-                         batch_specs=self.batch_specs, mutable=self.mutable)
+    """A `jaxcomm.train.Trainer` of the run (steps that return their measurements)."""
+    return train.Trainer(self.loss_fn, self.optimizer, self.mesh, **self._options())
 
 
 def mesh_shape(spec: str, num_devices: int) -> dict:
@@ -237,8 +246,7 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
                                     else batch_axes)
   return Run(config=config, mesh=mesh, model=task.model, loss_fn=loss_fn,
              model_loss_fn=task.loss_fn, has_aux=task.has_aux, params=task.params,
-             batches=batches, optimizer=optimizer,
-             axis_name=batch_axes[0] if len(batch_axes) == 1 else batch_axes,
+             batches=batches, optimizer=optimizer, batch_axes=batch_axes,
              method_axes=ctx.axis_name, specs=task.specs, batch_specs=task.batch_specs,
              method=method, mutable=task.mutable)
 

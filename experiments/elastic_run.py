@@ -137,14 +137,14 @@ def quorum(c):
                         shrink_only=e.shrink_only)
 
 
-def run(make_trainer, params, batch_fn, c, *, steps: int, round_steps: int, workdir: str,
+def run(make_program, params, batch_fn, c, *, steps: int, round_steps: int, workdir: str,
         faults: dict, progress_file: str | None) -> dict:
   """Trains with `jaxcomm.elastic.fit`; returns (and, on the last leader, writes) the
   summary. Exits with status NO_QUORUM when no valid quorum formed."""
   began = time.perf_counter()
   try:
     result = elastic.fit(
-        make_trainer, params, with_faults(batch_fn, faults), steps, round_steps=round_steps,
+        make_program, params, with_faults(batch_fn, faults), steps, round_steps=round_steps,
         log_every=c.log_every, workdir=workdir, checkpoint_every=c.checkpoint_every,
         checkpoint_dir=os.path.join(workdir, "checkpoints"), keep=c.keep,
         timeout_s=2 * c.elastic.collective_timeout_s, quorum=quorum(c),

@@ -430,7 +430,7 @@ def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
     t0 = time.perf_counter()
     r = runs[label]
     try:
-      step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
+      step = plan.compile_step(r.program(), r.params, r.batches(0), steps=steps)
     except Exception as e:
       # A library limit met at this size (the user's input is checked before): reported in
       # the table and plan.json, and the other methods are planned.
