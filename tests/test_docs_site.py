@@ -59,6 +59,7 @@ BUILT = pytest.mark.skipif(not (SITE / "index.html").exists(), reason="docs not 
 
 @BUILT
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
+@pytest.mark.slow  # one Chromium run, a few seconds
 def test_no_table_or_code_block_is_cut_off_in_a_1400_px_window(tmp_path):
   pages = _pages()
   frames = "".join(f'<iframe data-src="{p.as_uri()}" width="{WIDTH}" height="{HEIGHT}">'
