@@ -18,7 +18,9 @@ from jaxcomm.parallel import _validate
 #   tensor    Megatron tensor parallelism: heads and MLP columns split over it
 #   sequence  the sequence is split over it (sequence-parallel attention)
 #   pipeline  layers are split over it (pipeline stages)
+#: The mesh axis names jaxcomm's layouts know, outermost first (see the comment above).
 AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
+#: The axes that split the batch.
 BATCH_AXES = ("replica", "data", "fsdp")
 
 
