@@ -133,7 +133,7 @@ def stack():
       with c.unlocked():
         c.mesh, c.steps, c.model.num_layers = "replica=2,fsdp=4", STEPS, blocks
       run = build.build(c, abstract=True)
-      done[key] = plan.compile_step(run.trainer(), run.params, run.batches(0), steps=STEPS)
+      done[key] = plan.compile_step(run.program(), run.params, run.batches(0), steps=STEPS)
     return done[key]
   return plan_at
 

@@ -66,7 +66,7 @@ def plan_one(c, devices=None) -> plan.StepPlan:
     if blocks is not None:
       cb.model.num_layers = blocks
     run = build.build(cb, devices, abstract=True)
-    return plan.compile_step(run.trainer(), run.params, run.batches(0), steps=cb.steps)
+    return plan.compile_step(run.program(), run.params, run.batches(0), steps=cb.steps)
 
   blocks = c.model.get("num_layers")
   if not isinstance(blocks, int):

@@ -235,8 +235,8 @@ class ScaleClock:
 
 def overlaps_of(c) -> tuple:
   """(overlap_steps, overlap_backward) of a method config (its method module's hooks)."""
-  fn = getattr(build.load_method(c.method.name), "overlap_backward", None)
-  return build.overlap_steps(c.method), bool(fn(c.method)) if fn else False
+  hooks = build.hooks(c.method.name)
+  return int(hooks.overlap_steps(c.method)), bool(hooks.overlap_backward(c.method))
 
 
 class Planner:

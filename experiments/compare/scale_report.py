@@ -42,7 +42,9 @@ def summary(clock, sc, links_: dict) -> dict:
     out["methods"][label] = {
         "flops": p.flops, "bytes_per_step": p.bytes_per_step(),
         "bytes_per_axis": {",".join(a): b for a, b in p.bytes_per_axis().items()},
-        "state_bytes": p.state_bytes, "overlap": list(clock.overlaps[(label, k)]),
+        "state_bytes": p.state_bytes, "peak_bytes": p.memory.peak,
+        "fits": p.memory.peak <= sc.device.hbm_bytes,
+        "overlap": list(clock.overlaps[(label, k)]),
         "links": {n: dataclasses.asdict(clock.prediction((label, k), n)) for n in links_}}
   return out
 
@@ -74,13 +76,15 @@ def heading(scale: dict, config) -> str:
 
 def step_rows(scale: dict, links: list) -> tuple[list, list]:
   """(headers, rows): per method its plan at scale and its step time on each link."""
-  headers = ["method", "FLOPs/device/step", "bytes/device/step across sites",
-             "bytes/device/step inside"] + [f"step on {n} (exposed comm)" for n in links]
+  headers = ["method", "FLOPs/device/step", "peak/device (XLA:CPU)",
+             "bytes/device/step across sites", "bytes/device/step inside"] + [
+                 f"step on {n} (exposed comm)" for n in links]
   rows = []
   for label, m in scale["methods"].items():
     across = sum(b for a, b in m["bytes_per_axis"].items() if "replica" in a.split(","))
     inside = sum(b for a, b in m["bytes_per_axis"].items() if "replica" not in a.split(","))
-    rows.append([label, f"{m['flops']:.3g}", _bytes(across), _bytes(inside)]
+    peak = _bytes(m["peak_bytes"]) + ("" if m["fits"] else f" (over {scale['device']}'s)")
+    rows.append([label, f"{m['flops']:.3g}", peak, _bytes(across), _bytes(inside)]
                 + [f"{report._seconds(m['links'][n]['step'])} "
                    f"({report._seconds(m['links'][n]['exposed'])})" for n in links])
   return headers, rows
@@ -121,7 +125,9 @@ def sections(scale: dict, proxy: dict, config, links: list, target: float,
                 + "\n".join(f"* {v}" for v in lines)),
       "steps": ("## Step time at scale\n\nEach method's step at the scenario's size (its "
                 "first setting), mean over the planned steps: the step and, in brackets, the "
-                "communication its schedule does not hide.\n\n"
+                "communication its schedule does not hide; its peak memory per device is "
+                "XLA:CPU's (extrapolated from 1 and 2 blocks), an upper estimate for GPU and "
+                "TPU compilers, which fuse more.\n\n"
                 + rep.markdown_table(headers, rows) + missing
                 + f"\n\nPlans kept in {scale['cache']}.")}
 

@@ -14,7 +14,7 @@ datacenter's InfiniBand."""
 import ml_collections
 from ml_collections import config_dict
 
-from experiments import config
+from .. import config
 
 
 def get_config(arg: str | None = None):

@@ -6,6 +6,7 @@ the exact reduction inside a replica is the layout's (ZeRO-3 over fsdp)."""
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -24,3 +25,14 @@ def build(settings, ctx):
   return toolkit.call(local.hierarchical, settings, inner=ctx.inner,
                      participation=ctx.participation(settings.participation,
                                                      num_workers=slow))
+
+
+def period(settings) -> int:
+  """The slow axis syncs every `sync_every` steps (the fast axis every step)."""
+  return settings.sync_every
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))
