@@ -159,15 +159,21 @@ def test_the_transfer_check_ranks_steps_to_the_target_relative_to_dp():
   small_n, big_n = transfer.parameters(config), transfer.parameters(big)
   assert small_n == 137_216 and big_n >= 4 * small_n  # the make-run LM, and >= 4x
 
-  def out(steps):  # a results.json's shape: per method, per link, steps per seed
-    return {"links": {"wan": {}}, "methods": [
-        {"method": m, "links": {"wan": {"steps_to_target": s}}} for m, s in steps.items()]}
+  def out(steps):  # a results.json's shape: per method, per seed its held-out readings
+    def trial(n):  # the loss falls by 1 every 100 steps from 3 at step 0; the target is 2
+      reads = [] if n is None else list(range(0, n + 20, 20))
+      return {"setting": 0, "evals": {"step": reads, "heldout_loss": [
+          3.0 - s / (n or 1) for s in reads] if n else [3.0]}}
+    return {"target_loss": 2.0, "methods": [
+        {"method": m, "trials": [trial(n) for n in s]} for m, s in steps.items()]}
 
+  # Each trial crosses the target at exactly its n steps (interpolated between readings).
   small = out({"dp": [100, 110, 120], "diloco": [60, 70, 80], "powersgd": [150, 160, None]})
   large = out({"dp": [200, 220, 240], "diloco": [300, 330, 360], "powersgd": [180, 200, 220]})
+  assert transfer.steps_to_target(small)["diloco"] == pytest.approx(70)
   t = transfer.summary(small, large, "dp", (small_n, big_n))
-  assert t["methods"]["diloco"] == {"small": 70 / 110, "large": 1.5, "rank_small": 1,
-                                    "rank_large": 3}
-  assert t["methods"]["powersgd"]["small"] == 160 / 110  # the median, a miss as infinity
+  assert t["methods"]["diloco"] == pytest.approx({"small": 70 / 110, "large": 1.5,
+                                                  "rank_small": 1, "rank_large": 3})
+  assert t["methods"]["powersgd"]["small"] == pytest.approx(160 / 110)  # a miss as infinity
   assert [line.split(":")[0] for line in t["rank_changes"]] == ["diloco", "powersgd"]
   assert "## Transfer across proxy sizes" in transfer.markdown(t)
