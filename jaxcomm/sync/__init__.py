@@ -5,6 +5,8 @@ from jaxcomm.sync._compressed import compressed
 from jaxcomm.sync._demo import DemoState
 from jaxcomm.sync._demo import demo
 from jaxcomm.sync._demo import demo_bytes
+from jaxcomm.sync._dion import DionState
+from jaxcomm.sync._dion import dion
 from jaxcomm.sync._gossip import ChocoState
 from jaxcomm.sync._gossip import DpsgdState
 from jaxcomm.sync._gossip import choco
@@ -45,6 +47,7 @@ __all__ = (
     "ChocoState",
     "CompressedState",
     "DemoState",
+    "DionState",
     "DpsgdState",
     "ErrorMemory",
     "FractionalRepetition",
@@ -62,6 +65,7 @@ __all__ = (
     "decode_gradient",
     "demo",
     "demo_bytes",
+    "dion",
     "dpsgd",
     "ef21",
     "error_feedback",

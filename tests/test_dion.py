@@ -1,0 +1,266 @@
+"""Dion (`sync.dion`): a one-device reference written from the paper, factor sync over the
+replicas (`data=8`, and `replica=2,fsdp=2,tensor=2` with sharded factors), bytes per axis
+counted == compiled == derived by hand, per-replica momenta, bad input."""
+
+import zlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm import models, parallel, sync, train
+from tests.test_replicas import LM, MESH, R, compile_step, gradients, host, layout_scales
+from tests.test_replicas import linear_loss
+
+LR, MU, WD, EPS = 0.05, 0.9, 0.01, 1e-8
+STEPS = 3
+
+
+def _params():
+  return {"a": jax.random.normal(jax.random.key(0), (6, 4)),   # fan_in 6 > fan_out 4
+          "b": jnp.linspace(-1.0, 1.0, 4),
+          "c": jax.random.normal(jax.random.key(1), (3, 8))}   # transposed: P is 8 x r
+
+
+def _grads(params, t, worker=0):
+  return jax.tree.map(lambda x: jnp.sin((t + 1) * x + worker), params)
+
+
+# ------------------------------------------------------------ the paper's rule, in numpy
+def _qr(a):
+  q, r = np.linalg.qr(a)
+  return q * np.where(np.diag(r) < 0, -1.0, 1.0)
+
+
+def dion_reference(params, grads, q0):
+  """Dion (arXiv 2504.05295, Algorithm 1) in float64 on whole matrices, with the authors'
+  scale sqrt(fan_out / fan_in), decoupled weight decay, and AdamW (betas 0.9, 0.95) on the
+  other leaves. `q0`: each matrix's first Q (m x r, of the matrix oriented longer side first)."""
+  x = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  mom = {k: np.zeros((max(v.shape), min(v.shape))) for k, v in x.items() if v.ndim == 2}
+  q = {k: np.asarray(v, np.float64) for k, v in q0.items()}
+  m1 = {k: np.zeros_like(v) for k, v in x.items() if v.ndim != 2}
+  m2 = {k: np.zeros_like(v) for k, v in m1.items()}
+  for t, g in enumerate(grads, start=1):
+    for k, xk in x.items():
+      gk = np.asarray(g[k], np.float64)
+      if xk.ndim != 2:
+        m1[k] = 0.9 * m1[k] + 0.1 * gk
+        m2[k] = 0.95 * m2[k] + 0.05 * gk * gk
+        step = (m1[k] / (1 - 0.9**t)) / (np.sqrt(m2[k] / (1 - 0.95**t)) + EPS)
+        x[k] = xk - LR * step
+        continue
+      flip = xk.shape[0] < xk.shape[1]
+      b = mom[k] + (gk.T if flip else gk)
+      p = _qr(b @ q[k])
+      r = b.T @ p
+      mom[k] = b - (1 - MU) * p @ r.T
+      q[k] = r / (np.linalg.norm(r, axis=0, keepdims=True) + EPS)
+      u = p @ q[k].T
+      x[k] = xk * (1 - LR * WD) - LR * np.sqrt(xk.shape[1] / xk.shape[0]) * (u.T if flip else u)
+  return x
+
+
+def _flat(tree):
+  return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _first_q(params, rank, key=0):
+  """Each matrix's first Q as documented: m x r standard normal from fold_in(key, crc32 of its
+  tree path), m the shorter side."""
+  out = {}
+  for path, v in _flat(params).items():
+    if v.ndim == 2:
+      k = jax.random.fold_in(jax.random.key(key), zlib.crc32(path.encode()) & 0x7FFFFFFF)
+      out[path] = np.asarray(jax.random.normal(k, (min(v.shape), min(rank, *v.shape))))
+  return out
+
+
+def _run_one_device(tx, params, grads):
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for g in grads:
+    updates, state = update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def _dion(**kw):
+  return sync.dion(LR, mu=MU, weight_decay=WD, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(rank=2), dict(rank_fraction=1.0)])
+def test_one_device_equals_the_papers_rule(kw):
+  """Low rank (factors) and full rank (the authors all-reduce the gradient there): 3 steps of
+  sync.dion equal the float64 reference, and every leaf moved."""
+  params = _params()
+  grads = [_grads(params, t) for t in range(STEPS)]
+  tx = _dion(**kw)
+  got, _ = _run_one_device(tx, params, grads)
+  want = dion_reference(_flat(params), [_flat(g) for g in grads],
+                        _first_q(params, kw.get("rank", 4)))
+  chex.assert_trees_all_close(_flat(host(got)), want, rtol=1e-5, atol=1e-5)
+  assert all(np.max(np.abs(want[k] - np.asarray(_flat(params)[k]))) > 1e-2 for k in want)
+
+
+def test_zero_gradient_moves_nothing_and_keeps_q():
+  params = {"w": jnp.ones((4, 3))}
+  tx = sync.dion(0.1, rank=2, weight_decay=0.0)
+  state = tx.init(params)
+  updates, new = tx.update({"w": jnp.zeros((4, 3))}, state, params)
+  assert np.all(np.asarray(updates["w"]) == 0)
+  get = lambda s: optax.tree_utils.tree_get(s, "q")
+  chex.assert_trees_all_equal(get(new), get(state))
+
+
+def test_bad_arguments_fail_when_built():
+  for kw, word in [(dict(rank=0), "rank"), (dict(rank=1.5), "rank"),
+                   (dict(rank_fraction=0.0), "rank_fraction"),
+                   (dict(rank_fraction=1.5), "rank_fraction"),
+                   (dict(rank=2, rank_fraction=0.5), "rank"), (dict(mu=1.5), "mu"),
+                   (dict(scalar_optimizer="sgd"), "scalar_optimizer"),
+                   (dict(scalar_betas=(0.9,)), "scalar_betas")]:
+    with pytest.raises(ValueError, match=word):
+      sync.dion(0.1, **kw)
+  with pytest.raises(ValueError, match="rank"):  # above min(n, m) = 3 of c (3 x 8)
+    sync.dion(0.1, rank=4).init(_params())
+
+
+# ------------------------------------------------------------------- factor sync, data=8
+W = 8
+
+
+@pytest.fixture(scope="module")
+def data8():
+  """sync.dion over data=8 (every worker its own gradient), 3 steps of rank 2."""
+  mesh = parallel.make_mesh({"data": W})
+  params = _params()
+  grads = [jax.tree.map(lambda *xs: jnp.stack(xs), *[_grads(params, t, w) for w in range(W)])
+           for t in range(STEPS)]
+  tx = _dion(rank=2, axis_name="data")
+  trainer = train.Trainer(linear_loss(jax.tree.map(lambda _: 1.0, params)), tx, mesh)
+  state = trainer.init(params)
+  compiled, report = compile_step(trainer, state, grads[0])
+  for g in grads:
+    state, _, _ = compiled(state, g)
+  mean = [_flat(jax.tree.map(lambda x: np.mean(x, axis=0), g)) for g in grads]
+  return trainer, state, report, dion_reference(_flat(params), mean,
+                                                _first_q(params, 2))
+
+
+@pytest.mark.slow
+def test_factor_sync_over_8_workers_equals_the_reference_on_the_mean_gradient(data8):
+  """Each worker keeps its own momentum; only P and R are averaged, yet the parameters are
+  one-device Dion on the mean gradient (linearity), and the momenta differ per worker."""
+  trainer, state, _, want = data8
+  chex.assert_trees_all_close(_flat(host(trainer.worker_view(state.params, trainer.layout.params,
+                                                             3))), want, rtol=1e-5, atol=1e-5)
+  momenta = host(optax.tree_utils.tree_get(state.opt_state, "momentum"))
+  assert len(momenta) == 2 and all(m.shape[0] == W and np.any(m[0] != m[1]) for m in momenta)
+
+
+def _counted(opt_state) -> dict:
+  """Bytes per axes label of every DionState counter (and the 1-D leaves' mean)."""
+  out = {}
+  for x in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, (sync.DionState,
+                                                                       sync.MeanState))):
+    counters = (x.wire_bytes if isinstance(x, sync.DionState) else
+                {"mean": x.wire_bytes} if isinstance(x, sync.MeanState) else {})
+    for label, c in counters.items():
+      out[label] = out.get(label, 0) + int(np.asarray(c).reshape(-1)[0])
+  return out
+
+
+@pytest.mark.slow
+def test_bytes_over_8_workers_counted_compiled_and_by_hand(data8):
+  """2 (W-1)/W x 4 (n + m) r per matrix: a (6 x 4) and c (8 x 3) at r = 2, in two
+  all-reduces (P's, R's); b's 4 floats in the mean of the other leaves."""
+  _, state, report, _ = data8
+  ring = lambda floats: 2 * (W - 1) / W * 4 * floats
+  per_step = ring((6 + 4) * 2) + ring((8 + 3) * 2) + ring(4)
+  assert per_step == 322.0
+  assert report.by_axis() == pytest.approx({("data",): per_step})
+  assert _counted(state.opt_state) == pytest.approx({"data": STEPS * (per_step - ring(4)),
+                                                     "mean": STEPS * ring(4)})
+
+
+# ----------------------------------------------- replica=2, fsdp=2, tensor=2: sharded factors
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def sharded():
+  """Dion at rank 4 over the replicas of the sharded LM, 3 steps; and the reference on the
+  replicas' mean gradient."""
+  layout = parallel.Layout(parallel.make_mesh(MESH))
+  lm = models.TransformerLM(**LM, layout=layout)
+  params = models.TransformerLM(**LM).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  specs = layout.param_specs(lm.param_axes(), params)
+  grads = gradients(params, STEPS)
+  batch_specs = jax.tree.map(lambda s: P("replica", *s), specs,
+                             is_leaf=lambda s: isinstance(s, P))
+  tx = _dion(rank=RANK, axis_name="replica", param_specs=specs)
+  trainer = train.Trainer(linear_loss(layout_scales(layout, specs)),
+                          layout.optimizer(tx, specs), layout.mesh, axis_name=layout.batch_axes,
+                          param_specs=specs, batch_specs=batch_specs)
+  state = trainer.init(params)
+  compiled, report = compile_step(trainer, state, grads[0])
+  for g in grads:
+    state, _, _ = compiled(state, g)
+  mean = [_flat(jax.tree.map(lambda x: np.mean(x, axis=0), g)) for g in grads]
+  want = dion_reference(_flat(params), mean, _first_q(params, RANK))
+  return trainer, state, report, want
+
+
+@pytest.mark.slow
+def test_sharded_factors_equal_the_reference_on_the_mean_gradient(sharded):
+  trainer, state, _, want = sharded
+  fsdp = trainer.mesh.shape["fsdp"]
+  for replica in range(R):
+    got = host(trainer.worker_view(state.params, trainer.layout.params, replica * fsdp))
+    chex.assert_trees_all_close(_flat(got), want, rtol=1e-5, atol=1e-5)
+
+
+# Hand-derived bytes per step of one device, float32, rank 4. Oriented longer side first
+# (n x m), local blocks n/k_n x m/k_m: fc_in (32 x 64 -> 64 x 32, rows over tensor, columns
+# over fsdp) and fc_out (64 x 32): 32 x 16; embed (256 x 32) and head (32 x 256 -> 256 x 32):
+# rows whole, columns over fsdp, 256 x 16; pos (8 x 32 -> 32 x 8): rows over fsdp, 16 x 8.
+# Per matrix: P = B Q summed over the column axes (2 (2-1)/2 x 4 n_loc r), P's rows gathered
+# over the row axes ((2-1) x 4 n_loc r), R = B^T P summed over the row axes (4 m_loc r), R's
+# column norms over the column axes (4 r); the replicas (R = 2) all-reduce P and R of the
+# block (4 (n_loc + m_loc) r) and the other leaves' mean their 1584 local floats.
+FSDP = 2 * (512 + 16) + 2 * (4096 + 16) + (256 + 128)
+TENSOR = 2 * (512 + 256)
+FACTORS = 4 * RANK * (2 * (32 + 16) + 2 * (256 + 16) + (16 + 8))
+OTHERS = 4 * 1584
+LAYOUT = {("fsdp",): 2112.0, ("tensor",): 4.0}  # ZeRO-3's and autodiff's (test_muon)
+
+
+@pytest.mark.slow
+def test_sharded_bytes_per_axis_counted_compiled_and_by_hand(sharded):
+  _, state, report, _ = sharded
+  assert (FSDP, TENSOR, FACTORS) == (9664, 1536, 10624)
+  want = {("fsdp",): LAYOUT[("fsdp",)] + FSDP, ("tensor",): LAYOUT[("tensor",)] + TENSOR,
+          ("replica",): FACTORS + OTHERS}
+  assert report.by_axis() == pytest.approx(want)
+  assert _counted(state.opt_state) == pytest.approx(
+      {"fsdp": STEPS * FSDP, "tensor": STEPS * TENSOR, "replica": STEPS * FACTORS,
+       "mean": STEPS * OTHERS})
+
+
+@pytest.mark.slow
+def test_momenta_are_per_replica_and_sharded_like_the_parameters(sharded):
+  """Each group's momentum is stored with a leading axis over the replicas and the axes that
+  split its matrices (one block per device: fc_in, fc_out over fsdp x tensor, embed, head and
+  pos over fsdp), and the two replicas' momenta differ."""
+  _, state, _, _ = sharded
+  momenta = [m for _, ms in optax.tree_utils.tree_get_all_with_path(state.opt_state, "momentum")
+             for m in ms]
+  assert sorted(m.shape[0] for m in momenta) == [R * 2] * 3 + [R * 4] * 2
+  for m in momenta:
+    blocks = np.asarray(m).reshape(R, -1, *m.shape[1:])
+    assert np.any(blocks[0] != blocks[1])
