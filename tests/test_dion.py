@@ -36,6 +36,13 @@ def _qr(a):
   return q * np.where(np.diag(r) < 0, -1.0, 1.0)
 
 
+def adamw_step(x, g, moments, t, lr, b1=0.9, b2=0.95, eps=EPS):
+  """One AdamW step (no weight decay) in float64: (new x, new (m1, m2))."""
+  m1, m2 = b1 * moments[0] + (1 - b1) * g, b2 * moments[1] + (1 - b2) * g * g
+  step = (m1 / (1 - b1**t)) / (np.sqrt(m2 / (1 - b2**t)) + eps)
+  return x - lr * step, (m1, m2)
+
+
 def dion_reference(params, grads, q0):
   """Dion (arXiv 2504.05295, Algorithm 1) in float64 on whole matrices, with the authors'
   scale sqrt(fan_out / fan_in), decoupled weight decay, and AdamW (betas 0.9, 0.95) on the
@@ -43,16 +50,12 @@ def dion_reference(params, grads, q0):
   x = {k: np.asarray(v, np.float64) for k, v in params.items()}
   mom = {k: np.zeros((max(v.shape), min(v.shape))) for k, v in x.items() if v.ndim == 2}
   q = {k: np.asarray(v, np.float64) for k, v in q0.items()}
-  m1 = {k: np.zeros_like(v) for k, v in x.items() if v.ndim != 2}
-  m2 = {k: np.zeros_like(v) for k, v in m1.items()}
+  adam = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in x.items() if v.ndim != 2}
   for t, g in enumerate(grads, start=1):
     for k, xk in x.items():
       gk = np.asarray(g[k], np.float64)
       if xk.ndim != 2:
-        m1[k] = 0.9 * m1[k] + 0.1 * gk
-        m2[k] = 0.95 * m2[k] + 0.05 * gk * gk
-        step = (m1[k] / (1 - 0.9**t)) / (np.sqrt(m2[k] / (1 - 0.95**t)) + EPS)
-        x[k] = xk - LR * step
+        x[k], adam[k] = adamw_step(xk, gk, adam[k], t, LR)
         continue
       flip = xk.shape[0] < xk.shape[1]
       b = mom[k] + (gk.T if flip else gk)

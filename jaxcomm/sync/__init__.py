@@ -7,6 +7,8 @@ from jaxcomm.sync._demo import demo
 from jaxcomm.sync._demo import demo_bytes
 from jaxcomm.sync._dion import DionState
 from jaxcomm.sync._dion import dion
+from jaxcomm.sync._dion2 import Dion2State
+from jaxcomm.sync._dion2 import dion2
 from jaxcomm.sync._gossip import ChocoState
 from jaxcomm.sync._gossip import DpsgdState
 from jaxcomm.sync._gossip import choco
@@ -29,6 +31,7 @@ from jaxcomm.sync._memory import error_feedback
 from jaxcomm.sync._memory import loco
 from jaxcomm.sync._muon import MuonState
 from jaxcomm.sync._muon import muon
+from jaxcomm.sync._muonbp import muonbp
 from jaxcomm.sync._onebit_adam import OnebitAdamState
 from jaxcomm.sync._onebit_adam import onebit_adam
 from jaxcomm.sync._onebit_adam import onebit_adam_bytes
@@ -47,6 +50,7 @@ __all__ = (
     "ChocoState",
     "CompressedState",
     "DemoState",
+    "Dion2State",
     "DionState",
     "DpsgdState",
     "ErrorMemory",
@@ -66,6 +70,7 @@ __all__ = (
     "demo",
     "demo_bytes",
     "dion",
+    "dion2",
     "dpsgd",
     "ef21",
     "error_feedback",
@@ -78,6 +83,7 @@ __all__ = (
     "lq_sgd_bytes",
     "mean",
     "muon",
+    "muonbp",
     "onebit_adam",
     "onebit_adam_bytes",
     "powersgd",
