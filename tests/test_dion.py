@@ -138,8 +138,10 @@ W = 8
 
 
 @pytest.fixture(scope="module")
-def data8():
-  """sync.dion over data=8 (every worker its own gradient), 3 steps of rank 2."""
+def data8(tmp_path_factory):
+  """sync.dion over data=8 (every worker its own gradient), 3 steps of rank 2, the state after
+  step 2 checkpointed: (trainer, state, report, reference, resume), where resume() restores the
+  checkpoint and runs step 3 again."""
   mesh = parallel.make_mesh({"data": W})
   params = _params()
   grads = [jax.tree.map(lambda *xs: jnp.stack(xs), *[_grads(params, t, w) for w in range(W)])
@@ -148,22 +150,42 @@ def data8():
   trainer = train.Trainer(linear_loss(jax.tree.map(lambda _: 1.0, params)), tx, mesh)
   state = trainer.init(params)
   compiled, report = compile_step(trainer, state, grads[0])
+  ckpt = train.Checkpointer(str(tmp_path_factory.mktemp("dion")), every=2, async_save=False)
   for g in grads:
     state, _, _ = compiled(state, g)
+    ckpt.save(state)
   mean = [_flat(jax.tree.map(lambda x: np.mean(x, axis=0), g)) for g in grads]
-  return trainer, state, report, dion_reference(_flat(params), mean,
-                                                _first_q(params, 2))
+
+  def resume():
+    restored, _ = ckpt.restore(trainer, trainer.init(params))
+    saved = host(restored)  # the step donates the restored state
+    return saved, compiled(restored, grads[-1])[0]
+
+  return (trainer, state, report, dion_reference(_flat(params), mean, _first_q(params, 2)),
+          resume)
 
 
 @pytest.mark.slow
 def test_factor_sync_over_8_workers_equals_the_reference_on_the_mean_gradient(data8):
   """Each worker keeps its own momentum; only P and R are averaged, yet the parameters are
   one-device Dion on the mean gradient (linearity), and the momenta differ per worker."""
-  trainer, state, _, want = data8
+  trainer, state, _, want, _ = data8
   chex.assert_trees_all_close(_flat(host(trainer.worker_view(state.params, trainer.layout.params,
                                                              3))), want, rtol=1e-5, atol=1e-5)
   momenta = host(optax.tree_utils.tree_get(state.opt_state, "momentum"))
   assert len(momenta) == 2 and all(m.shape[0] == W and np.any(m[0] != m[1]) for m in momenta)
+
+
+@pytest.mark.slow
+def test_per_worker_momenta_are_checkpointed_and_resume_bit_for_bit(data8):
+  """The checkpoint of step 2 holds every worker's own momentum (they differ) and Q; step 3
+  from the restored state equals the uninterrupted run bit for bit."""
+  _, state, _, _, resume = data8
+  restored, again = resume()
+  assert int(restored.step) == 2
+  momenta = optax.tree_utils.tree_get(restored.opt_state, "momentum")
+  assert all(np.any(m[0] != m[1]) for m in momenta)
+  chex.assert_trees_all_equal(host(again), host(state))
 
 
 def _counted(opt_state) -> dict:
@@ -182,7 +204,7 @@ def _counted(opt_state) -> dict:
 def test_bytes_over_8_workers_counted_compiled_and_by_hand(data8):
   """2 (W-1)/W x 4 (n + m) r per matrix: a (6 x 4) and c (8 x 3) at r = 2, in two
   all-reduces (P's, R's); b's 4 floats in the mean of the other leaves."""
-  _, state, report, _ = data8
+  _, state, report, _, _ = data8
   ring = lambda floats: 2 * (W - 1) / W * 4 * floats
   per_step = ring((6 + 4) * 2) + ring((8 + 3) * 2) + ring(4)
   assert per_step == 322.0
