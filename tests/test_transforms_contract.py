@@ -65,6 +65,13 @@ FACTORIES = {
                                                   {"trace": 3}, None), lambda tx: tx),
     "local.diloco": (lambda inner: local.diloco(inner, optax.sgd(1.0), 2, None), lambda tx: tx),
     "local.dreamddp": (lambda inner: local.dreamddp(inner, 2, None), lambda tx: tx),
+    "local.factored_gossip_diloco": (lambda inner: local.factored_gossip_diloco(
+        inner, optax.sgd(1.0), 2, "ring", num_workers=8, axis_name=None), lambda tx: tx),
+    "local.gasloc": (lambda inner: local.gasloc(inner, optax.sgd(1.0), 2, "ring", num_workers=8,
+                                                momentum=0.3, axis_name=None), lambda tx: tx),
+    "local.pier": (lambda inner: local.pier(inner, 2, None, outer_lr=1.0,
+                                            momentum=local.pier_momentum(0.5, 2)),
+                   lambda tx: tx),
     "local.hierarchical": (lambda inner: local.hierarchical(inner, 2, None, None),
                            lambda tx: tx),
     "local.local_sgd": (lambda inner: local.local_sgd(inner, 2, None), lambda tx: tx),
