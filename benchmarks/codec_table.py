@@ -52,7 +52,7 @@ from absl import flags
 from jax import lax
 
 from experiments import _cli
-from experiments import config as _config
+from experiments import toolkit
 from jaxcomm import codecs, sync
 
 
@@ -121,7 +121,7 @@ def main(argv):
   del argv
   c = flags.FLAGS.config
   for name in ("n", "repeats"):
-    _config.int_at_least(c, name, 1)
+    toolkit.int_at_least(c, name, 1)
   _keep_freed_memory()
   # Donation is for the codecs whose payload is their input (identity): the others' payloads
   # have other shapes, and jax says so once per program.

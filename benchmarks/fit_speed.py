@@ -39,7 +39,7 @@ from absl import flags
 
 from benchmarks import profile_step
 from experiments import _cli
-from experiments import config as _config
+from experiments import toolkit
 from jaxcomm import data, models, sync, train
 
 
@@ -119,7 +119,7 @@ def main(argv):
   del argv
   c = flags.FLAGS.config
   for name in ("steps", "repeats", "log_every", "profile_steps"):
-    _config.int_at_least(c, name, 1)
+    toolkit.int_at_least(c, name, 1)
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   devices = min(flags.FLAGS.devices, jax.device_count())
   mesh = train.make_mesh({"data": devices})

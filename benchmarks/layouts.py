@@ -22,6 +22,7 @@ import ml_collections
 from absl import flags
 
 from experiments import _cli, build, config
+from experiments import toolkit
 from jaxcomm import comm
 
 
@@ -101,8 +102,8 @@ def _table(rows) -> str:
 def main(argv):
   del argv
   c = flags.FLAGS.config
-  seq_lens = config.values_at_least(c, "seq_lens", 1)
-  names = config.names_in(c, "only", list(LAYOUTS))
+  seq_lens = toolkit.values_at_least(c, "seq_lens", 1)
+  names = toolkit.names_in(c, "only", list(LAYOUTS))
   jax.config.update("jax_num_cpu_devices", 8)
 
   rows = []

@@ -31,6 +31,7 @@ import optax
 from absl import flags
 
 from experiments import _cli, build, config
+from experiments import toolkit
 from jaxcomm import codecs, sync, train
 
 MODELS = ("lm", "mlp")
@@ -122,7 +123,7 @@ def selected(names=()) -> list:
 def check(c) -> list:
   """The settings, checked (ValueError naming the first out of range); the methods chosen."""
   for name in {"repeats", "steps"} & set(c.keys()):
-    config.int_at_least(c, name, 1)
+    toolkit.int_at_least(c, name, 1)
   if not c.model or set(c.model) - set(MODELS):
     raise ValueError(f"config.model must name models out of {', '.join(MODELS)}, got "
                      f"{c.model!r}.")

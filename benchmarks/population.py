@@ -3,9 +3,9 @@ r"""A population of seeds in one program against the same seeds one after the ot
   python -m benchmarks.population --config.methods=dp_bf16,diloco_h10 --config.seeds=3 \
       --config.steps=40
 
-For each method of experiments/compare.py's `METHODS`, trains `seeds` seeds of `make run`'s
+For each method of experiments.compare's `METHODS`, trains `seeds` seeds of `make run`'s
 configuration (experiments/configs/compare.py) for `steps` steps twice through
-`_compare_trials.train_population`: as one program (`Trainer(trials=S)`) and one after the other
+`compare.trials.train_population`: as one program (`Trainer(trials=S)`) and one after the other
 (one run per seed), each with its compile, its held-out evaluations and its reads, as
 `make run` does. Prints the wall seconds of both and the speed-up. Without a persistent
 compilation cache, so that each side pays its own compiles.
@@ -20,9 +20,9 @@ import ml_collections
 from absl import flags
 
 from experiments import _cli, compare
-from experiments import _compare_settings as compare_settings
-from experiments import _compare_trials as compare_trials
-from experiments import config as _config
+from experiments.compare import settings as compare_settings
+from experiments.compare import trials as compare_trials
+from experiments import toolkit
 from experiments.configs import compare as compare_config
 
 
@@ -37,9 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
 def main(argv):
   del argv
   c = flags.FLAGS.config
-  labels = _config.names_in(c, "methods", list(compare.METHODS))
+  labels = toolkit.names_in(c, "methods", list(compare.METHODS))
   for name in ("seeds", "steps"):
-    _config.int_at_least(c, name, 1)
+    toolkit.int_at_least(c, name, 1)
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   config = compare_config.get_config()
   links = compare_settings.links(config)

@@ -26,7 +26,7 @@ import optax
 from absl import flags
 
 from experiments import _cli
-from experiments import config as _config
+from experiments import toolkit
 from jaxcomm import codecs, comm, data, local, models, parallel, sync, train
 
 
@@ -121,9 +121,9 @@ def main(argv):
   del argv
   c = flags.FLAGS.config
   for name in ("batch_size", "seq_len", "d_model", "num_layers", "num_heads", "sync_every"):
-    _config.int_at_least(c, name, 1)
+    toolkit.int_at_least(c, name, 1)
   table_of = methods(c.sync_every)
-  names = _config.names_in(c, "only", table_of)
+  names = toolkit.names_in(c, "only", table_of)
   jax.config.update("jax_num_cpu_devices", 8)
   lm_kwargs = dict(d_model=c.d_model, num_layers=c.num_layers, num_heads=c.num_heads,
                    d_ff=4 * c.d_model, max_len=c.seq_len)

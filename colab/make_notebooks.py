@@ -327,7 +327,7 @@ for name, (tx, overlap) in methods.items():
                           overlap_steps=overlap)
   # timeline.known: when each step's loss is known (it and every earlier step are done).
   # Monotone, unlike a step's own end, which with overlap can come before an earlier sync's
-  # end: the clock every loss-vs-time plot reads (experiments/compare.py's too).
+  # end: the clock every loss-vs-time plot reads (experiments.compare's too).
   runs[name] = dict(losses=losses, sent=sent, time=timeline.known)
   print(f"{name:34s} loss {losses[-1]:.3f}  mean bytes/step {np.mean(sent):>9,.0f}  "
         f"simulated time {timeline.total:.2f} s")'''),

@@ -151,7 +151,7 @@ def parse_flags(argv: list, flag_values=flags.FLAGS) -> list:
 
 def _key_flags() -> None:
   """`--config`, `--verbose` (and `--workdir`, `--devices`, `--out` where a helper here or
-  in experiments/_reproduce.py defined them) are listed by the program's `--help`."""
+  in experiments/reproduce/_reproduce.py defined them) are listed by the program's `--help`."""
   for name in ("config", "verbose", "workdir", "devices", "out"):
     if name in flags.FLAGS:
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])

@@ -18,8 +18,8 @@ from typing import Any, Iterable
 
 import jax
 
-from experiments import build
-from experiments import config as _config
+from . import build
+from . import config as _config
 from jaxcomm import plan
 
 

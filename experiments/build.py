@@ -12,7 +12,7 @@ experiments/methods/ (`diloco`), a dotted module path (`my_pkg.my_method`) or th
 `.py` file. Such a module defines
 
   defaults() -> ml_collections.ConfigDict   its settings (factory defaults read with
-                                            experiments.config.from_factory)
+                                            experiments.toolkit.from_factory)
   build(settings, ctx) -> optax transform   ctx: a `Context` (inner optimiser, axes, ...)
 
 and may define `wrap_loss(settings, loss_fn, ctx)` (the loss each worker differentiates,
@@ -39,9 +39,10 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from experiments import config as _config
-from experiments import methods as _methods
-from experiments import models as _models
+from . import config as _config
+from . import specs
+from . import methods as _methods
+from . import models as _models
 from jaxcomm import comm, data, parallel, sync, train
 
 # Mesh axes that split the model, not the batch; every other axis splits the batch.
@@ -89,12 +90,12 @@ class Context:
     the run: `syncs_per_period` syncs every `config.method.sync_every` steps."""
     sync_every = self.config.method.get("sync_every") or 1
     num_syncs = syncs_per_period * (self.config.steps // max(int(sync_every), 1) + 1)
-    return _config.participation_mask(spec, num_workers or self.num_workers, num_syncs,
+    return specs.participation_mask(spec, num_workers or self.num_workers, num_syncs,
                                       self.config.seed)
 
   def codec(self, spec: str | None, setting: str = "codec"):
     """The codec of a spec string (config.parse_codec), naming the method's setting."""
-    return _config.parse_codec(spec, setting)
+    return specs.parse_codec(spec, setting)
 
 
 # ---------------------------------------------------------------- the run
@@ -281,7 +282,7 @@ def _check_batch(config, shape: dict) -> None:
 
 def _inner_optimizer(c: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """config.optimizer's inner optimiser; with `schedule="schedule_free"` (set by
-  experiments/compare.py's config.compare.schedule) its schedule-free form (Defazio et al.,
+  experiments.compare's config.compare.schedule) its schedule-free form (Defazio et al.,
   arXiv 2405.15682: momentum replaced by interpolation and averaging, a linear warmup of
   `warmup_steps`, no decay; evaluate at `optax.contrib.schedule_free_eval_params`); with
   `schedule="wsd"`, its rate by `wsd_schedule` (`warmup_steps`, `decay_start`,

@@ -21,7 +21,7 @@ from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments import _cli, config
+from . import _cli, config
 from jaxcomm import codecs, comm, models, sync, train
 
 MODELS = ("resnet18", "lm")

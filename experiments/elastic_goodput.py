@@ -44,8 +44,8 @@ import time
 import ml_collections
 from absl import flags
 
-from experiments import _cli
-from experiments import config as _config
+from . import _cli
+from . import toolkit
 
 SCENARIOS = ("plain", "elastic", "elastic+kill", "elastic+kill0", "elastic+hang",
              "checkpoint+kill")
@@ -71,8 +71,8 @@ def check(c) -> list:
   """The settings, checked (ValueError naming the first out of range); the scenarios."""
   for name in ("processes", "steps", "sync_every", "kill_at", "restart_at",
                "checkpoint_every", "heartbeat_timeout", "collective_timeout", "repeats"):
-    _config.int_at_least(c, name, 1)
-  return _config.names_in(c, "scenarios", SCENARIOS)
+    toolkit.int_at_least(c, name, 1)
+  return toolkit.names_in(c, "scenarios", SCENARIOS)
 
 # The experiment, as experiments/train.py config overrides.
 PROGRAM = {"model.name": "mlp", "data.name": "digits", "optimizer.name": "momentum",

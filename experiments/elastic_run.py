@@ -33,7 +33,7 @@ from typing import Callable
 
 import jax
 
-from experiments import config as _config
+from . import specs
 from jaxcomm import elastic
 
 # Methods whose sync period is `sync_every` (rounds end at their syncs, so a process that
@@ -129,7 +129,7 @@ def progress_writer(path: str | None) -> Callable[[int], None] | None:
 def quorum(c):
   """`jaxcomm.elastic.Quorum` of config.elastic."""
   e = c.elastic
-  return elastic.Quorum(min_workers=_config.min_workers(e.min_workers), majority=e.majority,
+  return elastic.Quorum(min_workers=specs.min_workers(e.min_workers), majority=e.majority,
                         timeout_s=e.quorum_timeout_s, join_window_s=e.join_window_s,
                         shrink_only=e.shrink_only)
 

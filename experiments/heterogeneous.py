@@ -25,8 +25,8 @@ import ml_collections
 import optax
 from absl import flags
 
-from experiments import _cli
-from experiments import config as _config
+from . import _cli
+from . import toolkit
 from jaxcomm import data, sim, train
 
 
@@ -43,9 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
 def check(c) -> None:
   """ValueError naming the first setting out of range."""
   for name, low in (("steps", 1), ("batch", 1), ("seed", 0)):
-    _config.int_at_least(c, name, low)
+    toolkit.int_at_least(c, name, low)
   for name in ("lr", "target_loss"):
-    _config.number_in(c, name, 0, float("inf"), True, "a number > 0")
+    toolkit.number_in(c, name, 0, low_open=True)
 
 
 def main(argv):

@@ -24,7 +24,7 @@ the one that would run, nothing is derived from a smaller mesh. `jaxcomm.plan` r
   which the method is faster than exact data parallelism on a link of that latency.
 
 The outermost mesh axis crosses the link (`--links`); the others are inside a node
-(`--inner_link`). Methods: `METHODS` labels (the form of experiments/compare.py's entries,
+(`--inner_link`). Methods: `METHODS` labels (the form of experiments.compare's entries,
 `{"method": name, **settings, "optimizer": {...}, "mesh": spec}`), method names of
 experiments/methods/, dotted module paths or .py files of your own (their default settings),
 or `config`: the method of --config with its settings. Written into --workdir: `plan.json`
@@ -47,8 +47,8 @@ import jax
 import numpy as np
 from absl import flags
 
-from experiments import _cli, _plugins, build, compare
-from experiments import config as _config
+from . import _cli, _plugins, build, compare
+from . import config as _config
 from jaxcomm import comm, parallel, plan
 
 
@@ -58,13 +58,13 @@ from jaxcomm import comm, parallel, plan
 # dimensions, and `note` says where they differ.
 def _presets() -> dict[str, dict]:
   folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "models")
-  return {name: importlib.import_module(f"experiments.configs.models.{name}").get_config()
+  return {name: importlib.import_module(f".configs.models.{name}", __package__).get_config()
           .to_dict() for name in _plugins.available([folder])}
 
 
 MODELS: dict[str, dict] = _presets()
 
-# label -> a method entry: the methods of `make run` (experiments/compare.py), and two
+# label -> a method entry: the methods of `make run` (experiments/compare/), and two
 # settings meant for many workers, where a codec's payloads should not be all-gathered:
 # Streaming DiLoCo's fp4 and DiLoCo every 100 steps with int8 outer gradients, both by the
 # two-phase sum. "zero3" is added on meshes with a data axis: the same exact mean, with that

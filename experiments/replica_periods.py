@@ -26,8 +26,8 @@ import numpy as np
 import optax
 from absl import flags
 
-from experiments import _cli
-from experiments import config as _config
+from . import _cli
+from . import toolkit
 from jaxcomm import data, local, models, sim, train
 
 
@@ -45,9 +45,9 @@ def get_config() -> ml_collections.ConfigDict:
 def check(c) -> None:
   """ValueError naming the first setting out of range."""
   for name in ("sync_every", "slow", "budget", "batch"):
-    _config.int_at_least(c, name, 1)
-  _config.number_in(c, "sync_seconds", 0, float("inf"), False, "a number >= 0")
-  _config.number_in(c, "lr", 0, float("inf"), True, "a number > 0")
+    toolkit.int_at_least(c, name, 1)
+  toolkit.number_in(c, "sync_seconds", 0)
+  toolkit.number_in(c, "lr", 0, low_open=True)
 
 
 def main(argv):

@@ -37,8 +37,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from experiments import _cli, _reference, build, elastic_run
-from experiments import config as _config
+from . import _cli, _reference, build, elastic_run
+from . import config as _config
 from jaxcomm import comm, elastic, train
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "dp.py")

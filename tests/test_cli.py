@@ -211,13 +211,13 @@ REPRODUCTIONS = ("demo", "diloco", "powersgd", "topk", "streaming")
 
 
 def _reproduction(program):
-  from experiments import _reproduce
+  from experiments.reproduce import _reproduce
   return lambda fv: _reproduce.define_flags(program, fv)
 
 
 def test_every_reproduction_has_its_config_and_nothing_else_does():
-  names = {f[len("reproduce_"):-3] for f in os.listdir(f"{ROOT}/experiments")
-           if f.startswith("reproduce_")}
+  names = {f[:-3] for f in os.listdir(f"{ROOT}/experiments/reproduce")
+           if f.endswith(".py") and not f.startswith("_")}
   configs = {f[:-3] for f in os.listdir(f"{ROOT}/experiments/configs/reproduce")
              if not f.startswith("__")}
   assert names == configs == set(REPRODUCTIONS)
@@ -228,7 +228,7 @@ def test_a_misspelt_or_mistyped_reproduction_setting_is_one_line_naming_it(progr
   """Each of the reproduction's own settings (config.reproduce, experiments/configs/
   reproduce/<program>.py) misspelt, and given a value of the wrong type, through the parser the
   program uses: one line naming it (with ml_collections' "Did you mean" for a misspelling)."""
-  from experiments import _reproduce
+  from experiments.reproduce import _reproduce
   own = _reproduce.load(program).reproduce
   for name in own.keys():
     wrong = name + name[-1]  # hs -> hss
@@ -248,7 +248,9 @@ def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_pa
   """Overrides are typed and reach what the runs read (a tuple written 4,8; the LM's MLP
   follows its width as the old --d_model did); a sweep value out of range is a ValueError
   naming it (one line under _cli.run) before anything trains or is written."""
-  from experiments import _cli, _reproduce, reproduce_diloco
+  from experiments import _cli
+  from experiments.reproduce import _reproduce
+  from experiments.reproduce import diloco as reproduce_diloco
   c = _parse(["--config.reproduce.hs=4,8", "--config.model.d_model=32",
               "--config.data.batch_size=8"], _reproduction("diloco"))
   c = c.copy_and_resolve_references()
@@ -267,7 +269,7 @@ def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_pa
 # Programs on `--config.<path>` settings through `_cli.run(main, get_config(), **flags)` (the
 # studies and benchmarks) or `_reproduce.main(name, run)` (the reproductions).
 SETTINGS_PROGRAMS = (
-    *(f"experiments.reproduce_{name}" for name in REPRODUCTIONS),
+    *(f"experiments.reproduce.{name}" for name in REPRODUCTIONS),
     "experiments.replica_periods", "experiments.heterogeneous", "experiments.compression_table",
     "experiments.elastic_goodput", "benchmarks.codec_table", "benchmarks.fit_speed",
     "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
@@ -281,8 +283,8 @@ def _program(module_name):
   import importlib
   import inspect
   from experiments import _cli
-  if module_name.startswith("experiments.reproduce_"):
-    return _reproduction(module_name.rsplit("_", 1)[1])
+  if module_name.startswith("experiments.reproduce."):
+    return _reproduction(module_name.rsplit(".", 1)[1])
   module = importlib.import_module(module_name)
   guard = [node for node in ast.parse(inspect.getsource(module)).body
            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
@@ -303,7 +305,7 @@ def _documented_commands():
   for path in paths:
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
       text = f.read().replace("\\\n", " ")
-    for m in re.finditer(r"python -m ((?:experiments|benchmarks)\.\w+)([^\n`]*)", text):
+    for m in re.finditer(r"python -m ((?:experiments|benchmarks)(?:\.\w+)+)([^\n`]*)", text):
       if m.group(1) in SETTINGS_PROGRAMS:
         found.append((m.group(1), shlex.split(m.group(2), comments=True), path))
   return found
@@ -331,12 +333,13 @@ def test_help_lists_every_setting_of_a_settings_program(program):
   reproductions: those under `reproduce`, beside the shared sizes)."""
   import importlib
   from absl import flags
-  from experiments import _cli, _reproduce
+  from experiments import _cli
+  from experiments.reproduce import _reproduce
   fv = flags.FlagValues()
   _program(program)(fv)
   text = " ".join(fv["config"].help.split())
-  if program.startswith("experiments.reproduce_"):
-    own = _reproduce.load(program.rsplit("_", 1)[1]).reproduce
+  if program.startswith("experiments.reproduce."):
+    own = _reproduce.load(program.rsplit(".", 1)[1]).reproduce
     listed = _cli.settings(own, "reproduce.").split(", ") + ["steps=", "model.d_model="]
   else:
     listed = _cli.settings(importlib.import_module(program).get_config()).split(", ")

@@ -1,4 +1,4 @@
-"""experiments/compare.py's learning-rate schedule (config.compare.schedule): the
+"""experiments.compare's learning-rate schedule (config.compare.schedule): the
 schedule-free inner optimiser against the recurrence written out by hand on a quadratic,
 its evaluation parameters (per leaf and from ACCO's flat shards), the held-out loss read at
 them, bad values refused, the report saying which schedule ran; warmup-stable-decay's rate
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from optax import contrib
 
-from experiments import _compare_settings as compare_settings
-from experiments import _compare_trials as compare_trials
-from experiments import _compare_wsd as wsd
-from experiments import _compare_report as report
-from experiments import _compare_schedule as schedule
+from experiments.compare import settings as compare_settings
+from experiments.compare import trials as compare_trials
+from experiments.compare import wsd as wsd
+from experiments.compare import report as report
+from experiments.compare import schedule as schedule
 from experiments import build
 from experiments import compare
 from experiments.configs import compare as compare_config
@@ -121,11 +121,11 @@ def test_the_held_out_loss_is_read_at_the_evaluation_parameters():
 
 
 def test_bad_schedules_are_refused_and_the_report_names_the_one_that_ran(tmp_path):
-  for key, value, words in (("schedule", "cosine", "schedule must be one of constant, "
-                             "schedule_free, wsd, got 'cosine'"),
+  for key, value, words in (("schedule", "cosine", "schedule must be one of 'constant', "
+                             "'schedule_free', 'wsd'; got 'cosine'"),
                             ("warmup_steps", -1, "warmup_steps"),
-                            ("decay_fraction", 1.0, "decay_fraction must be a number in "
-                             r"\(0, 1\)")):
+                            ("decay_fraction", 1.0, "decay_fraction must be a finite number in "
+                             r"\(0, 1\), got 1.0")):
     c = TINY.copy_and_resolve_references()
     c.compare[key] = value
     with pytest.raises(ValueError, match=words):

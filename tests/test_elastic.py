@@ -24,6 +24,7 @@ import optax
 import pytest
 
 from experiments import config
+from experiments import specs
 from experiments import elastic_run
 from experiments import launch_local
 from jaxcomm import data, elastic, local, models, train
@@ -255,8 +256,8 @@ def test_quorum_rules_let_at_most_one_side_of_a_partition_train_on():
   with pytest.raises(ValueError, match="min_workers"):
     elastic.Quorum(min_workers=0).check()
   with pytest.raises(ValueError, match="min_workers"):
-    config.min_workers("3@x")
-  assert [config.min_workers("1,3@25,2@30")(t) for t in (0, 25, 30)] == [1, 3, 2]
+    specs.min_workers("3@x")
+  assert [specs.min_workers("1,3@25,2@30")(t) for t in (0, 25, 30)] == [1, 3, 2]
 
 
 def test_the_leader_is_the_lowest_live_process_holding_the_state():

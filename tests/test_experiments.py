@@ -17,9 +17,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import _compare_settings as compare_settings
+from experiments.compare import settings as compare_settings
 from experiments import build
 from experiments import config
+from experiments import specs
 from jaxcomm import local, parallel, sync, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,12 +251,12 @@ def _get(c, path: str):
 
 @pytest.mark.parametrize("setting,value,words", [
     ("data.batch_size", 3, "batch_size (3) must be divisible by the 8 workers"),
-    ("optimizer.lr", -1.0, "optimizer.lr must be a finite number > 0"),
+    ("optimizer.lr", -1.0, "config.optimizer.lr must be a finite number in (0, inf), got -1.0"),
     ("mesh", "data=3", "multiplies to 3"),
     ("mesh", "data=2,sequence=2,pipeline=2", "sequence and pipeline"),
     ("model.name", "resnet", "model.name 'resnet' is unknown"),
-    ("data.split", "dev", "split 'dev' is unknown"),
-    ("optimizer.name", "lion", "optimizer.name 'lion' is unknown"),
+    ("data.split", "dev", "config.data.split must be one of 'all', 'train', 'test'; got 'dev'"),
+    ("optimizer.name", "lion", "config.optimizer.name must be one of 'adamw',"),
 ])
 def test_shared_settings_fail_early_naming_the_setting(setting, value, words):
   c = config.base_config("dp")
@@ -309,26 +310,26 @@ def test_settings_reach_the_transforms():
 
 
 def test_participation_specs():
-  mask = config.participation_mask("drop:2,5@1", W, 3)
+  mask = specs.participation_mask("drop:2,5@1", W, 3)
   assert mask.sum(1).tolist() == [W, W - 2, W] and not mask[1, [2, 5]].any()
-  rand = config.participation_mask("random:0.5", W, 50, seed=1)
+  rand = specs.participation_mask("random:0.5", W, 50, seed=1)
   assert rand.any(1).all() and 0.3 < rand.mean() < 0.7
   for bad in ("drop:9@0", "drop:x", "random:1.5", "sometimes"):
     with pytest.raises(ValueError, match="participation"):
-      config.participation_mask(bad, W, 3)
+      specs.participation_mask(bad, W, 3)
 
 
 def test_every_codec_name_parses():
   """One vocabulary: the codec factories of jaxcomm.codecs, by name, with their arguments."""
-  for name in config.codec_names():
+  for name in specs.codec_names():
     try:
-      codec = config.parse_codec(name)
+      codec = specs.parse_codec(name)
     except ValueError as e:  # a factory that needs arguments says so, naming the spec
       assert str(e).startswith(f"codec {name!r}: "), (name, str(e))
     else:
       assert codec.name.startswith(name.split("_")[0]) or codec.name, name
-  assert config.parse_codec("uniform:bits=8,block=256").payload_bytes(256) == 256 + 4
-  assert config.parse_codec("none") is None and config.parse_codec("auto") == "auto"
+  assert specs.parse_codec("uniform:bits=8,block=256").payload_bytes(256) == 256 + 4
+  assert specs.parse_codec("none") is None and specs.parse_codec("auto") == "auto"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""experiments/reproduce_*.py at tiny settings, in-process: tables, JSON, figures, byte laws;
+"""experiments/reproduce/*.py at tiny settings, in-process: tables, JSON, figures, byte laws;
 their command lines (experiments/configs/reproduce/*.py with --config.<path> overrides)."""
 
 import json
@@ -10,14 +10,14 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from experiments import _reproduce as rep
+from experiments.reproduce import _reproduce as rep
 from experiments import build
 from experiments import compression_table
-from experiments import reproduce_demo
-from experiments import reproduce_diloco
-from experiments import reproduce_powersgd
-from experiments import reproduce_streaming
-from experiments import reproduce_topk
+from experiments.reproduce import demo as reproduce_demo
+from experiments.reproduce import diloco as reproduce_diloco
+from experiments.reproduce import powersgd as reproduce_powersgd
+from experiments.reproduce import streaming as reproduce_streaming
+from experiments.reproduce import topk as reproduce_topk
 
 pytestmark = pytest.mark.slow  # end-to-end: `make test-fast` skips it
 

@@ -1,6 +1,6 @@
 """What `python -m experiments.compare` gives every method: the byte-level LM on pydoc's train
 split, AdamW on 8 workers, and how the results are read (config.compare; see the module
-docstring of experiments/compare.py). `compare.py:long`: a larger LM, longer sequences and
+docstring of experiments/compare/). `compare.py:long`: a larger LM, longer sequences and
 runs, about 5 CPU-minutes per trial.
 
 `steps` is the reference's run that sets the target: the median over seeds of its best

@@ -9,14 +9,11 @@ file anywhere (`config.method.name = "/path/to/my_method.py"`).
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 from types import ModuleType
 
 import ml_collections
-import optax
 
-from experiments import _plugins
+from .. import _plugins
 
 
 def available_methods() -> list[str]:
@@ -40,16 +37,3 @@ def overlap_steps(method: ml_collections.ConfigDict) -> int:
   """Steps a sync of this method overlaps on the simulated clock (0: none)."""
   fn = getattr(load_method(method.name), "overlap_steps", None)
   return int(fn(method)) if fn else 0
-
-
-def nesterov(lr: float, momentum: float) -> optax.GradientTransformation:
-  """The outer optimiser of DiLoCo-style methods (settings `outer_lr`, `outer_momentum`):
-  SGD with Nesterov momentum, plain SGD at momentum 0."""
-  if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < math.inf:
-    raise ValueError(f"outer_lr must be a finite number > 0, got {lr!r}.")
-  if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or \
-     not 0 <= momentum < 1:
-    raise ValueError(f"outer_momentum must be a number in [0, 1), got {momentum!r}.")
-  if not momentum:
-    return optax.sgd(lr)
-  return optax.sgd(lr, momentum=momentum, nesterov=True)

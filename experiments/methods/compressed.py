@@ -3,24 +3,24 @@
   --config=experiments/configs/compressed.py --config.method.codec=uniform:bits=8
       --config.method.memory=ef --config.method.collective=two_phase
 
-`codec` is a spec in the vocabulary of `jaxcomm.codecs` (experiments.config.parse_codec).
+`codec` is a spec in the vocabulary of `jaxcomm.codecs` (experiments.specs.parse_codec).
 """
 
 import optax
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(
+  return toolkit.from_factory(
       sync.compressed, skip=("axis_name", "key"),
       types={"memory": str, "collective": str, "server_memory": bool, "memory_dtype": str},
       codec="top_k:fraction=0.01")
 
 
 def build(settings, ctx):
-  return optax.chain(config.call(sync.compressed, settings, codec=ctx.codec(settings.codec),
+  return optax.chain(toolkit.call(sync.compressed, settings, codec=ctx.codec(settings.codec),
                                  axis_name=ctx.axis_name, key=ctx.key), ctx.inner)
 
 
@@ -32,5 +32,5 @@ def overlap_backward(settings) -> bool:
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  """The tuned ruleset's settings (experiments.compare --ruleset=tuned)."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)]

@@ -1,16 +1,16 @@
 """One-step delayed update: step t's mean gradient is applied at t + 1 (`local.delayed`), so
 the all-reduce overlaps the next step."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.delayed, skip=("inner", "axis_name"))
+  return toolkit.from_factory(local.delayed, skip=("inner", "axis_name"))
 
 
 def build(settings, ctx):
-  return config.call(local.delayed, settings, inner=ctx.inner, axis_name=ctx.axis_name)
+  return toolkit.call(local.delayed, settings, inner=ctx.inner, axis_name=ctx.axis_name)
 
 
 def overlap_steps(settings) -> int:

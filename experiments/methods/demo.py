@@ -1,16 +1,16 @@
 """DeMo (`sync.demo`): a complete optimiser (sign of the decoded DCT components), so
 config.optimizer gives only its learning rate; weight decay is DeMo's own setting."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(sync.demo, skip=("learning_rate", "axis_name"))
+  return toolkit.from_factory(sync.demo, skip=("learning_rate", "axis_name"))
 
 
 def build(settings, ctx):
-  return config.call(sync.demo, settings, learning_rate=ctx.config.optimizer.lr,
+  return toolkit.call(sync.demo, settings, learning_rate=ctx.config.optimizer.lr,
                      axis_name=ctx.axis_name)
 
 
@@ -22,6 +22,6 @@ def overlap_backward(settings) -> bool:
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned): DeMo's update is
+  """The tuned ruleset's settings (experiments.compare --ruleset=tuned): DeMo's update is
   a sign, so smaller rates than AdamW's."""
   return [{"optimizer.lr": lr} for lr in (3e-4, 1e-3, 3e-3)]

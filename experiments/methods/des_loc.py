@@ -3,12 +3,12 @@ parameters averaged every `sync_every` = K_x steps and each optimiser-state fiel
 period, `state_every` = "mu=48,nu=96" (unset: the factory's K_u = 3 K_x, K_v = 6 K_x).
 `participation` (a mask spec) counts every update as one sync: row t - 1 applies to update t."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.des_loc, skip=("inner", "axis_name"),
+  return toolkit.from_factory(local.des_loc, skip=("inner", "axis_name"),
                              types={"state_every": str, "participation": str}, sync_every=16)
 
 
@@ -27,7 +27,7 @@ def parse_periods(spec):
 
 
 def build(settings, ctx):
-  return config.call(local.des_loc, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+  return toolkit.call(local.des_loc, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      state_every=parse_periods(settings.state_every),
                      participation=ctx.participation(settings.participation,
                                                      settings.sync_every))

@@ -4,13 +4,12 @@
 `eager=True` overlaps the outer all-reduce with the next inner phase (arXiv 2502.12996);
 `worker_steps` / `weighting="tokens"` give replicas their own periods and token weights."""
 
-from experiments import config
-from experiments import methods
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(
+  return toolkit.from_factory(
       local.diloco, skip=("inner", "outer", "axis_name", "key"),
       types={"codec": str, "memory": str, "collective": str, "participation": str,
              "worker_steps": tuple, "tokens_per_step": tuple},
@@ -18,8 +17,8 @@ def defaults():
 
 
 def build(settings, ctx):
-  return config.call(local.diloco, settings, inner=ctx.inner,
-                     outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
+  return toolkit.call(local.diloco, settings, inner=ctx.inner,
+                     outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
                      axis_name=ctx.axis_name, key=ctx.key, codec=ctx.codec(settings.codec),
                      participation=ctx.participation(settings.participation))
 
@@ -37,5 +36,5 @@ def local_step(settings) -> str:
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  """The tuned ruleset's settings (experiments.compare --ruleset=tuned)."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]

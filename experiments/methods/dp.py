@@ -5,16 +5,16 @@
 
 import optax
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(sync.mean, skip=("axis_name",), types={"dtype": str})
+  return toolkit.from_factory(sync.mean, skip=("axis_name",), types={"dtype": str})
 
 
 def build(settings, ctx):
-  return optax.chain(config.call(sync.mean, settings, axis_name=ctx.axis_name), ctx.inner)
+  return optax.chain(toolkit.call(sync.mean, settings, axis_name=ctx.axis_name), ctx.inner)
 
 
 def local_step(settings) -> str:
@@ -31,5 +31,5 @@ def overlap_backward(settings) -> bool:
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  """The tuned ruleset's settings (experiments.compare --ruleset=tuned)."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)]

@@ -1,17 +1,17 @@
 """Local SGD: H local steps per worker, then the parameters are averaged (`local.local_sgd`).
 
-`participation` is a spec (experiments.config.participation_mask): drop:W@K or random:RATE.
+`participation` is a spec (experiments.specs.participation_mask): drop:W@K or random:RATE.
 """
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.local_sgd, skip=("inner", "axis_name"),
+  return toolkit.from_factory(local.local_sgd, skip=("inner", "axis_name"),
                              types={"participation": str}, sync_every=10)
 
 
 def build(settings, ctx):
-  return config.call(local.local_sgd, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+  return toolkit.call(local.local_sgd, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))

@@ -3,15 +3,12 @@
 Nesterov step (`outer_lr`, `outer_momentum`) on the outer gradient quantised to `bits` with
 optional error feedback (`memory="ef"`)."""
 
-import math
-
-from experiments import config
-from experiments import methods
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(
+  return toolkit.from_factory(
       local.muloco, skip=("learning_rate", "axis_name", "param_specs", "outer", "key"),
       types={"bits": int, "memory": str, "collective": str, "participation": str},
       lr=0.02, outer_lr=0.7, outer_momentum=0.9)
@@ -19,8 +16,8 @@ def defaults():
 
 def build(settings, ctx):
   # `lr` is this module's name for the factory's learning_rate: checked here, by its name.
-  config.number_in(ctx.config, "method.lr", 0.0, math.inf, True, "a finite number > 0")
-  return config.call(local.muloco, settings, learning_rate=settings.lr,
-                     outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
+  toolkit.number_in(ctx.config, "method.lr", 0, low_open=True)
+  return toolkit.call(local.muloco, settings, learning_rate=settings.lr,
+                     outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
                      axis_name=ctx.axis_name, param_specs=ctx.param_specs, key=ctx.key,
                      participation=ctx.participation(settings.participation))

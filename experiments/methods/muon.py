@@ -4,14 +4,12 @@ by default config.optimizer.lr). On a laid-out mesh (replica x fsdp x tensor) ea
 is orthogonalised whole: `strategy` "owner" (all-to-all to one owner per matrix and back)
 or "gram" (Gram all-reduces per Newton-Schulz iteration)."""
 
-import math
-
-from experiments import config
+from .. import toolkit
 from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(
+  return toolkit.from_factory(
       sync.muon, skip=("learning_rate", "axis_name", "param_specs",
                        "muon_weight_dimension_numbers"),
       types={"adam_learning_rate": float}, lr=0.02)
@@ -19,8 +17,8 @@ def defaults():
 
 def build(settings, ctx):
   # `lr` is this module's name for the factory's learning_rate: checked here, by its name.
-  config.number_in(ctx.config, "method.lr", 0.0, math.inf, True, "a finite number > 0")
+  toolkit.number_in(ctx.config, "method.lr", 0, low_open=True)
   adam_lr = settings.adam_learning_rate
-  return config.call(sync.muon, settings, learning_rate=settings.lr,
+  return toolkit.call(sync.muon, settings, learning_rate=settings.lr,
                      adam_learning_rate=ctx.config.optimizer.lr if adam_lr is None else adam_lr,
                      axis_name=ctx.axis_name, param_specs=ctx.param_specs)

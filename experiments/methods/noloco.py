@@ -1,15 +1,15 @@
 """NoLoCo (`local.noloco`, arXiv 2506.10911): H inner steps, then each worker averages its
 outer step with one random partner (one ppermute of |θ|); no all-reduce."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.noloco, skip=("inner", "axis_name"),
+  return toolkit.from_factory(local.noloco, skip=("inner", "axis_name"),
                              types={"participation": str}, sync_every=10)
 
 
 def build(settings, ctx):
-  return config.call(local.noloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+  return toolkit.call(local.noloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))

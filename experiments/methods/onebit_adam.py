@@ -1,15 +1,15 @@
 """1-bit Adam (`sync.onebit_adam`): a complete optimiser, so config.optimizer gives only its
 learning rate (config.optimizer.lr); the inner optimiser is not used."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(sync.onebit_adam, skip=("learning_rate", "axis_name"),
+  return toolkit.from_factory(sync.onebit_adam, skip=("learning_rate", "axis_name"),
                              types={"block": int}, freeze_step=100)
 
 
 def build(settings, ctx):
-  return config.call(sync.onebit_adam, settings, learning_rate=ctx.config.optimizer.lr,
+  return toolkit.call(sync.onebit_adam, settings, learning_rate=ctx.config.optimizer.lr,
                      axis_name=ctx.axis_name)

@@ -2,17 +2,17 @@
 
 import optax
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import sync
 
 
 def defaults():
-  return config.from_factory(sync.powersgd, skip=("axis_name", "key", "param_specs", "views"),
+  return toolkit.from_factory(sync.powersgd, skip=("axis_name", "key", "param_specs", "views"),
                              types={"memory": str}, rank=2)
 
 
 def build(settings, ctx):
-  return optax.chain(config.call(sync.powersgd, settings, axis_name=ctx.axis_name,
+  return optax.chain(toolkit.call(sync.powersgd, settings, axis_name=ctx.axis_name,
                                  key=ctx.key, param_specs=ctx.param_specs), ctx.inner)
 
 
@@ -24,5 +24,5 @@ def overlap_backward(settings) -> bool:
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  """The tuned ruleset's settings (experiments.compare --ruleset=tuned)."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)]

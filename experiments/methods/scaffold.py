@@ -1,14 +1,14 @@
 """SCAFFOLD: local steps corrected by control variates (`local.scaffold`)."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.scaffold, skip=("inner", "axis_name"),
+  return toolkit.from_factory(local.scaffold, skip=("inner", "axis_name"),
                              types={"participation": str}, sync_every=10)
 
 
 def build(settings, ctx):
-  return config.call(local.scaffold, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+  return toolkit.call(local.scaffold, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))

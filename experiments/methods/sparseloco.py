@@ -1,15 +1,15 @@
 """SparseLoCo: H inner steps, then a sparse low-bit outer gradient with error feedback
 (`local.sparseloco`)."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.sparseloco, skip=("inner", "axis_name"),
+  return toolkit.from_factory(local.sparseloco, skip=("inner", "axis_name"),
                              types={"participation": str}, sync_every=10)
 
 
 def build(settings, ctx):
-  return config.call(local.sparseloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
+  return toolkit.call(local.sparseloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))

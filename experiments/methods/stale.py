@@ -1,13 +1,13 @@
 """Asynchronous SGD with a fixed delay, optionally delay-compensated (`local.stale`)."""
 
-from experiments import config
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(local.stale, skip=("inner", "axis_name"),
+  return toolkit.from_factory(local.stale, skip=("inner", "axis_name"),
                              types={"compensation": str}, delay=1)
 
 
 def build(settings, ctx):
-  return config.call(local.stale, settings, inner=ctx.inner, axis_name=ctx.axis_name)
+  return toolkit.call(local.stale, settings, inner=ctx.inner, axis_name=ctx.axis_name)

@@ -3,22 +3,21 @@
 `eager=True` uses each fragment's mean at its next sync (arXiv 2502.12996), so its
 all-reduce overlaps H inner steps instead of `overlap`."""
 
-from experiments import config
-from experiments import methods
+from .. import toolkit
 from jaxcomm import local
 
 
 def defaults():
-  return config.from_factory(
+  return toolkit.from_factory(
       local.streaming_diloco, skip=("inner", "outer", "axis_name", "key"),
       types={"codec": str, "collective": str, "participation": str, "compensation": str},
       sync_every=10, outer_lr=0.7, outer_momentum=0.9)
 
 
 def build(settings, ctx):
-  return config.call(
+  return toolkit.call(
       local.streaming_diloco, settings, inner=ctx.inner,
-      outer=methods.nesterov(settings.outer_lr, settings.outer_momentum),
+      outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
       axis_name=ctx.axis_name, key=ctx.key, codec=ctx.codec(settings.codec),
       participation=ctx.participation(settings.participation, settings.fragments))
 
@@ -36,5 +35,5 @@ def local_step(settings) -> str:
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings (experiments/compare.py --ruleset=tuned)."""
+  """The tuned ruleset's settings (experiments.compare --ruleset=tuned)."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]

@@ -16,81 +16,17 @@ its defaults, and a field of the same name that config.model sets overrides one.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 from types import ModuleType
-from typing import Any, Callable
 
-import jax
 import ml_collections
 
-from experiments import _plugins
+from .. import _plugins, toolkit
 
-# Mesh axes that split the model, not the batch; every other axis splits the batch.
-MODEL_AXES = ("tensor", "sequence", "pipeline")
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """What a model module's `build` returns: the model, its loss and its data.
-
-  Attributes:
-    model: the model (Flax linen or NNX).
-    loss_fn: `(params, batch) -> loss`, or `(loss, aux)` when `has_aux`.
-    has_aux: whether `loss_fn` returns `(loss, aux)`.
-    params: the initial parameters (an NNX module: the Trainer splits it), or their
-      `jax.ShapeDtypeStruct`s when built abstract.
-    batches: `step -> this process's share of global batch number step`.
-    specs: PartitionSpecs of the parameters (None: replicated).
-    batch_specs: PartitionSpecs of the batch (None: leading dimension over the batch axes).
-    mutable: how an NNX model's mutable variables are kept: "per_worker" or "mean".
-  """
-  model: Any
-  loss_fn: Callable
-  has_aux: bool
-  params: Any
-  batches: Callable[[int], dict]
-  specs: Any = None
-  batch_specs: Any = None
-  mutable: str = "per_worker"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelContext:
-  """What a model module's `build` receives besides its own settings.
-
-  Attributes:
-    config: the whole run's settings (read-only; config.data, config.seed, config.mesh).
-    mesh_shape: {axis: size} of the run's mesh.
-    layout: the `parallel.Layout` the model's `layout()` returned, or None.
-    key: the run's PRNG key, `jax.random.key(config.seed)`.
-    abstract: build `jax.ShapeDtypeStruct`s instead of initialising (see `init`).
-    batches: `step -> batch` of config.data (the run's batches).
-    dataset: `() -> the loaded dataset` of config.data.name (None for a folder of files).
-  """
-  config: ml_collections.ConfigDict
-  mesh_shape: dict
-  layout: Any
-  key: jax.Array
-  abstract: bool
-  batches: Callable[[int], dict]
-  dataset: Callable[[], Any]
-
-  def init(self, fn: Callable) -> Callable:
-    """`fn` (a model's init) jitted, or its shapes only when the run is built abstract."""
-    return functools.partial(jax.eval_shape, fn) if self.abstract else jax.jit(fn)
-
-  @property
-  def workers(self) -> int:
-    """The data-parallel workers: the product of every axis that splits the batch."""
-    return math.prod(n for a, n in self.mesh_shape.items() if a not in MODEL_AXES)
-
-  def data_parallel_only(self, also: tuple = ()) -> None:
-    """Refuses a mesh with model axes (or `also`): a model without layouts of its own."""
-    if set(self.mesh_shape) & {*MODEL_AXES, *also}:
-      raise ValueError(f"config.mesh {self.config.mesh!r} lays out the linen LM only; use "
-                       f"config.model.name 'lm' or a mesh of data axes.")
+# What a model module's build() returns and receives (experiments/toolkit.py).
+MODEL_AXES = toolkit.MODEL_AXES
+Task = toolkit.Task
+ModelContext = toolkit.ModelContext
 
 
 def available_models() -> list[str]:

@@ -3,7 +3,7 @@ the ImageNet stem for images of 64 pixels and more, the CIFAR stem below."""
 
 import jax.numpy as jnp
 
-from experiments.models import Task
+from ..toolkit import Task
 from jaxcomm import data, models
 
 

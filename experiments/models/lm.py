@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import PartitionSpec as P
 
-from experiments import config
-from experiments.models import MODEL_AXES, Task
+from .. import toolkit
+from ..toolkit import MODEL_AXES, Task
 from jaxcomm import data, models, parallel
 
 SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
@@ -29,14 +29,14 @@ def defaults():
 def check(s) -> None:
   """The LM's settings in range (the sizes also nnx_lm's: `check_sizes`)."""
   check_sizes(s)
-  config.int_at_least({"model": s}, "model.vocab_size", 1)
-  config.int_at_least({"model": s}, "model.microbatches", 0)
+  toolkit.int_at_least({"model": s}, "model.vocab_size", 1)
+  toolkit.int_at_least({"model": s}, "model.microbatches", 0)
 
 
 def check_sizes(s) -> None:
   """The sizes every LM shares (lm, nnx_lm): integers >= 1, heads dividing the width."""
   for key in ("d_model", "num_layers", "num_heads", "d_ff"):
-    config.int_at_least({"model": s}, f"model.{key}", 1)
+    toolkit.int_at_least({"model": s}, f"model.{key}", 1)
   if s.d_model % s.num_heads:
     raise ValueError(f"config.model.d_model ({s.d_model}) must be divisible by "
                      f"config.model.num_heads ({s.num_heads}).")
@@ -97,7 +97,7 @@ def build(s, ctx) -> Task:
 @functools.lru_cache(maxsize=8)
 def _init(sizes: tuple):
   """The plain LM's init, jitted once per shape: the many runs of one program (every method
-  and seed of experiments/compare.py) share one compiled init instead of tracing their own."""
+  and seed of experiments/compare/) share one compiled init instead of tracing their own."""
   return jax.jit(models.TransformerLM(**dict(sizes)).init)
 
 

@@ -4,7 +4,7 @@ data-parallel."""
 import jax.numpy as jnp
 import ml_collections
 
-from experiments.models import Task
+from ..toolkit import Task
 from jaxcomm import data, models
 
 

@@ -3,8 +3,9 @@ dataset, data-parallel (`Trainer.init` splits the module)."""
 
 import ml_collections
 
-from experiments import config
-from experiments.models import Task, lm
+from .. import toolkit
+from ..toolkit import Task
+from . import lm
 from jaxcomm import models
 
 MUTABLE = ("per_worker", "mean")
@@ -22,7 +23,7 @@ def check(s) -> None:
 
 
 def check_dropout_and_mutable(s) -> None:
-  config.number_in({"model": s}, "model.dropout", 0, 1, False, "in [0, 1)")
+  toolkit.number_in({"model": s}, "model.dropout", 0, 1, high_open=True)
   if s.mutable not in MUTABLE:
     raise ValueError(f"config.model.mutable {s.mutable!r} is unknown; allowed: "
                      f"{', '.join(MUTABLE)}.")

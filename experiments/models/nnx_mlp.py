@@ -3,7 +3,8 @@ dataset, data-parallel; BatchNorm statistics kept per worker or averaged (`mutab
 
 import ml_collections
 
-from experiments.models import Task, mlp, nnx_lm
+from ..toolkit import Task
+from . import mlp, nnx_lm
 from jaxcomm import models
 
 

@@ -2,7 +2,8 @@
 
 import ml_collections
 
-from experiments.models import Task, _resnet
+from ..toolkit import Task
+from . import _resnet
 
 
 def defaults():

@@ -3,7 +3,8 @@ dataset."""
 
 import ml_collections
 
-from experiments.models import Task, _resnet
+from ..toolkit import Task
+from . import _resnet
 
 
 def defaults():

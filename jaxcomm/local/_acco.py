@@ -94,8 +94,12 @@ def micro_batch_loss(loss_fn: Callable, micro_batches: int | Sequence[int],
 
     micro = jax.tree.map(split, batch)
     out_abs = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], micro))
-    zero = comm.varying(jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_abs),
-                        axis_name)
+    # The carry must vary over the axes the body's sum does (shard_map's scan rule): the
+    # worker axes (n_w picks per worker) and whatever the loss varies over, such as the
+    # fsdp or tensor axes that split the batch or the parameters inside a replica.
+    zero = jax.tree.map(lambda a: comm.varying(
+        jnp.zeros(a.shape, a.dtype),
+        tuple(comm.axis_names(axis_name)) + tuple(sorted(comm.varying_axes(a)))), out_abs)
 
     def body(total, xs):
       i, mb = xs

@@ -24,7 +24,7 @@ A step is done when its compute and its own communication are both done. Its res
 *known* when it and every earlier step are done: with overlap a step that sends nothing can be
 done before an earlier step's communication is, but the loss it reports is not the run's
 until that communication has landed. `Timeline.known` is that clock, monotone by
-construction: every time axis a loss is plotted or timed against (experiments/compare.py,
+construction: every time axis a loss is plotted or timed against (experiments/compare/,
 the notebooks) is read from it, and the run of the first t steps takes `known[t - 1]`.
 """
 
@@ -122,7 +122,7 @@ def simulate(compute_seconds: Any, comm_seconds: Sequence[float],
     compute_end, comm_end = _synchronous(compute_s, comm_s)
     return Timeline(compute_end, comm_end, compute_s, comm_s)
   # The recurrence on Python floats (the same float64 arithmetic, without numpy's per-element
-  # overhead: experiments/compare.py reads a growing timeline after every step).
+  # overhead: experiments/compare/ reads a growing timeline after every step).
   compute_end, comm_end = [], []
   free = 0.0      # when the network is next free
   previous = 0.0  # when the previous step's compute ended

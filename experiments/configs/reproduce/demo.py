@@ -1,8 +1,8 @@
-"""experiments/reproduce_demo.py (DeMo, arXiv 2411.19870): the DCT coefficients kept per tile
+"""experiments/reproduce/demo.py (DeMo, arXiv 2411.19870): the DCT coefficients kept per tile
 of up to 64 x 64 (`ks`, the paper's 32 among them) and DeMo's learning rate (`demo_lr`, sign
 updates; exact DP keeps AdamW's)."""
 
-from experiments import _reproduce
+from experiments.reproduce import _reproduce
 
 
 def get_config():

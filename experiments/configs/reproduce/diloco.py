@@ -1,9 +1,9 @@
-"""experiments/reproduce_diloco.py (DiLoCo, arXiv 2311.08105): the sync periods H swept at 8
+"""experiments/reproduce/diloco.py (DiLoCo, arXiv 2311.08105): the sync periods H swept at 8
 workers (`hs`), the worker counts swept (`workers`) at H = `h_fixed` with `per_worker_batch`
 sequences per worker per step, and the paper's protocol with `warm_start_steps` > 0 (every
 run starts from that many steps of exact DP). DiLoCo's settings are its method module's."""
 
-from experiments import _reproduce
+from experiments.reproduce import _reproduce
 
 
 def get_config():

@@ -1,8 +1,8 @@
-"""experiments/reproduce_powersgd.py (PowerSGD, arXiv 1905.13727): the digits MLP trained with
+"""experiments/reproduce/powersgd.py (PowerSGD, arXiv 1905.13727): the digits MLP trained with
 momentum SGD (lr 0.1) for 300 steps at the `ranks`, with and without error feedback, and,
 with `table`, ResNet-18's compression table (compiled, not run)."""
 
-from experiments import _reproduce
+from experiments.reproduce import _reproduce
 
 
 def get_config():

@@ -1,8 +1,8 @@
-"""experiments/reproduce_streaming.py (Streaming DiLoCo, arXiv 2501.18512): 160 inner steps,
+"""experiments/reproduce/streaming.py (Streaming DiLoCo, arXiv 2501.18512): 160 inner steps,
 `h` inner steps between two syncs of the same fragment, `fragments` P, and the paper-like
 run's `overlap` (steps between sending and merging)."""
 
-from experiments import _reproduce
+from experiments.reproduce import _reproduce
 
 
 def get_config():

@@ -1,8 +1,8 @@
-"""experiments/reproduce_topk.py (top-k with and without memory, Stich et al. 2018): the
+"""experiments/reproduce/topk.py (top-k with and without memory, Stich et al. 2018): the
 digits MLP trained with plain SGD (lr 0.5) for 300 steps, each worker sending the top
 `fractions` of its gradient."""
 
-from experiments import _reproduce
+from experiments.reproduce import _reproduce
 
 
 def get_config():

@@ -1,4 +1,4 @@
-"""What experiments/compare.py shows a person: per-link tables, one verdict line per link
+"""What experiments.compare shows a person: per-link tables, one verdict line per link
 with its interval and seed count, per-seed times, the compute figures, the sensitivity
 lines, the performance profile, `report.md`, `results.json` and the figures, all read from
 the method records (`record`) that `compare.run` makes."""
@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 
-from experiments import _compare_figures as _figures
-from experiments import _compare_stats as stats
-from experiments import _compare_wsd as _wsd
-from experiments import _reproduce as rep
+from ..reproduce import _reproduce as rep
+from . import figures as _figures
+from . import stats
+from . import wsd as _wsd
 
 HEADERS = ("method", "bytes/step (mean)", "DP bytes / bytes", "compute/step",
            "time to target (median)", "seeds reached", "speed-up", "95 % CI", "verdict")
@@ -52,7 +52,7 @@ def setting_text(entry: dict, base: dict) -> str:
 def record(label: str, entries: list, entry: dict, trials: list, accounts: list,
            summary: dict, clock, dp_bytes: float) -> dict:
   """A method's results: its settings, bytes, compute figure, per link the summary over
-  studies (`_compare_summary.summarise`), and every trial's curve, evaluations and clocks."""
+  studies (`summary.summarise`), and every trial's curve, evaluations and clocks."""
   first = trials[0][0]
   step_bytes = np.concatenate([t.step_bytes for seeds in trials for t in seeds])
   per_step = float(step_bytes.mean()) if step_bytes.size else 0.0
@@ -136,7 +136,7 @@ def verdict(summary: dict, link: str, reference: str, target: float) -> str:
   """One line for `link`: the method that reaches the target first by a speed-up whose 95 %
   interval lies above 1 (with the interval and its seeds), or that no method is
   distinguishable from the reference there (the link's own, `reference_on`).
-  `summary[label][link]` as `_compare_summary.summarise`."""
+  `summary[label][link]` as `summary.summarise`."""
   reference = reference_on(summary, link, reference)
   ref = summary[reference][link]
   seeds = len(ref["study_times"])

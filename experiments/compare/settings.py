@@ -1,4 +1,4 @@
-"""The settings of experiments/compare.py: config.compare checked, the links, the command
+"""The settings of experiments.compare: config.compare checked, the links, the command
 line's flags applied, one method entry applied to the shared config, a method's list of
 settings under a ruleset, and one seed's config."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 
-from experiments import build
-from experiments import config as _config
+from .. import build
+from .. import config as _config
+from .. import specs, toolkit
 
 RULESETS = ("default", "tuned")
 MAX_SETTINGS = 5  # the most settings a method's tuning() list may hold
@@ -18,10 +19,8 @@ def check(config) -> None:
   _config.check(config)
   c = config.compare
   for name in ("smooth", "compute_repeats", "max_steps", "seeds", "eval_every", "eval_batch"):
-    _config.int_at_least(config, f"compare.{name}", 1)
-  if c.ruleset not in RULESETS:
-    raise ValueError(f"config.compare.ruleset must be one of {', '.join(RULESETS)}, got "
-                     f"{c.ruleset!r}.")
+    toolkit.int_at_least(config, f"compare.{name}", 1)
+  toolkit.one_of(config, "compare.ruleset", RULESETS)
   if c.eval_every > config.steps:
     raise ValueError(f"config.compare.eval_every ({c.eval_every}) must be <= config.steps "
                      f"({config.steps}): the reference's first evaluation sets the interval.")
@@ -31,13 +30,10 @@ def check(config) -> None:
   if c.max_steps < config.steps:
     raise ValueError(f"config.compare.max_steps ({c.max_steps}) must be >= config.steps "
                      f"({config.steps}): the reference trains config.steps to set the budget.")
-  _config.int_at_least(config, "compare.warmup_steps", 0)
-  if c.schedule not in _config.SCHEDULES:
-    raise ValueError("config.compare.schedule must be one of "
-                     f"{', '.join(_config.SCHEDULES)}, got {c.schedule!r}.")
-  _config.number_in(config, "compare.budget", 1, math.inf, False, "a finite number >= 1")
-  _config.number_in(config, "compare.decay_fraction", 0, 1, True,
-                    "a number in (0, 1) (the part of each budget that decays)")
+  toolkit.int_at_least(config, "compare.warmup_steps", 0)
+  toolkit.one_of(config, "compare.schedule", _config.SCHEDULES)
+  toolkit.number_in(config, "compare.budget", 1)
+  toolkit.number_in(config, "compare.decay_fraction", 0, 1, low_open=True, high_open=True)
   if c.target_loss is not None and not math.isfinite(c.target_loss):
     raise ValueError(f"config.compare.target_loss must be finite, got {c.target_loss}.")
   links(config)
@@ -45,12 +41,12 @@ def check(config) -> None:
 
 def links(config) -> dict:
   """{name: comm.Link} of config.compare.links (preset names or name:gbit=G,latency_ms=L)."""
-  specs = list(config.compare.links)
-  if not specs:
+  given = list(config.compare.links)
+  if not given:
     raise ValueError("config.compare.links is empty: name at least one link.")
   out = {}
-  for spec in specs:
-    link = _config.parse_link(spec, "config.compare.links entry")
+  for spec in given:
+    link = specs.parse_link(spec, "config.compare.links entry")
     if link.name in out:
       raise ValueError(f"config.compare.links names link {link.name!r} twice.")
     out[link.name] = link

@@ -1,6 +1,6 @@
 r"""Top-k sparsification with and without memory (Stich et al., NeurIPS 2018; EF arXiv 1901.09847).
 
-  python -m experiments.reproduce_topk --workdir=runs/reproduce_topk
+  python -m experiments.reproduce.topk --workdir=runs/reproduce_topk
 
 The claim: SGD that applies only the top-k coordinates of its gradient converges at the rate
 of SGD when the coordinates left out are remembered and added to the next gradient (error
@@ -11,7 +11,7 @@ memory=...)`) with memory ("ef") and without, same steps and batches.
 
 The settings are experiments/configs/reproduce/topk.py's (`--help` lists them), e.g.
 
-  python -m experiments.reproduce_topk --config.reproduce.fractions=0.01 --config.steps=100
+  python -m experiments.reproduce.topk --config.reproduce.fractions=0.01 --config.steps=100
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import os
 
 import numpy as np
 
-from experiments import _reproduce as rep
-from experiments import config as _config
+from .. import toolkit
+from . import _reproduce as rep
 
 
 def run(base, workdir: str, workers: int = 8) -> dict:
   """DP and top-k at each of `base.reproduce.fractions`, with and without memory."""
-  fractions = _config.values_at_least(base, "reproduce.fractions", 0, numbers.Real)
+  fractions = toolkit.values_at_least(base, "reproduce.fractions", 0, numbers.Real)
   dp = rep.train_run("DP (SGD)", rep.config(base, "dp"), workers)
   runs = [dp]
   for f in fractions:

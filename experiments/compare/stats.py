@@ -1,4 +1,4 @@
-"""The accounting of experiments/compare.py over seeds and settings (after MLCommons AlgoPerf):
+"""The accounting of experiments.compare over seeds and settings (after MLCommons AlgoPerf):
 a method's time to the target on a link is the median over seeds (a seed that misses counts
 as infinitely slow), its speed-up over the reference comes with a 95 % interval over seeds,
 and a method is called faster (or slower) only when that interval excludes 1.

@@ -12,7 +12,7 @@ pydoc corpus, on 8 emulated CPU devices. A trial is one method at one setting an
 (the seed sets the initial parameters, the batches and the codecs' keys). A trial's losses
 do not depend on the network, only its clock does, so each trial trains once and every
 link's clock is read off it (`jaxcomm.sim`): one measured compute figure per local step
-(`experiments/_compare_clock.py`: methods with the same local step share it) plus the
+(`experiments/compare/clock.py`: methods with the same local step share it) plus the
 communication of the method's compiled step on the link (`comm.inspect`, `comm.cost`) that
 its schedule cannot hide: a method module's `overlap_steps` (later steps overlap a sync) or
 `overlap_backward` (the all-reduce overlaps the backward pass bucket by bucket,
@@ -31,7 +31,7 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   reach it); `--target_loss` overrides it.
 * Evaluations: at fixed intervals of simulated time on each link: the first step whose
   clock reaches each multiple of the reference's time for `eval_every` steps there
-  (`experiments/_compare_account.py`: on a step grid a method with slow steps would be
+  (`experiments/compare/account.py`: on a step grid a method with slow steps would be
   read at coarser times). Once the target is known, a trial's evaluations on a link stop
   after its first one there at or below the target: later ones change no time to it.
 * Budget per link: `budget` times that link's reference's median time to the target (2 by
@@ -41,18 +41,18 @@ its schedule cannot hide: a method module's `overlap_steps` (later steps overlap
   `max_steps`.
 * A method's time on a link is the median over seeds of its time to the target (a miss
   counts as infinity); its speed-up over the reference comes with a 95 % interval over the
-  seeds (`experiments/_compare_stats.py`: exact over all paired resamples for S <= 6, else a
+  seeds (`experiments/compare/stats.py`: exact over all paired resamples for S <= 6, else a
   paired bootstrap), and it is called faster only when the interval excludes 1.
 * Schedule (`config.compare.schedule`): `constant` (config.optimizer's learning rate), or
   `schedule_free`: every method's inner optimiser made schedule-free (Defazio et al., arXiv
   2405.15682; `warmup_steps` of linear warmup, no decay to place before a link's budget
   ends, so each trial still trains once for every link), its held-out loss read at the
-  schedule-free evaluation parameters (`experiments/_compare_schedule.py`). A method
+  schedule-free evaluation parameters (`experiments/compare/schedule.py`). A method
   without an inner optimiser (DeMo) runs as its module builds it, and says so on stderr.
   Or `wsd`: the trials are the warmup and stable phase; per link a decay branches from the
   state kept at `1 - decay_fraction` of the budget and ends with it, and the report sets
   the held-out loss at the budget with and without it side by side
-  (`experiments/_compare_wsd.py`).
+  (`experiments/compare/wsd.py`).
 * `--ruleset=default`: each method's settings as `METHODS` has them, S seeds.
   `--ruleset=tuned`: each method module's `tuning()` list (at most 5 settings, the same on
   every link), S studies; per study and link the fastest setting's time, then the median
@@ -78,18 +78,16 @@ import tempfile
 import time
 
 import jax
-from absl import flags
 from jax.experimental.compilation_cache import compilation_cache as cc
 
-from experiments import _cli
-from experiments import _compare_clock as _clock
-from experiments import _compare_report as report
-from experiments import _compare_settings as settings_
-from experiments import _compare_stats as stats
-from experiments import _compare_summary as summary_
-from experiments import _compare_trials as trials_
-from experiments import _compare_wsd as _wsd
-from experiments import config as _config
+from .. import config as _config
+from . import clock as _clock
+from . import report
+from . import settings as settings_
+from . import stats
+from . import summary as summary_
+from . import trials as trials_
+from . import wsd as _wsd
 
 # label -> the method and its settings (experiments/methods/<method>.py; every setting not
 # named keeps the library factory's default), and optionally "optimizer" overrides.
@@ -131,37 +129,6 @@ MORE_METHODS: dict[str, dict] = {
     "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
     "noloco_h10": {"method": "noloco", "sync_every": 10},
 }
-
-# The flags exist only when this module runs as a program: importing it (tests do)
-# registers nothing that could clash with another program's flags.
-if __name__ == "__main__":
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/compare", "Where the report, results and "
-                                 "plots go.")
-  _METHODS = flags.DEFINE_list(
-      "methods", None, "Methods to compare (default: all of METHODS): METHODS labels, method "
-      "names of experiments/methods/, dotted module paths or .py files of your own.")
-  _LINKS = flags.DEFINE_list("links", None, "Link presets (jaxcomm.comm.PRESETS) to time on; "
-                             "default: config.compare.links.")
-  _LINK = flags.DEFINE_multi_string("link", [], "A link of your own, added to the others: "
-                                    "name:gbit=G,latency_ms=L (repeatable).")
-  _BUDGET = flags.DEFINE_float("budget", None, "Each link's time budget as a multiple of the "
-                               "reference's median time to the target there (default: "
-                               "config.compare.budget).")
-  _RULESET = flags.DEFINE_enum("ruleset", None, list(settings_.RULESETS), "default: each method's "
-                               "settings, S seeds; tuned: each method module's tuning() list, "
-                               "S studies (default: config.compare.ruleset).")
-  _SEEDS = flags.DEFINE_integer("seeds", None, "Seeds (studies) S (default: "
-                                "config.compare.seeds).")
-  _TARGET = flags.DEFINE_float("target_loss", None, "The held-out loss to reach (default: "
-                               "the reference's, see the module docstring).")
-  _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "The most inner steps any method trains "
-                                    "(default: config.compare.max_steps).")
-  _CONFIG = _config.define_config_flag(
-      os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "compare.py"),
-      "What every method shares (model, data, optimizer, the reference's steps) and how "
-      "results are read (config.compare); `configs/compare.py:long` for the longer run.")
-  _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
-
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,
                     reference: str = "dp_bf16") -> dict:
@@ -324,17 +291,3 @@ def _run(config, workdir, methods, verbose, catalog, command) -> dict:
 
 def _keys_by_label(keys: dict) -> dict:
   return {f"{label}#{k}": key for (label, k), key in keys.items()}
-
-
-def main(argv):
-  del argv
-  jax.config.update("jax_num_cpu_devices", _DEVICES.value)
-  config = settings_.with_flags(_CONFIG.value, _LINKS.value, _LINK.value, _BUDGET.value,
-                                _MAX_STEPS.value, ruleset=_RULESET.value, seeds=_SEEDS.value,
-                                target_loss=_TARGET.value)
-  run(config, _WORKDIR.value, _METHODS.value,
-      command=" ".join(["python -m experiments.compare"] + sys.argv[1:]))
-
-
-if __name__ == "__main__":
-  _cli.run(main)

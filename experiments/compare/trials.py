@@ -1,7 +1,7 @@
-"""The trials of experiments/compare.py: one method at one setting and one seed each, trained
+"""The trials of experiments.compare: one method at one setting and one seed each, trained
 together as a population (one compiled program over a leading trial axis, or the seeds one
 after the other), their held-out loss evaluated untimed on each link's grid of simulated
-time (`experiments/_compare_account.py`), and each trial's clock on every link."""
+time (`experiments/compare/account.py`), and each trial's clock on every link."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import _compare_account as acc
-from experiments import _compare_clock as _clock
-from experiments import _compare_schedule as _schedule
-from experiments import build
+from .. import build
+from . import account as acc
+from . import clock as _clock
+from . import schedule as _schedule
 from jaxcomm import comm, data, train
 
 CAPPED = "step cap"  # the snapshot key of a run's branch point when the step cap ends it
@@ -73,7 +73,7 @@ class Population:
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
     self.target = None  # once known (`aim`): evaluations that cannot change a time are skipped
-    # _compare_wsd's branch points: link -> seconds, and a step (for a run the cap ends);
+    # wsd.py's branch points: link -> seconds, and a step (for a run the cap ends);
     # what is kept there: link (or CAPPED) -> (step, states)
     self.watch, self.watch_step, self.snapshots = {}, 0, {}
 
@@ -136,7 +136,7 @@ class Population:
     """From now on, skip the evaluations that cannot change a time to `target`: a trial is
     evaluated at a step of a link's grid only while it has not yet reached the target on
     that link (a time to the target is read at the first evaluation on the link's grid at
-    or below it, `_compare_account.account`, on the measured clock and on the scaled ones;
+    or below it, `account.account`, on the measured clock and on the scaled ones;
     later ones there change no number of the verdict, only the plotted curve's tail)."""
     self.target = target
     for trial in self.trials:
@@ -166,7 +166,7 @@ class Population:
 
   def _snapshot(self, step: int) -> None:
     """Keeps a copy of the states (the step donates their buffers) at the first step whose
-    clock (the first trial's) reaches a watched link's seconds (`_compare_wsd`'s branch
+    clock (the first trial's) reaches a watched link's seconds (`wsd.py`'s branch
     points)."""
     if step == self.watch_step and CAPPED not in self.snapshots:
       self.snapshots[CAPPED] = (step, [jax.tree.map(jnp.copy, x) for x in self.states])
@@ -282,7 +282,7 @@ def train_population(label: str, setting: int, configs: list, links_: dict, held
   built or traced) falls back to one after the other, and says so on stderr. `grid`:
   (clock, intervals) of `Population.evaluate_on`, from the first step; `watch`: its
   {"links": `Population.watch`, "step": `Population.watch_step`} (the branch points of
-  `_compare_wsd`); `target`: `Population.aim`'s."""
+  `wsd.py`); `target`: `Population.aim`'s."""
   together = together and len(configs) > 1
 
   def trained(as_one: bool) -> Population:

@@ -1,6 +1,6 @@
 r"""Streaming DiLoCo (arXiv 2501.18512): peak bytes per sync step and loss against DiLoCo and DP.
 
-  python -m experiments.reproduce_streaming --workdir=runs/reproduce_streaming
+  python -m experiments.reproduce.streaming --workdir=runs/reproduce_streaming
 
 The claim: splitting the parameters into P fragments that sync in turn cuts the peak
 bandwidth to 1/P of DiLoCo's (the same total), and with the outer gradients in 4 bits and
@@ -13,21 +13,21 @@ bytes one device sends in a single step.
 
 The settings are experiments/configs/reproduce/streaming.py's (`--help` lists them), e.g.
 
-  python -m experiments.reproduce_streaming --config.reproduce.fragments=2
+  python -m experiments.reproduce.streaming --config.reproduce.fragments=2
 """
 
 from __future__ import annotations
 
 import os
 
-from experiments import _reproduce as rep
-from experiments import config as _config
+from .. import toolkit
+from . import _reproduce as rep
 
 
 def run(base, workdir: str, workers: int = 8) -> dict:
   """DP, DiLoCo and Streaming DiLoCo at `base.reproduce`'s h, fragments and overlap."""
   for path, low in (("h", 1), ("fragments", 1), ("overlap", 0)):
-    _config.int_at_least(base, f"reproduce.{path}", low)
+    toolkit.int_at_least(base, f"reproduce.{path}", low)
   h, fragments, overlap = (base.reproduce[k] for k in ("h", "fragments", "overlap"))
   lm = lambda method, **settings: rep.config(base, method, sync_every=h, **settings)
   dp = rep.train_run("DP (AdamW)", rep.config(base, "dp"), workers)

@@ -1,4 +1,4 @@
-"""Reading experiments/compare.py's trials: the reference's tuned setting, per link every
+"""Reading experiments.compare's trials: the reference's tuned setting, per link every
 method's time over studies (the fastest setting per study), its median, its speed-up over
 the reference with an interval and a verdict, and exact DP's bytes per step for ratios."""
 
@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 
-from experiments import _compare_stats as stats
-from experiments import build
-from experiments._compare_clock import Clock
-from experiments._compare_settings import method_config
-from experiments._compare_trials import inspect_only
+from .. import build
+from . import stats
+from .clock import Clock
+from .settings import method_config
+from .trials import inspect_only
 
 
 def exact_dp_bytes(config, trials: dict) -> float:

@@ -1,4 +1,4 @@
-"""What every paper reproduction (`experiments/reproduce_*.py`) shares.
+"""What every paper reproduction (`experiments/reproduce/*.py`) shares.
 
 * its settings: one config per reproduction, experiments/configs/reproduce/<name>.py
   (`get_config()`: `base_config()`, experiments/config.py's tree at the reproductions'
@@ -32,11 +32,13 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import _cli, build
-from experiments import config as _config
+from .. import _cli, build
+from .. import config as _config
+from .. import toolkit
 from jaxcomm import comm, data, sim, train
 
-CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "reproduce")
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                       "reproduce")
 # What a run reads from config.reproduce; the rest of that section is the program's own
 # settings (its sweeps), which no single run depends on: a run two programs share (DP at
 # the same sizes) has one config and trains once per process.
@@ -71,13 +73,13 @@ def check(c) -> None:
   range); each program checks its own (`config.values_at_least`, ...)."""
   for path, low in (("eval_batch", 1), ("smooth", 1), ("warm_start_steps", 0),
                     ("warm_start_batch", 1)):
-    _config.int_at_least(c, f"reproduce.{path}", low)
+    toolkit.int_at_least(c, f"reproduce.{path}", low)
   _config.check(c)
 
 
 def load(name: str):
   """experiments/configs/reproduce/<name>.py's config (references resolved)."""
-  module = importlib.import_module(f"experiments.configs.reproduce.{name}")
+  module = importlib.import_module(f"..configs.reproduce.{name}", __package__)
   return module.get_config().copy_and_resolve_references()
 
 
@@ -103,7 +105,7 @@ def define_flags(name: str, flag_values=flags.FLAGS):
 
 
 def main(name: str, run: Callable[[ml_collections.ConfigDict, str], Any]) -> None:
-  """The program `python -m experiments.reproduce_<name>`: its command line
+  """The program `python -m experiments.reproduce.<name>`: its command line
   (`define_flags`), then `run(config, workdir)` (`start`) through `_cli.run`."""
   def program(argv):
     del argv

@@ -1,7 +1,7 @@
 r"""PowerSGD (arXiv 1905.13727): compression on ResNet-18 shapes, accuracy at rank 1/2/4.
 
-  python -m experiments.reproduce_powersgd --workdir=runs/reproduce_powersgd
-  python -m experiments.reproduce_powersgd --config.reproduce.ranks=2 \
+  python -m experiments.reproduce.powersgd --workdir=runs/reproduce_powersgd
+  python -m experiments.reproduce.powersgd --config.reproduce.ranks=2 \
       --config.reproduce.table=False    # one rank, no ResNet-18 table
 
 The claims: rank 2 on ResNet-18 / CIFAR-10 reaches SGD's accuracy with two orders of
@@ -24,9 +24,9 @@ import os
 
 import jax
 
-from experiments import compression_table
-from experiments import _reproduce as rep
-from experiments import config as _config
+from .. import compression_table
+from .. import toolkit
+from . import _reproduce as rep
 
 
 def compression_rows(ranks, workers: int) -> list:
@@ -48,7 +48,7 @@ def compression_rows(ranks, workers: int) -> list:
 def run(base, workdir: str, workers: int = 8) -> dict:
   """Trains the digits runs at `base.reproduce.ranks` (and compiles the ResNet-18 table);
   writes the results."""
-  ranks = _config.values_at_least(base, "reproduce.ranks", 1)
+  ranks = toolkit.values_at_least(base, "reproduce.ranks", 1)
   table = base.reproduce.table
   dp = rep.train_run("DP (momentum SGD)", rep.config(base, "dp"), workers)
   runs = [dp]

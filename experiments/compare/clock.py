@@ -1,4 +1,4 @@
-"""The simulated clock of experiments/compare.py: one measured compute figure per local step,
+"""The simulated clock of experiments.compare: one measured compute figure per local step,
 its forward / backward / update shares from XLA's cost analysis, and each run's timeline on
 each link (the backward pass overlapped bucket by bucket for the methods that can).
 
@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import optax
 
-from experiments import build
+from .. import build
 from jaxcomm import comm, sim
 
 INNER = "inner"

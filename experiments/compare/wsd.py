@@ -1,4 +1,4 @@
-"""Warmup-stable-decay in experiments/compare.py (`config.compare.schedule="wsd"`): the
+"""Warmup-stable-decay in experiments.compare (`config.compare.schedule="wsd"`): the
 warmup and stable phase trains once per method, setting and seed (the comparison's own
 trials), and per link a short decay branches from the state at that link's branch point.
 
@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import _compare_stats as stats
-from experiments import _compare_trials as trials_
-from experiments import build
+from .. import build
+from . import stats
+from . import trials as trials_
 
 
 def watch(budgets: dict, fraction: float, cap: int) -> dict:

@@ -1,6 +1,6 @@
 r"""DeMo (arXiv 2411.19870) against AdamW data parallelism: loss and bytes per step.
 
-  python -m experiments.reproduce_demo --workdir=runs/reproduce_demo
+  python -m experiments.reproduce.demo --workdir=runs/reproduce_demo
 
 The claim: DeMo sends up to 85x less data per GPU than AdamW-DDP at comparable loss (300M
 and 1B models). The byte-level LM on 8 workers: exact DP with AdamW against DeMo (each worker
@@ -13,23 +13,23 @@ all-reduce's do not.
 The settings are experiments/configs/reproduce/demo.py's (`--help` lists them), each
 overridden as in experiments/train.py, e.g. one k at a smaller scale:
 
-  python -m experiments.reproduce_demo --config.reproduce.ks=32 --config.steps=50
+  python -m experiments.reproduce.demo --config.reproduce.ks=32 --config.steps=50
 """
 
 from __future__ import annotations
 
 import os
 
-from experiments import _reproduce as rep
-from experiments import config as _config
+from .. import toolkit
+from . import _reproduce as rep
 
 CHUNK = 64
 
 
 def run(base, workdir: str, workers: int = 8) -> dict:
   """DP and DeMo at each k of `base.reproduce`; writes results.md, results.json, demo.png."""
-  ks = _config.values_at_least(base, "reproduce.ks", 1)
-  _config.number_in(base, "reproduce.demo_lr", 0, float("inf"), True, "a number > 0")
+  ks = toolkit.values_at_least(base, "reproduce.ks", 1)
+  toolkit.number_in(base, "reproduce.demo_lr", 0, low_open=True)
   demo_lr = base.reproduce.demo_lr
   dp = rep.train_run("DP (AdamW)", rep.config(base, "dp"), workers)
   runs = [dp] + [rep.train_run(f"DeMo chunk {CHUNK}, k {k}",

@@ -1,4 +1,4 @@
-"""How one trial of experiments/compare.py did on one link: the steps its budget allows, the
+"""How one trial of experiments.compare did on one link: the steps its budget allows, the
 evaluations that count there, and its time to the target.
 
 The held-out loss is evaluated at fixed intervals of simulated time on each link (untimed):

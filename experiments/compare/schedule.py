@@ -1,4 +1,4 @@
-"""The learning-rate schedule of experiments/compare.py (config.compare.schedule): where a
+"""The learning-rate schedule of experiments.compare (config.compare.schedule): where a
 schedule-free inner optimiser's held-out loss is read.
 
 `constant` trains with config.optimizer's learning rate. `schedule_free` makes every

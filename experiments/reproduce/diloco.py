@@ -1,6 +1,6 @@
 r"""DiLoCo (arXiv 2311.08105): loss against the sync period H and the number of workers.
 
-  python -m experiments.reproduce_diloco --workdir=runs/reproduce_diloco
+  python -m experiments.reproduce.diloco --workdir=runs/reproduce_diloco
 
 The claims: with 8 workers DiLoCo matches fully synchronous training while communicating H
 times less, and the loss degrades only slowly as H grows; more replicas help with
@@ -21,7 +21,7 @@ starts from the same parameters, pretrained by exact DP for N steps at `data.bat
 every run of a sweep); each run starts a fresh inner optimiser. The H table then opens with
 that starting point's losses.
 
-  python -m experiments.reproduce_diloco --config.reproduce.warm_start_steps=150 \
+  python -m experiments.reproduce.diloco --config.reproduce.warm_start_steps=150 \
       --workdir=runs/diloco_warm
 
 The settings are experiments/configs/reproduce/diloco.py's (`--help` lists them), each
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import os
 
-from experiments import _reproduce as rep
-from experiments import config as _config
+from .. import toolkit
+from . import _reproduce as rep
 
 
 def _diloco(base, h: int, workers: int, batch: int, **info) -> dict:
@@ -49,10 +49,10 @@ def _dp(base, workers: int, batch: int, **info) -> dict:
 def run(base, workdir: str) -> dict:
   """Both sweeps of `base.reproduce`; writes results.md, results.json and diloco.png into
   workdir."""
-  hs = _config.values_at_least(base, "reproduce.hs", 1)
-  workers = _config.values_at_least(base, "reproduce.workers", 1)
+  hs = toolkit.values_at_least(base, "reproduce.hs", 1)
+  workers = toolkit.values_at_least(base, "reproduce.workers", 1)
   for path in ("reproduce.h_fixed", "reproduce.per_worker_batch"):
-    _config.int_at_least(base, path, 1)
+    toolkit.int_at_least(base, path, 1)
   h_fixed, per_worker_batch = base.reproduce.h_fixed, base.reproduce.per_worker_batch
   dp8 = _dp(base, 8, base.data.batch_size)
   by_h = [_diloco(base, h, 8, base.data.batch_size) for h in hs]

@@ -1,4 +1,4 @@
-"""The figures of experiments/compare.py: held-out loss against each link's simulated time
+"""The figures of experiments.compare: held-out loss against each link's simulated time
 and against bytes sent, and the performance profile, read from the method records."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from experiments import _compare_stats as stats
+from . import stats
 
 
 _STYLES = {"dp": "-", "compressed": "--", "powersgd": "--", "demo": "--",
