@@ -10,10 +10,12 @@ import numpy as np
 import optax
 import pytest
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from jaxcomm import local, parallel, sync, train
 from tests.test_muon_variants import SPECS, mesh_setup  # noqa: F401 (a fixture)
-from tests.test_replicas import R, compile_step, host, linear_loss, run_against_unsharded
+from tests.test_replicas import R, compile_step, gradients, host, layout_scales, linear_loss
+from tests.test_replicas import run_against_unsharded
 
 W, H, ROUNDS = 8, 2, 4
 INNER_LR, OUTER_LR, MU = 0.1, 0.7, 0.9
@@ -188,33 +190,40 @@ def test_pier_momentum_schedule_equals_the_reference():
 
 # ------------------------------------------- over the replicas of a sharded model (R = 2)
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["factored", "gasloc", "pier"])
-def test_replicas_of_a_sharded_model_equal_unsharded_workers(mesh_setup, name):  # noqa: F811
-  """replica=2,fsdp=2,tensor=2: each replica's shards gossip over `replica` (the 2-worker
-  ring); equal to 2 unsharded workers after 2 rounds."""
-  layout, params, grads = mesh_setup
-  method = {
-      "factored": lambda s: local.factored_gossip_diloco(
-          optax.sgd(0.1), OUTER(), 2, sync.gossip_graph("ring", R), axis_name="replica"),
-      "gasloc": lambda s: local.gasloc(optax.sgd(0.1), OUTER(), 2, "ring", num_workers=R,
-                                       momentum=0.5, gossip_step=0.5, axis_name="replica"),
-      "pier": lambda s: local.pier(optax.sgd(0.1), 2, "replica",
-                                   momentum=local.pier_momentum(MU, 1)),
-  }[name]
-  from jax.sharding import PartitionSpec as P
-  from tests.test_replicas import layout_scales
-  trainer = train.Trainer(linear_loss(layout_scales(layout, SPECS)),
-                          layout.optimizer(method(SPECS), SPECS), layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=SPECS,
-                          batch_specs={k: P("replica", *s) for k, s in SPECS.items()})
+def test_replicas_of_a_sharded_model_equal_unsharded_workers(mesh_setup):  # noqa: F811
+  """replica=2,fsdp=2,tensor=2, the three methods in one program (one copy of the sharded
+  matrices each): every replica's shards gossip over `replica` (the 2-worker ring) and equal
+  2 unsharded workers after 2 rounds; the replicas differ between rounds."""
+  layout, small, _ = mesh_setup
+  methods = {
+      "factored": local.factored_gossip_diloco(optax.sgd(0.1), OUTER(), 2,
+                                               sync.gossip_graph("ring", R),
+                                               axis_name="replica"),
+      "gasloc": local.gasloc(optax.sgd(0.1), OUTER(), 2, "ring", num_workers=R, momentum=0.5,
+                             gossip_step=0.5, axis_name="replica"),
+      "pier": local.pier(optax.sgd(0.1), 2, "replica", momentum=local.pier_momentum(MU, 1))}
+  params = {n: small for n in methods}
+  specs = {n: SPECS for n in methods}
+  labels = {n: {k: n for k in SPECS} for n in methods}
+  method = lambda s: optax.multi_transform(methods, labels)
+  trainer = train.Trainer(linear_loss(layout_scales(layout, specs)),
+                          layout.optimizer(method(specs), specs), layout.mesh,
+                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
+                                                   is_leaf=lambda s: isinstance(s, P)))
   mesh2 = parallel.make_mesh({"replica": R}, devices=jax.devices()[:R])
-  state, ref, ref_state, _, _ = run_against_unsharded(trainer, method, params, SPECS, mesh2,
+  grads = gradients(params, 3)  # the third step is mid-round: the replicas differ
+  state, ref, ref_state, _, _ = run_against_unsharded(trainer, method, params, specs, mesh2,
                                                       grads)
   fsdp = trainer.mesh.shape["fsdp"]
+  views = [host(trainer.worker_view(state.params, trainer.layout.params, r * fsdp))
+           for r in range(R)]
   for replica in range(R):
-    got = trainer.worker_view(state.params, trainer.layout.params, replica * fsdp)
     want = ref.worker_view(ref_state.params, ref.layout.params, replica)
-    chex.assert_trees_all_close(host(got), host(want), rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(views[replica], host(want), rtol=1e-5, atol=1e-6)
+  for n in methods:
+    assert max(np.max(np.abs(a - b)) for a, b in zip(
+        jax.tree.leaves(views[0][n]), jax.tree.leaves(views[1][n]))) > 1e-3, n
 
 
 def test_bad_input_fails_when_built():
