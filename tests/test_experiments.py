@@ -38,7 +38,9 @@ FACTORIES = {
     "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
     "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
     "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
-    "des_loc": local.des_loc, "noloco": local.noloco,
+    "des_loc": local.des_loc, "noloco": local.noloco, "dion": sync.dion, "dion2": sync.dion2,
+    "muonbp": sync.muonbp, "factored_gossip_diloco": local.factored_gossip_diloco,
+    "gasloc": local.gasloc, "pier": local.pier,
 }
 
 

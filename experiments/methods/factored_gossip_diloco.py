@@ -1,0 +1,34 @@
+"""Factored Gossip DiLoCo (`local.factored_gossip_diloco`, arXiv 2606.22768): DiLoCo without
+an all-reduce. Every round (H = `sync_every` inner steps) each worker mixes its outer
+parameters with its `graph` neighbours' (non-blocking: that gossip can run during the inner
+steps), adds its own outer step (Nesterov SGD, `outer_lr`, `outer_momentum`), and every
+`blocking_every` rounds mixes the outer steps too (blocking)."""
+
+from .. import toolkit
+from jaxcomm import local, sync
+
+
+def defaults():
+  return toolkit.from_factory(
+      local.factored_gossip_diloco, skip=("inner", "outer", "graph", "num_workers",
+                                          "axis_name"),
+      sync_every=10, graph="ring", outer_lr=0.7, outer_momentum=0.9)
+
+
+def build(settings, ctx):
+  graph = sync.gossip_graph(toolkit.one_of(ctx.config, "method.graph", sync.GRAPHS),
+                            ctx.num_workers)
+  return toolkit.call(local.factored_gossip_diloco, settings, inner=ctx.inner, graph=graph,
+                      outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
+                      axis_name=ctx.axis_name)
+
+
+def local_step(settings) -> str:
+  """A worker's step is the gradient and the inner optimiser (the outer step once a round)."""
+  del settings
+  return "inner"
+
+
+def tuning() -> list:
+  """The tuned ruleset's settings."""
+  return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"blocking_every": 2}]
