@@ -251,14 +251,17 @@ def test_sharded_factors_equal_the_reference_on_the_mean_gradient(sharded):
 
 # Hand-derived bytes per step of one device, float32, rank 2. Oriented longer side first
 # (n x m) with local blocks n_loc x m_loc: a, b 8 x 4; c 12 x 8; d 24 x 4. Per matrix:
-# P = B Q summed over the column axes (2 (2-1)/2 x 4 n_loc r: a, b 64 on fsdp, d 192 on fsdp),
-# P's rows gathered over the row axes ((2-1) x 4 n_loc r: a, b 64 on tensor, c 96 on fsdp),
-# R = B^T P summed over the row axes (4 m_loc r: a, b 32 on tensor, c 64 on fsdp), R's column
-# norms over the column axes (4 r: a, b, d 8 on fsdp). The replicas (R = 2) all-reduce P and R
-# of each block (4 (n_loc + m_loc) r) and e's 8 local floats (the other leaves' mean).
+# P = B Q summed over the column axes (an all-reduce's 2 (2-1)/2 x 4 n_loc r, as a
+# reduce-scatter and an all-gather: a, b 64 on fsdp, d 192 on fsdp), P's rows gathered over
+# the row axes for the QR ((2-1) x 4 n_loc r: a, b 64 on tensor, c 96 on fsdp), R = B^T P
+# summed over the row axes (4 m_loc r: a, b 32 on tensor, c 64 on fsdp), R's column norms
+# over the column axes (4 r: a, b, d 8 on fsdp). The replicas (R = 2) all-reduce the slice
+# of P and R each device holds after the reduce-scatters (a, b: 4 + 2 rows; c: 12 + 4;
+# d: 12 + 4), 4 (n + m) r / (the devices splitting the matrix): the unsharded formula
+# 2 (R-1)/R x 4 (n + m) r shared by them; and e's 8 local floats (the other leaves' mean).
 FSDP = 2 * (64 + 8) + (96 + 64) + (192 + 8)
 TENSOR = 2 * (64 + 32)
-FACTORS = 4 * 2 * (2 * (8 + 4) + (12 + 8) + (24 + 4))
+FACTORS = 4 * 2 * (2 * (4 + 2) + (12 + 4) + (12 + 4))
 OTHERS = 4 * 8
 LAYOUT = {("fsdp",): 32.0, ("tensor",): 4.0}  # ZeRO-3's mean of e over fsdp; autodiff's
 
@@ -266,7 +269,9 @@ LAYOUT = {("fsdp",): 32.0, ("tensor",): 4.0}  # ZeRO-3's mean of e over fsdp; au
 @pytest.mark.slow
 def test_sharded_bytes_per_axis_counted_compiled_and_by_hand(sharded):
   _, state, report, _ = sharded
-  assert (FSDP, TENSOR, FACTORS) == (504, 192, 576)
+  assert (FSDP, TENSOR, FACTORS) == (504, 192, 352)
+  assert FACTORS == sum(4 * (n + m) * 2 / k for n, m, k in [(16, 8, 4), (16, 8, 4),
+                                                          (24, 8, 2), (24, 8, 2)])
   want = {("fsdp",): LAYOUT[("fsdp",)] + FSDP, ("tensor",): LAYOUT[("tensor",)] + TENSOR,
           ("replica",): FACTORS + OTHERS}
   assert report.by_axis() == pytest.approx(want)

@@ -122,12 +122,25 @@ METHODS: dict[str, dict] = {
 
 # Labels `--methods` may name that a plain `make run` does not run (the methods of
 # arXiv 2502.12996, 2505.22549 and 2506.10911 at H = K_x = 10; Local Adam is DES-LOC with
-# every period K_x).
+# every period K_x; Muon and its variants; gossip DiLoCo and Pier).
 MORE_METHODS: dict[str, dict] = {
     "diloco_h10_eager": {"method": "diloco", "sync_every": 10, "eager": True},
     "des_loc_k10": {"method": "des_loc", "sync_every": 10},
     "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
     "noloco_h10": {"method": "noloco", "sync_every": 10},
+    # Muon and the Muon variants of arXiv 2504.05295, 2512.16928, 2510.16981 (matrices at lr
+    # 0.02, the other leaves AdamW at the run's lr): Dion's factors over the replicas at rank
+    # 1/4, Dion2 on a quarter of each matrix's slices, MuonBP with a full step every 5.
+    "muon": {"method": "muon"},
+    "dion_f4": {"method": "dion", "rank_fraction": 0.25},
+    "dion2_a25": {"method": "dion2", "fraction": 0.25},
+    "muonbp_p5": {"method": "muonbp", "period": 5},
+    # DiLoCo's outer sync as gossip on a ring (arXiv 2606.22768, 2606.11081) and Pier's
+    # scheduled outer momentum (arXiv 2511.17849), at H = 10.
+    "factored_gossip_h10": {"method": "factored_gossip_diloco", "sync_every": 10,
+                            "blocking_every": 2},
+    "gasloc_h10": {"method": "gasloc", "sync_every": 10},
+    "pier_h10": {"method": "pier", "sync_every": 10},
 }
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,

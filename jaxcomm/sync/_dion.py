@@ -27,7 +27,12 @@ contributes nothing to the update (their rule resets the whole Q when a shard of
 Sharded over fsdp / tensor (`param_specs`), as the paper's Algorithm 3 shards it: P like the
 rows, R and Q like the columns. P = B Q is summed over the axes splitting the columns, P's row
 blocks are gathered over the axes splitting the rows for the QR, R = B^T P is summed over the
-row axes and R's column norms over the column axes; each counted on its own axes.
+row axes and R's column norms over the column axes; each counted on its own axes. A sum over
+inner axes that precedes the replicas' mean is a reduce-scatter, the replicas' all-reduce of
+the slice, and an all-gather (an all-reduce's bytes inside the replica), so the replica axis
+carries each factor once per replica, shared by the devices splitting the matrix, not once
+per device. (A matrix replicated over an axis its spec does not name, e.g. tensor for an
+fsdp-only matrix, still sends its slice from every device of that axis.)
 """
 
 from __future__ import annotations
@@ -146,25 +151,45 @@ def _matrix_stage(rank_fn, mu: float, eps: float, axis_name, param_specs,
         offset += x.size if s else 0
       return out
 
+    def factor_mean(partials, axes, synced):
+      """sum over `axes[i]` of partials[i] [B, rows, r], then its mean over the replicas when
+      synced[i]: a reduce-scatter over the axes (rows zero-padded to a multiple of their
+      devices), the replicas' mean of this device's slice, an all-gather back. The inner axes
+      carry an all-reduce's bytes; the replicas 1/k of the factor each, not k copies."""
+      slices = []
+      for x, ax, sync in zip(partials, axes, synced):
+        k = comm.axis_size(ax) if (sync and replica and ax) else 1
+        if k == 1:
+          x, nbytes = comm.sum(x, ax or None)
+          add(ax, nbytes)
+        else:
+          x = jnp.pad(x, ((0, 0), (0, -x.shape[1] % k), (0, 0)))
+          x, nbytes = comm.reduce_scatter(x, ax, scatter_dimension=1)
+          add(ax, nbytes)
+        slices.append(x)
+      slices = replica_mean(slices, synced)
+      out = []
+      for x, full, ax, sync in zip(slices, partials, axes, synced):
+        if sync and replica and ax and comm.axis_size(ax) > 1:
+          x, nbytes = comm.all_gather(x, ax, axis=1, tiled=True)
+          add(ax, nbytes)
+          x = x[:, :full.shape[1]]
+        out.append(x)
+      return out
+
     synced = [_factor_sync(g) for g in plan.groups]
     grads = replica_mean([_powersgd._stack(leaves, g) for g in plan.groups],
                          [not s for s in synced])  # small matrices: the gradient itself
     bs = [m + g for m, g in zip(state.momentum, grads)]
-    ps = []
-    for g, b, q in zip(plan.groups, bs, state.q):
-      p, nbytes = comm.sum(_powersgd._matmul(b, q), g.m_axes or None)
-      add(g.m_axes, nbytes)
-      ps.append(p)
-    ps = replica_mean(ps, synced)
-    p_hats, rs = [], []
-    for g, b, p, shape in zip(plan.groups, bs, ps, shapes):
+    ps = factor_mean([_powersgd._matmul(b, q) for b, q in zip(bs, state.q)],
+                     [g.m_axes for g in plan.groups], synced)
+    p_hats = []
+    for g, p, shape in zip(plan.groups, ps, shapes):
       p_hat, nbytes = _powersgd._orthonormalize_whole(p, g, shape, 0.0)
       add(g.n_axes, nbytes)
-      r, nbytes = comm.sum(_powersgd._matmul(jnp.swapaxes(b, 1, 2), p_hat), g.n_axes or None)
-      add(g.n_axes, nbytes)
       p_hats.append(p_hat)
-      rs.append(r)
-    rs = replica_mean(rs, synced)
+    rs = factor_mean([_powersgd._matmul(jnp.swapaxes(b, 1, 2), p_hat)
+                      for b, p_hat in zip(bs, p_hats)], [g.n_axes for g in plan.groups], synced)
     out, momentum, qs = list(leaves), [], []
     for g, b, p_hat, r, q in zip(plan.groups, bs, p_hats, rs, state.q):
       momentum.append(b - (1 - mu) * _powersgd._matmul(p_hat, jnp.swapaxes(r, 1, 2)))
@@ -197,13 +222,14 @@ def dion(learning_rate: optax.ScalarOrSchedule, *, rank: int | None = None,
   """Dion, data parallel over `axis_name` by its low-rank factors (module docstring).
 
   Every 2-D leaf (a Flax kernel, fan_in x fan_out) is a Dion matrix; every other leaf gets the
-  mean gradient and AdamW or Lion. Per device and step, the replica axis carries, in two
-  all-reduces, P (n r floats) and R (m r floats) of each matrix's local block, with the
-  gradients of the matrices not worth compressing: 2 (W-1)/W x 4 (n + m) r bytes per matrix
-  unsharded. With `param_specs` (call inside shard_map) the leaves are blocks of matrices
-  split over inner axes, and the inner-axis collectives of the module docstring are counted
-  per axes label in `wire_bytes`. Each replica's momentum is stored (and checkpointed) per
-  replica, sharded like the parameters inside it.
+  mean gradient and AdamW or Lion. Per step the replica axis carries, in two all-reduces, P
+  (n r floats) and R (m r floats) of each matrix, with the gradients of the matrices not worth
+  compressing: 2 (W-1)/W x 4 (n + m) r bytes per matrix unsharded. With `param_specs` (call
+  inside shard_map) the leaves are blocks of matrices split over inner axes: each of the k
+  devices splitting a matrix all-reduces 1/k of its factors over the replicas, and the
+  inner-axis collectives of the module docstring are counted per axes label in
+  `wire_bytes`. Each replica's momentum is stored (and checkpointed) per replica, sharded
+  like the parameters inside it.
 
   Args:
     learning_rate: Dion's learning rate (a number or schedule).
