@@ -19,13 +19,14 @@ sqrt(fan_out / fan_in)); the selected slices travel in float32 (the authors cast
 Sharded over fsdp / tensor (`param_specs`), each matrix is orthogonalised by one owner, as in
 `sync.muon`'s owner strategy, but the all-to-alls carry only selected slices. The slices' L1
 norms are summed over the axes splitting the other side (d / s floats, s the shards of the
-selected side). `selection="global"` (the paper's rule, the same however the matrix is split):
-the norms are gathered over the axes splitting d and every device picks the same top k; a
-device sends a buffer of min(k, d / s) slices, its selected ones first (the static worst
-case: alpha of its block when d is not split, min(alpha s, 1) when it is). `"local"` (the
-authors' default for sharded matrices): each shard selects ceil(alpha d / s) of its own
-slices, exactly alpha of its block travels, and the union is orthogonalised (a sharded rule:
-it equals the one-device rule applied to the same split).
+selected side). `selection="local"` (the default, as the authors' for sharded matrices): each
+shard selects ceil(alpha d / s) of its own slices, exactly alpha of its block travels, and the
+union is orthogonalised (the one-device rule applied to each of the s parts of the selected
+side; with d not split, s = 1, it is the rule itself). `"global"` (the one-device rule on
+the whole matrix, however it is split): the norms are gathered over the axes splitting d and
+every device picks the same top k; a device sends a buffer of min(k, d / s) slices, its
+selected ones first (the static worst case: alpha of its block when d is not split, but
+min(alpha s, 1) when it is, e.g. the whole block at alpha = 1/4 on 4 fsdp shards).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def _stage(fraction: float, ef_decay: float, selection: str, param_specs, coeffs
 
 
 def dion2(learning_rate: optax.ScalarOrSchedule, fraction: float = 0.25, *,
-          ef_decay: float = 0.95, selection: str = "global", axis_name: comm.AxisName = None,
+          ef_decay: float = 0.95, selection: str = "local", axis_name: comm.AxisName = None,
           param_specs: Any = None, ns_coeffs: tuple = _muon.NS_COEFFS, ns_steps: int = 5,
           eps: float = 1e-8, weight_decay: float = 0.0, consistent_rms: float | None = None,
           adam_b1: float = 0.9, adam_b2: float = 0.999, adam_eps_root: float = 0.0,
@@ -171,7 +172,8 @@ def dion2(learning_rate: optax.ScalarOrSchedule, fraction: float = 0.25, *,
     learning_rate: the matrices' learning rate (a number or schedule).
     fraction: alpha in (0, 1], the fraction of slices orthogonalised per step.
     ef_decay: the factor the selected slices of the accumulator are multiplied by.
-    selection: "global" (the top k of the whole matrix) or "local" (of each shard).
+    selection: "local" (the top slices of each shard of the selected side) or "global"
+      (of the whole matrix; see the module docstring for its bytes).
     axis_name: the replica axis (or tuple) to average the gradient over; None: one.
     param_specs: the parameters' PartitionSpecs (a tree like them); None: unsharded.
     ns_coeffs: Newton-Schulz coefficients, (a, b, c) or one triple per iteration.
