@@ -31,6 +31,12 @@ def _stage(tx):
   return optax.chain(tx, optax.sgd(0.5))
 
 
+def _average(params, state, sync):
+  """Local SGD's sync rule, for the skeleton's entry."""
+  avg, nbytes = local.masked_average(params, sync.mine, sync.total, None)
+  return avg, state, nbytes
+
+
 # name -> (build(inner) -> the factory's transform on one device, as_optimizer(tx)). Factories
 # without an inner optimiser ignore `inner` (their extra-args check is only that extra
 # arguments are accepted).
@@ -80,6 +86,8 @@ FACTORIES = {
     "local.muloco": (lambda inner: local.muloco(0.05, 2, None, outer=optax.sgd(1.0), bits=4,
                                                 block=4, memory="ef"), lambda tx: tx),
     "local.noloco": (lambda inner: local.noloco(inner, 2, None), lambda tx: tx),
+    "local.periodic": (lambda inner: local.periodic(inner, 2, _average, axis_name=None),
+                       lambda tx: tx),
     "local.scaffold": (lambda inner: local.scaffold(inner, 2, None), lambda tx: tx),
     "local.sparseloco": (lambda inner: local.sparseloco(inner, 2, density=0.5, bits=None,
                                                         axis_name=None), lambda tx: tx),

@@ -7,6 +7,12 @@ syncs, and the Trainer keeps them per worker. Bytes are counted inside the branc
 Every local-update schedule accepts a participation mask (which workers are live at each
 sync).
 
+`periodic(inner, sync_every, sync_fn, ...)` is the skeleton local SGD, DiLoCo, SCAFFOLD,
+NoLoCo and the hierarchical schedule are written on: it owns the count, the inner step, idle
+workers, participation, the conditional sync and the byte counter, and a method supplies its
+sync rule and its state (`help(periodic)`: the contract; `SyncInfo`, `masked_average`,
+`masked_sum` and `worker_index` are what a sync rule works with).
+
 Float tolerance: the Trainer applies updates as p + u, so after a sync a worker holds the
 synchronised value θ up to one rounding of p + (θ − p), an ulp of the larger of |p|, |θ|.
 """
@@ -15,6 +21,9 @@ from jaxcomm.local._acco import AccoState
 from jaxcomm.local._acco import acco
 from jaxcomm.local._acco import micro_batch_loss
 from jaxcomm.local._cocodc import cocodc
+from jaxcomm.local._core import masked_average
+from jaxcomm.local._core import masked_sum
+from jaxcomm.local._core import worker_index
 from jaxcomm.local._delayed import DelayedState
 from jaxcomm.local._delayed import delayed
 from jaxcomm.local._des_loc import DesLocState
@@ -34,6 +43,9 @@ from jaxcomm.local._local_sgd import local_sgd
 from jaxcomm.local._muloco import muloco
 from jaxcomm.local._noloco import NolocoState
 from jaxcomm.local._noloco import noloco
+from jaxcomm.local._periodic import PeriodicState
+from jaxcomm.local._periodic import SyncInfo
+from jaxcomm.local._periodic import periodic
 from jaxcomm.local._pier import pier
 from jaxcomm.local._pier import pier_momentum
 from jaxcomm.local._scaffold import ScaffoldState
@@ -56,9 +68,11 @@ __all__ = (
     "HierarchicalState",
     "LocalSgdState",
     "NolocoState",
+    "PeriodicState",
     "ScaffoldState",
     "StaleState",
     "StreamingDilocoState",
+    "SyncInfo",
     "acco",
     "cocodc",
     "delay_compensation",
@@ -71,9 +85,12 @@ __all__ = (
     "hierarchical",
     "layer_groups",
     "local_sgd",
+    "masked_average",
+    "masked_sum",
     "muloco",
     "micro_batch_loss",
     "noloco",
+    "periodic",
     "pier",
     "pier_momentum",
     "scaffold",
@@ -81,4 +98,5 @@ __all__ = (
     "stale",
     "streaming_diloco",
     "topk_chunks",
+    "worker_index",
 )

@@ -41,6 +41,48 @@ def schedule_args(inner: Any, sync_every: Any, axis_name: Any, participation: An
           v.axis_name(axis_arg, axis_name), resolve_participation(participation))
 
 
+def _is_list(values: Any) -> bool:
+  """A non-empty list, tuple or 1-D array (not a string)."""
+  if isinstance(values, np.ndarray):
+    return values.ndim == 1 and values.size > 0
+  return (isinstance(values, Sequence) and not isinstance(values, (str, bytes))
+          and len(values) > 0)
+
+
+def check_worker_steps(worker_steps: Any, sync_every: int) -> np.ndarray | None:
+  """None, or one integer in [1, H] per worker (ValueError naming worker_steps)."""
+  if worker_steps is None:
+    return None
+  if not _is_list(worker_steps):
+    raise ValueError(f"worker_steps must be a non-empty list of integers, one per worker; "
+                     f"got {worker_steps!r}.")
+  return np.asarray([v.integer("worker_steps", s, low=1, high=sync_every)
+                     for s in worker_steps])
+
+
+def check_worker_weights(worker_weights: Any) -> np.ndarray | None:
+  """None, or one finite number > 0 per worker (ValueError naming worker_weights)."""
+  if worker_weights is None:
+    return None
+  if not _is_list(worker_weights):
+    raise ValueError(f"worker_weights must be a non-empty list of numbers > 0, one per "
+                     f"worker; got {worker_weights!r}.")
+  for x in worker_weights:
+    v.number("worker_weights", x, low=0.0, low_open=True)
+  return np.asarray(worker_weights)
+
+
+def check_offsets(offsets: Any, sync_every: int) -> tuple[int, ...]:
+  """Distinct integers in [0, H) (ValueError naming offsets)."""
+  if not _is_list(offsets):
+    raise ValueError(f"offsets must be a non-empty list of distinct integers in "
+                     f"[0, sync_every - 1]; got {offsets!r}.")
+  out = tuple(v.integer("offsets", o, low=0, high=sync_every - 1) for o in offsets)
+  if len(set(out)) != len(out):
+    raise ValueError(f"offsets must be distinct (one slot syncs per update); got {out}.")
+  return out
+
+
 class Phases:
   """Which slot syncs at update t (1-based), for slots at static offsets in [0, H).
 
@@ -106,7 +148,18 @@ def resolve_participation(participation: Participation) -> Callable | None:
 
 
 def worker_index(axis_name: comm.AxisName) -> jax.Array:
-  """i32[]: this worker's index along `axis_name` (0 without an axis)."""
+  """i32[]: this worker's index along `axis_name` (0 without an axis).
+
+  A tuple of axes counts in row-major order over them, as the rows of a participation mask
+  and `SyncInfo.weights` do.
+
+  >>> import jax, jax.numpy as jnp
+  >>> mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  >>> f = jax.shard_map(lambda: worker_index(("a", "b"))[None], mesh=mesh, in_specs=(),
+  ...                   out_specs=jax.P(("a", "b")))
+  >>> f().tolist(), int(worker_index(None))
+  ([0, 1, 2, 3, 4, 5, 6, 7], 0)
+  """
   axes = comm.axis_names(axis_name)
   if not axes:
     return jnp.zeros((), jnp.int32)
@@ -146,7 +199,24 @@ def live_weights(participation: Callable | None, k: jax.Array,
 
 
 def masked_sum(tree: Any, mine: jax.Array, axis_name: comm.AxisName) -> tuple[Any, float]:
-  """Sum over workers of `mine` × `tree` (one all-reduce), and the wire bytes."""
+  """Sum over workers of `mine` × `tree` (one all-reduce), and the wire bytes.
+
+  Args:
+    tree: this worker's values (a pytree of arrays).
+    mine: f32[], this worker's weight (`SyncInfo.mine`: 0 for a worker not live).
+    axis_name: the axis (or axes) to sum over; None for one device.
+
+  Returns:
+    `(sum like tree, wire bytes)`: the sum is the same on every worker.
+
+  >>> import jax, jax.numpy as jnp
+  >>> mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  >>> live = jnp.array([1.0, 1, 1, 1, 1, 1, 1, 0])  # worker 7 is not live
+  >>> f = jax.shard_map(lambda x: masked_sum(x, live[worker_index("data")], "data")[0],
+  ...                   mesh=mesh, in_specs=jax.P("data"), out_specs=jax.P())
+  >>> f(jnp.arange(8.0)).tolist()  # 0 + 1 + ... + 6
+  [21.0]
+  """
   return comm.sum(jax.tree.map(lambda x: x * mine.astype(x.dtype), tree), axis_name)
 
 
@@ -163,6 +233,19 @@ def masked_average(tree: Any, mine: jax.Array, count: jax.Array,
 
   One all-reduce of the weighted tree; the division by the live count is local. If no worker
   is live every worker keeps its own values.
+
+  Args:
+    tree: this worker's values (a pytree of arrays).
+    mine: f32[], this worker's weight (`SyncInfo.mine`).
+    count: f32[], the sum of all workers' weights (`SyncInfo.total`).
+    axis_name: the axis (or axes) of the workers; None for one device.
+
+  Returns:
+    `(Σ_w mine_w tree_w / count, wire bytes)`.
+
+  >>> import jax.numpy as jnp
+  >>> masked_average({"w": jnp.ones(2)}, jnp.float32(1), jnp.float32(1), None)
+  ({'w': Array([1., 1.], dtype=float32)}, 0.0)
   """
   total, nbytes = masked_sum(tree, mine, axis_name)
   return live_mean_or_keep(total, count, tree), nbytes

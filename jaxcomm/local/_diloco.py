@@ -12,6 +12,7 @@ import optax
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm, sync
 from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 from jaxcomm.local import _transport
 
 MEMORIES = (None, "ef")
@@ -168,18 +169,24 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   key = v.key("key", key)
   eager = v.flag("eager", eager)
   weighting = v.one_of("weighting", weighting, WEIGHTINGS)
-  steps = _per_worker("worker_steps", worker_steps, lambda n, x: v.integer(
-      n, x, low=1, high=sync_every))
+  steps = _core.check_worker_steps(worker_steps, sync_every)
   tokens = _per_worker("tokens_per_step", tokens_per_step, lambda n, x: v.number(
       n, x, low=0.0, low_open=True))
   if steps is not None and tokens is not None and steps.size != tokens.size:
     raise ValueError(f"worker_steps has {steps.size} workers but tokens_per_step has "
                      f"{tokens.size}.")
+  weights = None
+  if weighting == "tokens" and (steps is not None or tokens is not None):
+    # Each worker's δ_w weighted by the tokens of its period: H_r x tokens_per_step[r].
+    weights = np.ones((steps if steps is not None else tokens).size, np.float32)
+    if steps is not None:
+      weights = weights * steps
+    if tokens is not None:
+      weights = weights * tokens
   return build(inner, outer, sync_every, axis_name, codec=codec,
                memory=None if memory is None else sync.error_feedback(), live_fn=live_fn,
-               key=key, name="diloco", collective=collective, eager=eager, steps=steps,
-               tokens=tokens if weighting == "tokens" else None,
-               token_weights=weighting == "tokens")
+               key=key, name="diloco", collective=collective, eager=eager,
+               steps=steps, weights=weights)
 
 
 def _per_worker(name: str, values, check) -> np.ndarray | None:
@@ -192,85 +199,39 @@ def _per_worker(name: str, values, check) -> np.ndarray | None:
   return np.asarray([check(name, x) for x in values])
 
 
-def _busy(steps, count, sync_every, axis_name):
-  """bool[]: whether this worker computes update count + 1 (always without `steps`)."""
-  if steps is None:
-    return None
-  _core.check_width("worker_steps", steps.size, axis_name)
-  mine = jnp.asarray(steps, jnp.int32)[_core.worker_index(axis_name)]
-  return jnp.mod(count, sync_every) < mine
-
-
-def _merge_weights(steps, tokens, token_weights, mine, row, axis_name):
-  """(mine, row, total) with each live worker weighted by the tokens of its period."""
-  if not token_weights:
-    return mine, row, jnp.sum(row)
-  w = np.ones(row.shape, np.float32)
-  if steps is not None:
-    w = w * steps
-  if tokens is not None:
-    _core.check_width("tokens_per_step", tokens.size, axis_name)
-    w = w * tokens
-  row = row * jnp.asarray(w, jnp.float32)
-  return row[_core.worker_index(axis_name)], row, jnp.sum(row)
-
-
 def build(inner, outer, sync_every: int, axis_name, *, codec,
           memory: sync.ErrorMemory | None, live_fn, key: jax.Array, name: str,
-          collective: str | None = None, eager: bool = False, steps=None, tokens=None,
-          token_weights: bool = False) -> optax.GradientTransformationExtraArgs:
+          collective: str | None = None, eager: bool = False, steps=None,
+          weights=None) -> optax.GradientTransformationExtraArgs:
   """The DiLoCo transform from checked arguments (shared with `sparseloco`); `key`: raw data.
 
   `memory`: the outer gradient's error memory (float32 buffers: `sync.error_feedback`'s),
-  or None.
+  or None. `steps`, `weights`: `periodic`'s worker_steps and worker_weights.
   """
-  phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):
     if codec is not None:
       codecs.for_tree(codec, params)  # a bad codec or factory fails here, before any step
     n = sum(x.size for x in jax.tree.leaves(params))
-    return DilocoState(
-        count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
-        outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
-        memory=None if memory is None else memory.init(n),
-        key=key,
-        wire_bytes=comm.zero_bytes(),
-        in_flight=jax.tree.map(jnp.zeros_like, params) if eager else None,
-        sent=jax.tree.map(jnp.zeros_like, params) if eager else None)
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params) if eager else None
+    return dict(outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
+                memory=None if memory is None else memory.init(n), in_flight=zeros(),
+                sent=zeros())
 
-  def update_fn(updates, state, params=None, **extra_args):
-    comm.require_varying(updates, axis_name, f"local.{name}")
-    _core.require_params(params, name)
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
-    busy = _busy(steps, state.count, sync_every, axis_name)
-    if busy is not None:  # an idle worker's parameters and inner state stay as they were
-      inner_updates = jax.tree.map(lambda u: jnp.where(busy, u, jnp.zeros_like(u)),
-                                   inner_updates)
-      inner_state = jax.tree.map(lambda n, o: jnp.where(busy, n, o), inner_state,
-                                 state.inner_state)
-    local = optax.apply_updates(params, inner_updates)
-    t = state.count + 1
+  def outer_step(local, state, sync):
+    grad, mem, nbytes = outer_gradient(state.outer_params, local, sync.mine, sync.weights,
+                                       sync.total, state.memory, sync.key, codec, axis_name,
+                                       memory, collective)
+    in_flight, sent = state.in_flight, state.sent
+    if eager:
+      grad, in_flight, sent = eager_gradient(grad, state.outer_params, local, sync.mine,
+                                             sync.total, in_flight, sent)
+    step, outer_state = outer.update(grad, state.outer_state, state.outer_params)
+    outer_params = optax.apply_updates(state.outer_params, step)
+    return outer_params, state._replace(outer_params=outer_params, outer_state=outer_state,
+                                        memory=mem, in_flight=in_flight, sent=sent), nbytes
 
-    def sync(local, outer_params, outer_state, mem, key, wire, in_flight, sent):
-      mine, row, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
-      mine, row, n_live = _merge_weights(steps, tokens, token_weights, mine, row, axis_name)
-      key, sub = jax.random.split(key)
-      grad, mem, nbytes = outer_gradient(outer_params, local, mine, row, n_live, mem, sub,
-                                         codec, axis_name, memory, collective)
-      if eager:
-        grad, in_flight, sent = eager_gradient(grad, outer_params, local, mine, n_live,
-                                               in_flight, sent)
-      step, outer_state = outer.update(grad, outer_state, outer_params)
-      outer_params = optax.apply_updates(outer_params, step)
-      return (outer_params, outer_params, outer_state, mem, key, comm.add_bytes(wire, nbytes),
-              in_flight, sent)
-
-    new_local, outer_params, outer_state, mem, key, wire, in_flight, sent = comm.cond(
-        phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.outer_params,
-        state.outer_state, state.memory, state.key, state.wire_bytes, state.in_flight,
-        state.sent)
-    return _core.updates_to(new_local, params), DilocoState(
-        t, inner_state, outer_params, outer_state, mem, key, wire, in_flight, sent)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _periodic.periodic(inner, sync_every, outer_step, init_fn=init_fn,
+                            state_type=DilocoState, axis_name=axis_name,
+                            participation=live_fn, worker_steps=steps,
+                            worker_weights=weights, key=key, name=name)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 
 WEIGHTINGS = ("uniform", "steps")
 
@@ -65,48 +64,27 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
                                                               participation, "slow_axis")
   fast_axis = v.axis_name("fast_axis", fast_axis)
   weighting = v.one_of("weighting", weighting, WEIGHTINGS)
-  steps = None
-  if worker_steps is not None:
-    if not isinstance(worker_steps, (list, tuple, np.ndarray)) or not len(worker_steps):
-      raise ValueError(f"worker_steps must be a non-empty list of integers, one per "
-                       f"slow-axis worker; got {worker_steps!r}.")
-    steps = np.asarray([v.integer("worker_steps", s, low=1, high=sync_every)
-                        for s in worker_steps])
-  phases = _core.Phases(sync_every, [0])
+  steps = _core.check_worker_steps(worker_steps, sync_every)
 
-  def init_fn(params):
-    return HierarchicalState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
-                             wire_bytes=comm.zero_bytes())
+  def fast_mean(updates, state, params):
+    """The gradient averaged exactly over the fast axis, every step (bytes counted here)."""
+    del params
+    grads, nbytes = comm.mean(updates, fast_axis)
+    return grads, state._replace(wire_bytes=comm.add_bytes(state.wire_bytes, nbytes))
+
+  def average(local, state, sync):
+    avg, nbytes = _core.masked_average(local, sync.mine, sync.total, slow_axis)
+    return avg, state, nbytes
+
+  tx = _periodic.periodic(inner, sync_every, average, state_type=HierarchicalState,
+                          axis_name=slow_axis, participation=live_fn, worker_steps=steps,
+                          worker_weights=steps if weighting == "steps" else None,
+                          grad_fn=fast_mean, name="hierarchical")
 
   def update_fn(updates, state, params=None, **extra_args):
+    # Each worker's own gradient, on both axes (the skeleton checks the slow one only).
     comm.require_varying(updates, comm.axis_names(fast_axis) + comm.axis_names(slow_axis),
                          "local.hierarchical")
-    _core.require_params(params, "hierarchical")
-    grads, fast_bytes = comm.mean(updates, fast_axis)
-    inner_updates, inner_state = inner.update(grads, state.inner_state, params, **extra_args)
-    my_steps = jnp.ones((), jnp.float32)
-    if steps is not None:
-      _core.check_width("worker_steps", steps.size, slow_axis)
-      my_steps = jnp.asarray(steps, jnp.float32)[_core.worker_index(slow_axis)]
-      busy = jnp.mod(state.count, sync_every) < my_steps
-      inner_updates = jax.tree.map(lambda u: jnp.where(busy, u, jnp.zeros_like(u)),
-                                   inner_updates)
-      inner_state = jax.tree.map(lambda n, o: jnp.where(busy, n, o), inner_state,
-                                 state.inner_state)
-    local = optax.apply_updates(params, inner_updates)
-    t = state.count + 1
+    return tx.update(updates, state, params, **extra_args)
 
-    def sync(local, wire):
-      mine, row, n_live = _core.live_weights(live_fn, phases.sync_index(t), slow_axis)
-      if weighting == "steps":
-        all_steps = (jnp.asarray(steps, jnp.float32) if steps is not None
-                     else jnp.ones_like(row))
-        mine, n_live = mine * my_steps, jnp.sum(row * all_steps)
-      avg, nbytes = _core.masked_average(local, mine, n_live, slow_axis)
-      return avg, comm.add_bytes(wire, nbytes)
-
-    wire = comm.add_bytes(state.wire_bytes, fast_bytes)
-    local, wire = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local, wire)
-    return _core.updates_to(local, params), HierarchicalState(t, inner_state, wire)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(tx.init, update_fn)

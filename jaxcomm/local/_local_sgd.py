@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from jaxcomm import comm
 from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 
 
 class LocalSgdState(NamedTuple):
@@ -53,26 +53,11 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
   """
   inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
                                                               participation)
-  phases = _core.Phases(sync_every, [0])
 
-  def init_fn(params):
-    return LocalSgdState(count=jnp.zeros((), jnp.int32),
-                         inner_state=inner.init(params), wire_bytes=comm.zero_bytes())
+  def average(local, state, sync):
+    avg, nbytes = _core.masked_average(local, sync.mine, sync.total, axis_name)
+    return avg, state, nbytes
 
-  def update_fn(updates, state, params=None, **extra_args):
-    comm.require_varying(updates, axis_name, "local.local_sgd")
-    _core.require_params(params, "local_sgd")
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
-    local = optax.apply_updates(params, inner_updates)
-    t = state.count + 1
-
-    def sync(local, wire):
-      mine, _, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
-      avg, nbytes = _core.masked_average(local, mine, n_live, axis_name)
-      return avg, comm.add_bytes(wire, nbytes)
-
-    new_local, wire = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local,
-                                 state.wire_bytes)
-    return _core.updates_to(new_local, params), LocalSgdState(t, inner_state, wire)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _periodic.periodic(inner, sync_every, average, state_type=LocalSgdState,
+                            axis_name=axis_name, participation=live_fn,
+                            name="local_sgd")

@@ -15,6 +15,7 @@ from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm import sync
 from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 
 
 class NolocoState(NamedTuple):
@@ -89,7 +90,6 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
   gamma = v.number("gamma", gamma, low=0.0)
   matchings = v.integer("matchings", matchings, low=1, high=1024)
   seed = v.integer("seed", seed, low=0, high=2**31 - 1)
-  phases = _core.Phases(sync_every, [0])
   axes = comm.axis_names(axis_name)
 
   @functools.lru_cache(maxsize=None)
@@ -125,9 +125,9 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
     return lax.switch(k % graph.period, [branch(p) for p in range(graph.period)],
                       message, wire)
 
-  def live_pair(k):
+  def live_pair(k, sync):
     """(bool[]: this worker is live, bool[]: it and its partner in matching k are live)."""
-    mine, row, _ = _core.live_weights(live_fn, k, axis_name)
+    mine, row = sync.mine, sync.weights
     if not axes:
       return mine > 0, mine > 0
     graph = pairs(comm.axis_size(axes))
@@ -136,36 +136,25 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
     return mine > 0, (mine > 0) & (row[partner] > 0)
 
   def init_fn(params):
-    return NolocoState(
-        count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
-        outer_params=jax.tree.map(jnp.asarray, params),
-        momentum=jax.tree.map(jnp.zeros_like, params), wire_bytes=comm.zero_bytes())
+    return dict(outer_params=jax.tree.map(jnp.asarray, params),
+                momentum=jax.tree.map(jnp.zeros_like, params))
 
-  def update_fn(updates, state, params=None, **extra_args):
-    comm.require_varying(updates, axis_name, "local.noloco")
-    _core.require_params(params, "noloco")
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
-    local = optax.apply_updates(params, inner_updates)
-    t = state.count + 1
+  def outer_step(local, state, sync):
+    k, phi, delta = sync.index, state.outer_params, state.momentum
+    grad = jax.tree.map(jnp.subtract, phi, local)
+    message = jax.tree.map(lambda g, f: outer_lr * g - gamma * f, grad, phi)
+    # Bytes counted in the matching's own branch (one per matching).
+    received, wire = partner_message(k, message, state.wire_bytes)
+    mine, paired = live_pair(k, sync)
+    received = jax.tree.map(lambda r, m: jnp.where(paired, r, m), received, message)
+    new_delta = jax.tree.map(
+        lambda d, g, f, m: momentum * d - 0.5 * (outer_lr * g + gamma * f + m),
+        delta, grad, phi, received)
+    # A dropped worker keeps its outer state (its inner phase is lost).
+    phi = jax.tree.map(lambda f, n: jnp.where(mine, f + n, f), phi, new_delta)
+    delta = jax.tree.map(lambda n, d: jnp.where(mine, n, d), new_delta, delta)
+    return phi, state._replace(outer_params=phi, momentum=delta, wire_bytes=wire), 0
 
-    def outer_step(local, phi, delta, wire):
-      k = phases.sync_index(t)
-      grad = jax.tree.map(jnp.subtract, phi, local)
-      message = jax.tree.map(lambda g, f: outer_lr * g - gamma * f, grad, phi)
-      received, wire = partner_message(k, message, wire)
-      mine, paired = live_pair(k)
-      received = jax.tree.map(lambda r, m: jnp.where(paired, r, m), received, message)
-      new_delta = jax.tree.map(
-          lambda d, g, f, m: momentum * d - 0.5 * (outer_lr * g + gamma * f + m),
-          delta, grad, phi, received)
-      # A dropped worker keeps its outer state (its inner phase is lost).
-      phi = jax.tree.map(lambda f, n: jnp.where(mine, f + n, f), phi, new_delta)
-      delta = jax.tree.map(lambda n, d: jnp.where(mine, n, d), new_delta, delta)
-      return phi, phi, delta, wire
-
-    local, phi, delta, wire = comm.cond(
-        phases.slot(t) >= 0, outer_step, lambda *ops: ops, local, state.outer_params,
-        state.momentum, state.wire_bytes)
-    return _core.updates_to(local, params), NolocoState(t, inner_state, phi, delta, wire)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _periodic.periodic(inner, sync_every, outer_step, init_fn=init_fn,
+                            state_type=NolocoState, axis_name=axis_name,
+                            participation=live_fn, name="noloco")

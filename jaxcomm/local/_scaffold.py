@@ -10,6 +10,7 @@ import optax
 
 from jaxcomm import comm
 from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 
 
 class ScaffoldState(NamedTuple):
@@ -63,40 +64,30 @@ def scaffold(inner: optax.GradientTransformation, sync_every: int,
   """
   inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
                                                               participation)
-  phases = _core.Phases(sync_every, [0])
 
   def init_fn(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
-    return ScaffoldState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
-                         control=zeros(), global_control=zeros(), grad_sum=zeros(),
-                         wire_bytes=comm.zero_bytes())
+    return dict(control=zeros(), global_control=zeros(), grad_sum=zeros())
 
-  def update_fn(updates, state, params=None, **extra_args):
-    comm.require_varying(updates, axis_name, "local.scaffold")
-    _core.require_params(params, "scaffold")
+  def correct(updates, state, params):
+    """g_w − c_w + c for the inner step; the round's sum of the raw gradients grows."""
+    del params
     corrected = jax.tree.map(lambda g, cw, c: g - cw + c, updates, state.control,
                              state.global_control)
-    inner_updates, inner_state = inner.update(corrected, state.inner_state, params, **extra_args)
-    local = optax.apply_updates(params, inner_updates)
-    grad_sum = jax.tree.map(jnp.add, state.grad_sum, updates)
-    t = state.count + 1
+    return corrected, state._replace(grad_sum=jax.tree.map(jnp.add, state.grad_sum, updates))
 
-    def sync(local, control, global_control, grad_sum, wire):
-      mine, _, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
-      fresh = jax.tree.map(lambda s: s / sync_every, grad_sum)
-      change = jax.tree.map(jnp.subtract, fresh, control)
-      (total, change), nbytes = _core.masked_sum((local, change), mine, axis_name)
-      local = _core.live_mean_or_keep(total, n_live, local)
-      w = comm.axis_size(axis_name)
-      global_control = jax.tree.map(lambda c, d: c + d / w, global_control, change)
-      control = jax.tree.map(lambda f, c: jnp.where(mine > 0, f, c), fresh, control)
-      grad_sum = jax.tree.map(jnp.zeros_like, grad_sum)
-      return local, control, global_control, grad_sum, comm.add_bytes(wire, nbytes)
+  def end_round(local, state, sync):
+    fresh = jax.tree.map(lambda s: s / sync_every, state.grad_sum)
+    change = jax.tree.map(jnp.subtract, fresh, state.control)
+    (total, change), nbytes = _core.masked_sum((local, change), sync.mine, axis_name)
+    local = _core.live_mean_or_keep(total, sync.total, local)
+    w = comm.axis_size(axis_name)
+    return local, state._replace(
+        global_control=jax.tree.map(lambda c, d: c + d / w, state.global_control, change),
+        control=jax.tree.map(lambda f, c: jnp.where(sync.mine > 0, f, c), fresh,
+                             state.control),
+        grad_sum=jax.tree.map(jnp.zeros_like, state.grad_sum)), nbytes
 
-    local, control, global_control, grad_sum, wire = comm.cond(
-        phases.slot(t) >= 0, sync, lambda *ops: ops, local, state.control,
-        state.global_control, grad_sum, state.wire_bytes)
-    return _core.updates_to(local, params), ScaffoldState(
-        t, inner_state, control, global_control, grad_sum, wire)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _periodic.periodic(inner, sync_every, end_round, init_fn=init_fn,
+                            state_type=ScaffoldState, axis_name=axis_name,
+                            participation=live_fn, grad_fn=correct, name="scaffold")
