@@ -24,7 +24,8 @@ step of the mean outer gradient for a linear outer optimiser (SGD, momentum, Nes
 
 Bytes per round and worker: degree x |theta| x 4 per gossip (one `ppermute` per neighbour of
 one flat buffer): Factored: one gossip, two on blocking rounds; GASLoC: one. Parameters
-sharded over fsdp / tensor inside a replica are gossiped shard by shard.
+sharded over fsdp / tensor inside a replica are gossiped shard by shard. Both are written on
+`local.periodic`: a sync rule and the per-worker outer state.
 """
 
 from __future__ import annotations
@@ -38,17 +39,17 @@ import optax
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm, sync
-from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 
 
 class GossipDilocoState(NamedTuple):
   """State of `factored_gossip_diloco` and `gasloc`."""
   count: jax.Array       # i32[]: inner steps taken
   inner_state: Any       # the inner optimiser's state (per-worker)
+  wire_bytes: jax.Array  # u32[]: cumulative bytes sent (mod 2**32)
   outer_params: Any      # like params: this worker's outer parameters x_i (per-worker)
   outer_state: Any       # this worker's outer optimiser state (per-worker)
-  previous: Any          # like params: y_i of the last round (GASLoC with momentum); or None
-  wire_bytes: jax.Array  # u32[]: cumulative bytes sent (mod 2**32)
+  previous: Any = None   # like params: y_i of the last round (GASLoC with momentum); or None
 
 
 def _connected(graph: sync.GossipGraph) -> bool:
@@ -90,44 +91,31 @@ def _mix(tree, graph, axes, phase, wire):
 
 def _build(inner, outer, sync_every: int, graph, axis_name, rule, name: str,
            keep_previous: bool) -> optax.GradientTransformationExtraArgs:
-  """The schedule; `rule(x, u, previous, k, wire) -> (x, previous, wire)` is the sync."""
-  phases = _core.Phases(sync_every, [0])
+  """The schedule on `local.periodic`; `rule(x, u, previous, k, wire) -> (x, previous, wire)`
+  is the sync of round k (adding its bytes to the counter `wire` where it sends)."""
   axes = comm.axis_names(axis_name)
 
   def init_fn(params):
     if axes and comm.axis_size(axes) != graph.num_workers:
       raise ValueError(f"graph {graph.name!r} has {graph.num_workers} workers but axis_name "
                        f"{axis_name!r} has {comm.axis_size(axes)}.")
-    return GossipDilocoState(
-        count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
-        outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
-        previous=jax.tree.map(jnp.asarray, params) if keep_previous else None,
-        wire_bytes=comm.zero_bytes())
+    return dict(outer_params=jax.tree.map(jnp.asarray, params), outer_state=outer.init(params),
+                previous=jax.tree.map(jnp.asarray, params) if keep_previous else None)
 
-  def update_fn(updates, state, params=None, **extra_args):
-    comm.require_varying(updates, axis_name, f"local.{name}")
-    _core.require_params(params, name)
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
-    local = optax.apply_updates(params, inner_updates)
-    t = state.count + 1
+  def sync_fn(local, state, sync):
+    x = state.outer_params
+    step, outer_state = outer.update(jax.tree.map(jnp.subtract, x, local), state.outer_state, x)
+    x, previous, wire = rule(x, step, state.previous, sync.index, state.wire_bytes)
+    return x, state._replace(outer_params=x, outer_state=outer_state, previous=previous,
+                             wire_bytes=wire), 0
 
-    def round_(local, x, outer_state, previous, wire):
-      k = phases.sync_index(t)
-      step, outer_state = outer.update(jax.tree.map(jnp.subtract, x, local), outer_state, x)
-      x, previous, wire = rule(x, step, previous, k, wire)
-      return x, x, outer_state, previous, wire
-
-    local, x, outer_state, previous, wire = comm.cond(
-        phases.slot(t) >= 0, round_, lambda *ops: ops, local, state.outer_params,
-        state.outer_state, state.previous, state.wire_bytes)
-    return _core.updates_to(local, params), GossipDilocoState(
-        t, inner_state, x, outer_state, previous, wire)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _periodic.periodic(inner, sync_every, sync_fn, init_fn=init_fn,
+                            state_type=GossipDilocoState, axis_name=axis_name, name=name)
 
 
 def _common(inner, outer, sync_every, axis_name, graph, num_workers):
-  inner, sync_every, axis_name, _ = _core.schedule_args(inner, sync_every, axis_name, None)
+  sync_every = v.integer("sync_every", sync_every, low=1, high=2**30)
+  axis_name = v.axis_name("axis_name", axis_name)
   return inner, v.transform("outer", outer), sync_every, axis_name, _graph(graph, num_workers)
 
 
