@@ -253,3 +253,16 @@ def nesterov(lr: float, momentum: float) -> optax.GradientTransformation:
   if not momentum:
     return optax.sgd(lr)
   return optax.sgd(lr, momentum=momentum, nesterov=True)
+
+
+GOSSIP_SKIP = ("inner", "outer", "graph", "num_workers", "axis_name")  # what build supplies
+
+
+def gossip_schedule(factory: Callable, settings: ml_collections.ConfigDict, ctx: Any) -> Any:
+  """A gossip DiLoCo schedule (`local.factored_gossip_diloco`, `local.gasloc`) from a
+  method's settings: the graph `graph` named on the run's workers, DiLoCo's outer Nesterov
+  SGD (`outer_lr`, `outer_momentum`), the inner optimiser and axis of the run."""
+  from jaxcomm import sync  # noqa: PLC0415 (only the gossip methods need it)
+  graph = sync.gossip_graph(one_of(ctx.config, "method.graph", sync.GRAPHS), ctx.num_workers)
+  return call(factory, settings, inner=ctx.inner, graph=graph, axis_name=ctx.axis_name,
+              outer=nesterov(settings.outer_lr, settings.outer_momentum))

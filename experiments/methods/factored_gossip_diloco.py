@@ -5,22 +5,16 @@ steps), adds its own outer step (Nesterov SGD, `outer_lr`, `outer_momentum`), an
 `blocking_every` rounds mixes the outer steps too (blocking)."""
 
 from .. import toolkit
-from jaxcomm import local, sync
+from jaxcomm import local
 
 
 def defaults():
-  return toolkit.from_factory(
-      local.factored_gossip_diloco, skip=("inner", "outer", "graph", "num_workers",
-                                          "axis_name"),
-      sync_every=10, graph="ring", outer_lr=0.7, outer_momentum=0.9)
+  return toolkit.from_factory(local.factored_gossip_diloco, skip=toolkit.GOSSIP_SKIP,
+                              sync_every=10, graph="ring", outer_lr=0.7, outer_momentum=0.9)
 
 
 def build(settings, ctx):
-  graph = sync.gossip_graph(toolkit.one_of(ctx.config, "method.graph", sync.GRAPHS),
-                            ctx.num_workers)
-  return toolkit.call(local.factored_gossip_diloco, settings, inner=ctx.inner, graph=graph,
-                      outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
-                      axis_name=ctx.axis_name)
+  return toolkit.gossip_schedule(local.factored_gossip_diloco, settings, ctx)
 
 
 def local_step(settings) -> str:

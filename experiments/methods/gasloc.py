@@ -4,29 +4,24 @@ step of size `gossip_step` towards its `graph` neighbours; `momentum` > 0 is the
 variant (momentum on the post-step iterates)."""
 
 from .. import toolkit
-from jaxcomm import local, sync
+from jaxcomm import local
 
 
 def defaults():
-  return toolkit.from_factory(
-      local.gasloc, skip=("inner", "outer", "graph", "num_workers", "axis_name"),
-      sync_every=10, graph="ring", outer_lr=0.7, outer_momentum=0.9)
+  return toolkit.from_factory(local.gasloc, skip=toolkit.GOSSIP_SKIP, sync_every=10,
+                              graph="ring", outer_lr=0.7, outer_momentum=0.9)
 
 
 def build(settings, ctx):
-  graph = sync.gossip_graph(toolkit.one_of(ctx.config, "method.graph", sync.GRAPHS),
-                            ctx.num_workers)
-  return toolkit.call(local.gasloc, settings, inner=ctx.inner, graph=graph,
-                      outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
-                      axis_name=ctx.axis_name)
+  return toolkit.gossip_schedule(local.gasloc, settings, ctx)
 
 
 def local_step(settings) -> str:
-  """A worker's step is the gradient and the inner optimiser (the outer step once a round)."""
+  """The outer step runs once a round: a worker's step is the gradient and the inner step."""
   del settings
   return "inner"
 
 
 def tuning() -> list:
-  """The tuned ruleset's settings."""
+  """The tuned ruleset's settings: the inner lr, and the accelerated variant."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"momentum": 0.5}]
