@@ -78,7 +78,7 @@ def build(name: str, factory, c, lm_kwargs: dict, donate: bool):
     specs = layout.param_specs(lm.param_axes(), params)
   method = optax.adamw(1e-3) if factory is None else factory(specs)
   tx = layout.optimizer(method, specs, lm.param_regather())
-  trainer = train.Trainer(models.lm_loss(lm), tx, mesh, axis_name=layout.batch_axes,
+  trainer = train.Trainer(models.lm_loss(lm), tx, mesh, batch_axes=layout.batch_axes,
                           param_specs=specs, donate=donate)
   batch = trainer.shard_batch(data.pydoc_text().batch(0, c.batch_size, seq_len=c.seq_len))
   return trainer, trainer.init(params), batch

@@ -76,7 +76,7 @@ def _measure(steps: int) -> dict:
   out = {}
   for name in PROGRAMS:
     loss_fn, p, b, tx = setups[name]
-    trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data")
+    trainer = train.Trainer(loss_fn, tx, mesh, batch_axes="data")
     state, b = trainer.init(p), trainer.shard_batch(b)
     start = time.process_time()
     state, m = trainer.step(state, b)

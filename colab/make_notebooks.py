@@ -118,7 +118,7 @@ optimisers = {
 from tqdm import trange
 runs = {}
 for name, tx in optimisers.items():
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=True)
+  trainer = train.Trainer(loss_fn, tx, mesh, batch_axes="data", has_aux=True)
   state = trainer.init(params)
   losses, sent = [], []
   for step in trange(STEPS, desc=name):
@@ -154,8 +154,8 @@ c = config.base_config("compressed", codec="top_k:fraction=0.01", memory="ef")
 c.model.name, c.data.name, c.steps = "mlp", "digits", STEPS
 print(c.method)                         # the method's settings, defaults from sync.compressed
 run = build.build(c, devices=DEVICES[:8])
-trainer = run.trainer()
-state, history = train.fit(trainer, trainer.init(run.params), run.batches, STEPS,
+program = run.program()                 # what train.fit takes: init, step, layout, ...
+state, history = train.fit(program, program.init(run.params), run.batches, STEPS,
                            log_every=max(STEPS // 4, 1))
 print(history[-1]["loss"], history[-1]["wire_bytes"])'''),
 ]
@@ -187,7 +187,7 @@ optimisers = {
     code('''\
 runs = {}
 for name, tx in optimisers.items():
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=True)
+  trainer = train.Trainer(loss_fn, tx, mesh, batch_axes="data", has_aux=True)
   state = trainer.init(params)
   losses, sent, consensus = [], [], []
   for step in range(STEPS):
@@ -261,7 +261,7 @@ sync_stages = {
 runs = {}
 for name, stage in sync_stages.items():
   trainer = train.Trainer(loss_fn, optax.chain(stage, optax.adam(3e-3)), mesh,
-                          axis_name="data", has_aux=True)
+                          batch_axes="data", has_aux=True)
   state = trainer.init(params)
   losses, sent = [], []
   for step in range(STEPS):
@@ -314,7 +314,7 @@ methods = {
     code('''\
 runs = {}
 for name, (tx, overlap) in methods.items():
-  trainer = train.Trainer(loss_fn, tx, mesh, axis_name="data", has_aux=True)
+  trainer = train.Trainer(loss_fn, tx, mesh, batch_axes="data", has_aux=True)
   state = trainer.init(params)
   losses, sent = [], []
   for step in range(STEPS):
@@ -371,7 +371,7 @@ for module in (json, tempfile, shutil):
   shutil.copy(module.__file__, folder)
 batches = data.batches(f"folder:{folder}", 64, seq_len=32, seed=0)   # grain: batches[step]
 trainer = train.Trainer(models.nnx_lm_loss, local.diloco(optax.adam(3e-3), outer(), SYNC_EVERY),
-                        mesh, axis_name="data")
+                        mesh, batch_axes="data")
 model = CharMLP(rngs=nnx.Rngs(params=0, dropout=1))
 workdir = tempfile.mkdtemp()
 state, history = train.fit(trainer, trainer.init(model), batches.__getitem__, STEPS,
@@ -431,7 +431,7 @@ def lm_trainer(mesh_shape, zero_stage=0, **options):
                           regather=lm.param_regather())
   rest = tuple(a for a in layout.batch_axes if a not in layout.gather_axes) or None
   tx = parallel.zero(inner, 1, rest) if zero_stage == 1 else optax.chain(sync.mean(rest), inner)
-  trainer = train.Trainer(models.lm_loss(lm), tx, layout.mesh, axis_name=layout.batch_axes,
+  trainer = train.Trainer(models.lm_loss(lm), tx, layout.mesh, batch_axes=layout.batch_axes,
                           param_specs=specs)
   return trainer, specs'''),
     md("## 1. DP x TP x SP: the sharded LM trains like the one-device LM\n\nA mesh "

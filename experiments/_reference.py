@@ -33,7 +33,7 @@ def axis_bytes(step: Any, axes: Iterable[str]) -> float:
 def step_plan(config, devices=None, steps: int = 1):
   """(`jaxcomm.plan.StepPlan` of `config`'s step, compiled for abstract inputs, its Run)."""
   run = build.build(config, devices, abstract=True)
-  return plan.compile_step(run.trainer(), run.params, global_batch(run.batches(0)),
+  return plan.compile_step(run.program(), run.params, global_batch(run.batches(0)),
                            steps=steps), run
 
 

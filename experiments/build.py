@@ -4,8 +4,8 @@ Every program (train.py, compare.py, the reproductions, the benchmarks, the note
 a config (experiments/config.py) into a `Run` here, and nowhere else:
 
   run = build(config)                 # model, loss, params, batches, optimizer, mesh, specs
-  trainer = run.trainer()             # jaxcomm.train.Trainer
-  state, history = train.fit(trainer, trainer.init(run.params), run.batches, run.steps)
+  program = run.program()             # jaxcomm.train.Program
+  state, history = train.fit(program, program.init(run.params), run.batches, run.steps)
 
 A method is one module, loaded by name (no registry, nothing runs at import): a name in
 experiments/methods/ (`diloco`), a dotted module path (`my_pkg.my_method`) or the path of a
@@ -15,10 +15,9 @@ experiments/methods/ (`diloco`), a dotted module path (`my_pkg.my_method`) or th
                                             experiments.toolkit.from_factory)
   build(settings, ctx) -> optax transform   ctx: a `Context` (inner optimiser, axes, ...)
 
-and may define `wrap_loss(settings, loss_fn, ctx)` (the loss each worker differentiates,
-e.g. ACCO's mean over micro-batches) and `overlap_steps(settings) -> int` (how many later
-steps a sync overlaps on the simulated clock; 0 when absent). A method of your own is one
-file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
+and may define the optional hooks of `experiments.methods.Hooks` (`wrap_loss`, `period`,
+`overlap_steps`, ...; each with its default there), read through `hooks(name)`. A method of
+your own is one file: `--config=experiments/configs/default.py:/path/to/my_method.py`.
 
 A model is one module too, in experiments/models/ (`lm`, `mlp`, `nnx_lm`, `resnet50`, ...)
 or anywhere (`--config.model.name=/path/to/my_model.py`): `defaults()` and
@@ -56,7 +55,7 @@ MESH_AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
 available_methods = _methods.available_methods
 load_method = _methods.load_method
 method_defaults = _methods.method_defaults
-overlap_steps = _methods.overlap_steps
+hooks = _methods.hooks
 available_models = _models.available_models
 load_model = _models.load_model
 model_defaults = _models.model_defaults
@@ -117,8 +116,9 @@ class Run:
       the shapes of that share (`jax.ShapeDtypeStruct`s; nothing of the batch's size is
       loaded).
     optimizer: the method's transform around the inner optimiser.
-    axis_name: the batch axes (the Trainer's `axis_name`).
-    method_axes: the axes the method synchronises over.
+    batch_axes: the mesh axes the batch is split over (the program's `batch_axes`).
+    method_axes: the axes the method synchronises over (what its transforms get as
+      `axis_name`: `Context.axis_name`).
     specs: PartitionSpecs of the parameters (None: replicated).
     batch_specs: PartitionSpecs of the batch (None: leading dimension over the batch axes).
     method: the method's module.
@@ -133,7 +133,7 @@ class Run:
   params: Any
   batches: Callable[[int], dict]
   optimizer: optax.GradientTransformation
-  axis_name: Any
+  batch_axes: tuple
   method_axes: Any
   specs: Any = None
   batch_specs: Any = None
@@ -146,13 +146,21 @@ class Run:
 
   @property
   def num_workers(self) -> int:
-    axes = (self.axis_name,) if isinstance(self.axis_name, str) else self.axis_name
-    return math.prod(self.mesh.shape[a] for a in axes)
+    return math.prod(self.mesh.shape[a] for a in self.batch_axes)
+
+  def _options(self) -> dict:
+    return dict(batch_axes=self.batch_axes, param_specs=self.specs, has_aux=self.has_aux,
+                batch_specs=self.batch_specs, mutable=self.mutable)
+
+  def program(self) -> train.Program:
+    """The training program (`jaxcomm.train.Program`) that `fit`, checkpoints and the
+    planner take; its layout derived from `params` (arrays or ShapeDtypeStructs)."""
+    return train.make_program(self.loss_fn, self.optimizer, self.mesh, self.params,
+                              **self._options())
 
   def trainer(self) -> train.Trainer:
-    return train.Trainer(self.loss_fn, self.optimizer, self.mesh, axis_name=self.axis_name,
-                         param_specs=self.specs, has_aux=self.has_aux,
-                         batch_specs=self.batch_specs, mutable=self.mutable)
+    """A `jaxcomm.train.Trainer` of the run (steps that return their measurements)."""
+    return train.Trainer(self.loss_fn, self.optimizer, self.mesh, **self._options())
 
 
 def mesh_shape(spec: str, num_devices: int) -> dict:
@@ -238,8 +246,7 @@ def build(config: ml_collections.ConfigDict, devices=None, *, abstract: bool = F
                                     else batch_axes)
   return Run(config=config, mesh=mesh, model=task.model, loss_fn=loss_fn,
              model_loss_fn=task.loss_fn, has_aux=task.has_aux, params=task.params,
-             batches=batches, optimizer=optimizer,
-             axis_name=batch_axes[0] if len(batch_axes) == 1 else batch_axes,
+             batches=batches, optimizer=optimizer, batch_axes=batch_axes,
              method_axes=ctx.axis_name, specs=task.specs, batch_specs=task.batch_specs,
              method=method, mutable=task.mutable)
 
@@ -261,12 +268,10 @@ def make_optimizer(config: ml_collections.ConfigDict, ctx: Context):
 
 
 def task_loss(config: ml_collections.ConfigDict, loss_fn: Callable, ctx: Context) -> Callable:
-  """The loss each worker differentiates: the method's `wrap_loss` applied, if it has one."""
-  wrap = getattr(load_method(config.method.name), "wrap_loss", None)
-  if wrap is None:
-    return loss_fn
+  """The loss each worker differentiates: the method's `wrap_loss` applied (by default the
+  loss itself)."""
   try:
-    return wrap(config.method, loss_fn, ctx)
+    return hooks(config.method.name).wrap_loss(config.method, loss_fn, ctx)
   except ValueError as e:
     raise ValueError(f"config.method ({config.method.name}): {e}") from None
 

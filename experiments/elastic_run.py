@@ -33,23 +33,26 @@ from typing import Callable
 
 import jax
 
-from . import specs
-from jaxcomm import elastic
+from . import methods, specs
+from jaxcomm import _validate, elastic
 
-# Methods whose sync period is `sync_every` (rounds end at their syncs, so a process that
-# joins takes part from the next outer sync); every other method syncs each step.
-PERIODIC = ("diloco", "local_sgd", "sparseloco", "streaming_diloco")
 FAULTS = ("kill", "stop", "hang", "partition")
 NO_QUORUM = 69  # exit status when no valid quorum formed (EX_UNAVAILABLE)
 
 
-def round_steps(algo: str, sync_every: int) -> int:
-  """Steps per elastic round: the method's sync period.
+def round_steps(method) -> int:
+  """Steps per elastic round: the sync period of the method (config.method), its module's
+  `period` hook (rounds end at its syncs, so a process that joins takes part from the next
+  sync; a method without one syncs every step).
 
-  >>> round_steps("diloco", 20), round_steps("dp", 20)
-  (20, 1)
+  >>> from experiments import config
+  >>> round_steps(config.base_config("diloco", sync_every=20).method)
+  20
+  >>> round_steps(config.base_config("dp").method)
+  1
   """
-  return sync_every if algo in PERIODIC else 1
+  return _validate.integer(f"the period of method {method.name!r}",
+                           methods.hooks(method.name).period(method), low=1)
 
 
 def parse_faults(specs: list[str]) -> dict:
@@ -134,14 +137,14 @@ def quorum(c):
                         shrink_only=e.shrink_only)
 
 
-def run(make_trainer, params, batch_fn, c, *, steps: int, round_steps: int, workdir: str,
+def run(make_program, params, batch_fn, c, *, steps: int, round_steps: int, workdir: str,
         faults: dict, progress_file: str | None) -> dict:
   """Trains with `jaxcomm.elastic.fit`; returns (and, on the last leader, writes) the
   summary. Exits with status NO_QUORUM when no valid quorum formed."""
   began = time.perf_counter()
   try:
     result = elastic.fit(
-        make_trainer, params, with_faults(batch_fn, faults), steps, round_steps=round_steps,
+        make_program, params, with_faults(batch_fn, faults), steps, round_steps=round_steps,
         log_every=c.log_every, workdir=workdir, checkpoint_every=c.checkpoint_every,
         checkpoint_dir=os.path.join(workdir, "checkpoints"), keep=c.keep,
         timeout_s=2 * c.elastic.collective_timeout_s, quorum=quorum(c),

@@ -221,7 +221,7 @@ def _param_count(params) -> int:
 
 def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> dict:
   """Every number of one planned method (plan.json)."""
-  overlap = build.overlap_steps(c.method)
+  overlap = int(build.hooks(c.method.name).overlap_steps(c.method))
   shape = step.mesh_shape
   record = {
       "method": label, "entry": entry, "mesh": c.mesh, "algo": c.method.name,
@@ -348,7 +348,7 @@ def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
     t0 = time.perf_counter()
     r = runs[label]
     try:
-      step = plan.compile_step(r.trainer(), r.params, r.batches(0), steps=steps)
+      step = plan.compile_step(r.program(), r.params, r.batches(0), steps=steps)
     except Exception as e:
       # A library limit met at this size (the user's input is checked before): reported in
       # the table and plan.json, and the other methods are planned.

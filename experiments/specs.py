@@ -39,7 +39,7 @@ def parse_codec(spec: str | None, setting: str = "codec") -> Any:
   `jaxcomm.codecs`; `none` (or empty) is None and `auto` stays "auto" (the method's default).
 
   >>> parse_codec("top_k:fraction=0.01").name
-  'top_k(0.01)'
+  'top_k(0.01, chunk=None)'
   >>> parse_codec("cast:bfloat16").name
   'cast(bfloat16)'
   """

@@ -128,7 +128,7 @@ def number_in(c, path: str, low: float | None = None, high: float | None = None,
 
   >>> number_in({"optimizer": {"lr": 0}}, "optimizer.lr", 0, low_open=True)
   Traceback (most recent call last):
-  ValueError: config.optimizer.lr must be a finite number in (0, inf), got 0.
+  ValueError: config.optimizer.lr must be a finite number in (0, inf), got 0.0.
   """
   return _validate.number(f"config.{path}", get(c, path), low=low, high=high,
                           low_open=low_open, high_open=high_open)
@@ -245,8 +245,11 @@ def nesterov(lr: float, momentum: float) -> optax.GradientTransformation:
   """The outer optimiser of DiLoCo-style methods (settings `outer_lr`, `outer_momentum`):
   SGD with Nesterov momentum, plain SGD at momentum 0.
 
-  >>> nesterov(0.7, 0.9).init({"w": 0.0})[0].trace
-  {'w': 0.0}
+  >>> import jax.numpy as jnp
+  >>> tx, grads = nesterov(0.5, 0.9), {"w": jnp.ones(())}
+  >>> updates, _ = tx.update(grads, tx.init(grads))
+  >>> round(float(updates["w"]), 4)  # -lr * (g + momentum * g) on the first step
+  -0.95
   """
   lr = _validate.number("outer_lr", lr, low=0, low_open=True)
   momentum = _validate.number("outer_momentum", momentum, low=0, high=1, high_open=True)

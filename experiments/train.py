@@ -110,14 +110,14 @@ def execute(config, workdir: str) -> int:
   if elastic_mode(config):
     run_elastic(run, workdir)
     return 0
-  trainer, state = train_run(run, workdir)
+  program, state = train_run(run, workdir)
   steps_done = int(state.step)
   if steps_done < run.steps:  # preempted: the checkpoint of this step is on disk
     print(f"preempted at step {steps_done} of {run.steps}: saved a checkpoint in "
           f"{workdir}/checkpoints; run the same command to resume.", file=sys.stderr)
     return PREEMPTED
   if jax.process_index() == 0:
-    summarize(run, trainer, state, workdir)
+    summarize(run, program, state, workdir)
   return 0
 
 
@@ -132,40 +132,39 @@ def run_elastic(run, workdir: str) -> None:
   if set(run.mesh.axis_names) != {"data"} or c.data.label_skew:
     raise ValueError("elastic runs train on one data axis: config.mesh 'data=N' only, no "
                      "config.data.label_skew.")
-  elastic_run.run(lambda m: train.Trainer(run.loss_fn, run.optimizer, m, axis_name="data",
-                                          has_aux=run.has_aux),
+  elastic_run.run(lambda m: train.make_program(run.loss_fn, run.optimizer, m, run.params,
+                                               batch_axes="data", has_aux=run.has_aux),
                   run.params, run.batches, c, steps=run.steps,
-                  round_steps=elastic_run.round_steps(c.method.name,
-                                                      c.method.get("sync_every") or 1),
+                  round_steps=elastic_run.round_steps(c.method),
                   workdir=workdir, faults=_faults(),
                   progress_file=_PROGRESS.value if flags.FLAGS.is_parsed() else None)
 
 
 def train_run(run, workdir: str):
-  """Trains `run` in `workdir` (resuming from its checkpoints); returns (trainer, state)."""
+  """Trains `run` in `workdir` (resuming from its checkpoints); returns (program, state)."""
   c = run.config
-  trainer = run.trainer()
+  program = run.program()
   checkpointer = None
   if c.checkpoint_every:
     checkpointer = train.Checkpointer(os.path.join(workdir, "checkpoints"),
                                       every=c.checkpoint_every, keep=c.keep)
   batches = elastic_run.with_faults(run.batches,  # launch_local --kill (--fault=kill@T)
                                     _faults())
-  state, _ = train.fit(trainer, trainer.init(run.params), batches, run.steps,
+  state, _ = train.fit(program, program.init(run.params), batches, run.steps,
                        workdir=workdir, log_every=c.log_every, checkpointer=checkpointer)
   if checkpointer is not None:
     checkpointer.close()
-  return trainer, state
+  return program, state
 
 
-def summarize(run, trainer, state, workdir: str) -> dict:
+def summarize(run, program, state, workdir: str) -> dict:
   """Writes summary.json (the whole run's record, across resumptions) and prints it.
 
   The ratio is against exact DP on the same mesh over the axes the method synchronises
   (experiments/_reference.py), both as means per step; the bytes by mesh axis are the
   compiled step's, means per step too.
   """
-  del trainer
+  del program
   c = run.config
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     last = ([json.loads(line) for line in f if line.strip()] or [{}])[-1]

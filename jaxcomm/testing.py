@@ -17,8 +17,8 @@ Transforms (optax `GradientTransformation`s, usually a chain ending in an optimi
 * `check_transform(tx)`: one device (build `tx` with `axis_name=None`): `jit` without
   recompiling, f32 and bf16 parameters keep their dtype, state types unchanged by `update`,
   `init` traced on `jax.ShapeDtypeStruct`s, convergence on a quadratic inside `lax.scan`.
-* `check_on_mesh(tx, mesh)`: the transform in the `Trainer`: compiles once, state types
-  kept, and the bytes it counts equal `comm.inspect`'s reading of the compiled step.
+* `check_on_mesh(tx, mesh)`: the transform in a training `Program`: compiles once, state
+  types kept, and the bytes it counts equal `comm.inspect`'s reading of the compiled step.
 """
 
 from __future__ import annotations
@@ -427,16 +427,22 @@ def check_transform(tx: optax.GradientTransformation, steps: int = 200,
 
 
 def check_on_mesh(tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                  axis_name: comm.AxisName = "data", steps: int = 2):
-  """The transform in the Trainer: compiles once, state types kept, bytes == inspect.
+                  batch_axes: comm.AxisName = "data", steps: int = 2):
+  """The transform in a `train.Program`: compiles once, state types kept, bytes == inspect.
 
   Each worker minimises 0.5 ||p - t_w||^2 with its own target t_w. `comm.inspect` turns
   operand bytes into wire bytes with the same per-op helpers as the counters, so bytes ==
   inspect proves the operand shapes and trip counts; hold the bytes against a literal or a
   formula of your own as well (docs/algorithms.md), as jaxcomm's tests do.
 
+  Args:
+    tx: the transform (synchronising over `batch_axes`).
+    mesh: the device mesh.
+    batch_axes: the mesh axes the batch is split over (the program's workers).
+    steps: how many steps to run.
+
   Returns:
-    `(trainer, state, measurements, report)`: the last step's state and measurements and
+    `(program, state, measurements, report)`: the last step's state and measurements and
     the `comm.inspect` report of the compiled step, for further checks.
 
   >>> from jaxcomm import sync, train
@@ -445,24 +451,25 @@ def check_on_mesh(tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
   >>> int(m["wire_bytes"])  # 16 float32 all-reduced over 8 devices: 2 * 7/8 * 64
   112
   """
-  axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  axes = batch_axes if isinstance(batch_axes, tuple) else (batch_axes,)
   w = math.prod(mesh.shape[a] for a in axes)
   params = example_params(jnp.float32)
   loss = lambda p, b: 0.5 * sum(jnp.sum((x - b["t"][0, i]) ** 2)
                                 for i, x in enumerate(jax.tree.leaves(p)))
   batch = {"t": jnp.arange(w * 2, dtype=jnp.float32).reshape(w, 2) / w}
-  trainer = train.Trainer(loss, tx, mesh, axis_name=axis_name)
-  state = trainer.init(params)
+  program = train.make_program(loss, tx, mesh, params, batch_axes=batch_axes)
+  state = program.init(params)
   first = state
-  state, m = trainer.step(state, batch)
-  fn = trainer.step_fn(state, batch)
+  fn = program.step
+  state, per_device, sent = program.dispatch(state, batch)
   compiled = fn._cache_size()
   for _ in range(steps - 1):
-    state, m = trainer.step(state, batch)
+    state, per_device, sent = program.dispatch(state, batch)
+  m = program.measure(per_device, sent)
   assert fn._cache_size() == compiled, "the step recompiled"
   _same_types(first, state, "train state after steps")
   report = comm.inspect(fn, first, batch)
   counted, read = int(m["wire_bytes"]), round(report.wire_bytes())
   assert counted == read, (f"the transform counted {counted} wire bytes in its last step, but "
                            f"the compiled step's collectives move {read}:\n{report.table()}")
-  return trainer, state, m, report
+  return program, state, m, report

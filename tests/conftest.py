@@ -121,7 +121,7 @@ _SLOWEST_FIRST = (
     "test_notebooks", "test_cli", "test_multihost", "test_compare", "test_local_convergence",
     "test_checkpoint", "test_codec_fast_paths", "test_local", "test_reproduce", "test_nnx",
     "test_zero", "test_wheel", "test_muon", "test_readme", "test_codecs", "test_pipeline",
-    "test_sequence_parallel", "test_overlap", "test_sync_compressed")
+    "test_sequence_parallel", "test_overlap", "test_sync_compressed", "test_program")
 
 
 def pytest_collection_modifyitems(items):

@@ -127,7 +127,7 @@ def _built(algo: str, steps: int, unoptimised: bool) -> build.Run:
 
 
 def uninterrupted(algo: str, steps: int):
-  """(trainer, initial params, final state, history): the run done in this process on 8
+  """(program, initial params, final state, history): the run done in this process on 8
   devices, the reference the subprocess runs are compared with (cached per test session and
   per XLA optimisation switch: conftest's `XLA_OPTIMISED` modules compile fully optimised,
   and their subprocesses too)."""
@@ -138,15 +138,15 @@ def uninterrupted(algo: str, steps: int):
 def _uninterrupted(algo: str, steps: int, unoptimised: bool):
   del unoptimised  # a cache key only: the compiles below follow the switch
   run = built(algo, steps)
-  trainer = run.trainer()
-  state, history = train.fit(trainer, trainer.init(run.params), run.batches, steps,
+  program = run.program()
+  state, history = train.fit(program, program.init(run.params), run.batches, steps,
                              log_every=1, progress=False)
-  return trainer, run.params, state, history
+  return program, run.params, state, history
 
 
-def restore(trainer, params, directory: str):
-  """The newest checkpoint in `directory`, placed with `trainer`'s shardings."""
-  state, _ = train.Checkpointer(directory).restore(trainer, trainer.init(params))
+def restore(program, params, directory: str):
+  """The newest checkpoint in `directory`, placed with `program`'s shardings."""
+  state, _ = train.Checkpointer(directory).restore(program, program.init(params))
   return state
 
 

@@ -60,8 +60,8 @@ def test_sigkilled_run_resumes_bit_for_bit(algo, resumed_runs):
   workdir, start = resumed_runs[algo]
   assert start is not None and EVERY <= start <= kill_step(algo) and start % EVERY == 0
 
-  trainer, params, reference, history = faults.uninterrupted(algo, STEPS)
-  final = faults.restore(trainer, params, str(workdir / "checkpoints"))
+  program, params, reference, history = faults.uninterrupted(algo, STEPS)
+  final = faults.restore(program, params, str(workdir / "checkpoints"))
   assert int(final.step) == STEPS
   faults.assert_bitwise_equal(final, reference)  # params, memories, counters, outer state, keys
   # The metrics of the two runs together are those of one run: each step once, same values.
@@ -99,11 +99,11 @@ def _changed(a, b):
 def test_the_resumed_checkpoint_holds_the_method_state(algo, resumed_runs):
   """At the step it resumed from, each real method carries the state the resume must keep."""
   _, start = resumed_runs[algo]
-  trainer, params, _, _ = faults.uninterrupted(algo, STEPS)
+  program, params, _, _ = faults.uninterrupted(algo, STEPS)
   batch_fn = faults.built(algo, STEPS).batches
-  state = trainer.init(params)
+  state = program.init(params)
   init = jax.tree.map(np.asarray, faults.key_data(state))  # the step consumes (donates) state
-  state, _ = train.fit(trainer, state, batch_fn, start, progress=False)
+  state, _ = train.fit(program, state, batch_fn, start, progress=False)
   get = lambda s, name: optax.tree_utils.tree_get(s.opt_state, name)
   if algo == "powersgd":  # per-worker error memory; the warm-start Q moved on
     assert _per_worker_and_distinct(get(state, "error"))
@@ -144,18 +144,18 @@ def test_sigterm_saves_the_step_under_way_and_resumes_bit_for_bit(tmp_path):
   checkpoints = str(tmp_path / "checkpoints")
   assert train.Checkpointer(checkpoints).steps == [EVERY, TERM_AT + 1]  # nothing lost
 
-  trainer, params, reference, _ = faults.uninterrupted(algo, STEPS)
+  program, params, reference, _ = faults.uninterrupted(algo, STEPS)
   batch_fn = faults.built(algo, STEPS).batches
   ckpt = train.Checkpointer(checkpoints, every=EVERY)
-  assert int(ckpt.restore(trainer, trainer.init(params))[0].step) == TERM_AT + 1
-  state, _ = train.fit(trainer, trainer.init(params), batch_fn, STEPS, progress=False,
+  assert int(ckpt.restore(program, program.init(params))[0].step) == TERM_AT + 1
+  state, _ = train.fit(program, program.init(params), batch_fn, STEPS, progress=False,
                        checkpointer=ckpt)
   faults.assert_bitwise_equal(state, reference)
 
 
 def test_sigterm_in_fit_is_taken_only_with_a_checkpointer(saved_run, tmp_path):
   """fit notes SIGTERM (and saves the step) only while it has a checkpointer to save with."""
-  trainer, params, batch_fn, _, _ = saved_run
+  program, params, batch_fn, _, _ = saved_run
 
   def batch_fn_term(t):
     if t == 2:  # arrives while step 2 -> 3 runs
@@ -167,11 +167,11 @@ def test_sigterm_in_fit_is_taken_only_with_a_checkpointer(saved_run, tmp_path):
   previous = signal.signal(signal.SIGTERM, ours)  # so a signal fit misses fails the test only
   try:
     ckpt = train.Checkpointer(str(tmp_path / "ckpt"), every=100)
-    state, _ = train.fit(trainer, trainer.init(params), batch_fn_term, 6, progress=False,
+    state, _ = train.fit(program, program.init(params), batch_fn_term, 6, progress=False,
                          checkpointer=ckpt)
     assert int(state.step) == 3 and ckpt.steps == [3] and not caught
     assert signal.getsignal(signal.SIGTERM) is ours  # fit put the handler back
-    state, _ = train.fit(trainer, trainer.init(params), batch_fn_term, 6, progress=False)
+    state, _ = train.fit(program, program.init(params), batch_fn_term, 6, progress=False)
     assert int(state.step) == 6 and caught == [signal.SIGTERM]
   finally:
     signal.signal(signal.SIGTERM, previous)
@@ -218,15 +218,15 @@ def _mixed_up(step_dir):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
   """A run with per-worker state checkpointed at steps 2, 4, 6 (and its final state)."""
-  trainer, params, reference, _ = faults.uninterrupted("powersgd", 6)
+  program, params, reference, _ = faults.uninterrupted("powersgd", 6)
   directory = str(tmp_path_factory.mktemp("ckpt"))
   batch_fn = faults.built("powersgd", 6).batches
   ckpt = train.Checkpointer(directory, every=2, keep=3)
-  state, _ = train.fit(trainer, trainer.init(params), batch_fn, 6, progress=False,
+  state, _ = train.fit(program, program.init(params), batch_fn, 6, progress=False,
                        checkpointer=ckpt)
   assert ckpt.steps == [2, 4, 6]
   faults.assert_bitwise_equal(state, reference)
-  return trainer, params, batch_fn, reference, directory
+  return program, params, batch_fn, reference, directory
 
 
 @pytest.mark.parametrize(
@@ -234,25 +234,25 @@ def saved_run(tmp_path_factory):
     ids=["truncated", "files_removed", "item_removed", "bytes_flipped", "arrays_of_step_4"])
 def test_damaged_newest_checkpoint_is_skipped_with_a_warning(saved_run, damage, tmp_path,
                                                              caplog):
-  trainer, params, batch_fn, reference, source = saved_run
+  program, params, batch_fn, reference, source = saved_run
   directory = str(tmp_path / "ckpt")
   shutil.copytree(source, directory)
   damage(os.path.join(directory, "6"))
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   with caplog.at_level("WARNING", logger="jaxcomm.train._checkpoint"):
-    state, _ = ckpt.restore(trainer, trainer.init(params))
+    state, _ = ckpt.restore(program, program.init(params))
   assert int(state.step) == 4
   assert any("step 6" in r.getMessage() and "cannot be restored" in r.getMessage()
              for r in caplog.records)
   assert ckpt.steps == [2, 4] and os.path.isdir(os.path.join(directory, "6.unreadable"))
   # The run goes on from step 4, saves step 6 again and ends where the intact run ended.
-  state, _ = train.fit(trainer, state, batch_fn, 6, progress=False, checkpointer=ckpt)
+  state, _ = train.fit(program, state, batch_fn, 6, progress=False, checkpointer=ckpt)
   faults.assert_bitwise_equal(state, reference)
   assert ckpt.steps == [2, 4, 6]
 
 
 def test_half_written_save_leaves_the_previous_checkpoint(saved_run, tmp_path):
-  trainer, params, batch_fn, reference, source = saved_run
+  program, params, batch_fn, reference, source = saved_run
   directory = str(tmp_path / "ckpt")
   shutil.copytree(source, directory)
   # What a save killed half-way leaves: Orbax writes into a temporary directory and renames
@@ -262,35 +262,35 @@ def test_half_written_save_leaves_the_previous_checkpoint(saved_run, tmp_path):
   _truncate(partial)
   ckpt = train.Checkpointer(directory, every=2, keep=3)
   assert ckpt.steps == [2, 4, 6]
-  state, _ = ckpt.restore(trainer, trainer.init(params))
+  state, _ = ckpt.restore(program, program.init(params))
   faults.assert_bitwise_equal(state, reference)
   # The run goes on and saves step 8 over the remains of the interrupted save.
-  state, _ = train.fit(trainer, state, batch_fn, 8, progress=False, checkpointer=ckpt)
+  state, _ = train.fit(program, state, batch_fn, 8, progress=False, checkpointer=ckpt)
   assert ckpt.steps == [4, 6, 8]
-  faults.assert_bitwise_equal(faults.restore(trainer, params, directory), state)
+  faults.assert_bitwise_equal(faults.restore(program, params, directory), state)
 
 
 def test_no_readable_checkpoint_raises_instead_of_starting_over(saved_run, tmp_path):
-  trainer, params, _, _, source = saved_run
+  program, params, _, _, source = saved_run
   directory = str(tmp_path / "ckpt")
   shutil.copytree(source, directory)
   for step in (2, 4, 6):
     _truncate(os.path.join(directory, str(step)))
   with pytest.raises(RuntimeError, match="none of the checkpoints"):
-    train.Checkpointer(directory).restore(trainer, trainer.init(params))
+    train.Checkpointer(directory).restore(program, program.init(params))
   assert sorted(os.listdir(directory)) == ["2", "4", "6"]  # nothing moved or deleted
 
 
 def test_empty_directory_restores_nothing(saved_run, tmp_path):
-  trainer, params, _, _, _ = saved_run
-  assert train.Checkpointer(str(tmp_path / "none")).restore(trainer,
-                                                            trainer.init(params)) is None
+  program, params, _, _, _ = saved_run
+  assert train.Checkpointer(str(tmp_path / "none")).restore(program,
+                                                            program.init(params)) is None
 
 
-def test_restore_places_per_worker_leaves_with_the_trainer_shardings(saved_run):
-  trainer, params, _, reference, source = saved_run
-  state = faults.restore(trainer, params, source)
-  want = trainer.state_shardings(state)
+def test_restore_places_per_worker_leaves_with_the_program_shardings(saved_run):
+  program, params, _, reference, source = saved_run
+  state = faults.restore(program, params, source)
+  want = program.state_shardings()
   for x, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
     assert x.sharding.is_equivalent_to(sharding, x.ndim)
   error = state.opt_state[0].error  # the per-worker memory keeps its leading worker axis

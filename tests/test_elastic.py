@@ -59,22 +59,22 @@ def island_batch(batch, islands):
   return jax.tree.map(take, batch)
 
 
-def trainer_on(loss, tx, islands, has_aux=False):
+def program_on(loss, tx, islands, params, has_aux=False):
   # Without donation: the test keeps states across later steps to compare them.
   devices = [jax.devices()[i] for i in islands]
-  return train.Trainer(loss, tx, train.make_mesh({"data": len(devices)}, devices=devices),
-                       has_aux=has_aux, donate=False)
+  return train.make_program(loss, tx, train.make_mesh({"data": len(devices)}, devices=devices),
+                            params, has_aux=has_aux, donate=False)
 
 
-def run(trainer, state, batches, islands, first, last):
+def run(program, state, batches, islands, first, last):
   for t in range(first, last):
-    state, _ = trainer.step(state, island_batch(batches[t], islands))
+    state, _, _ = program.dispatch(state, island_batch(batches[t], islands))
   return state
 
 
-def rows(trainer, tree, pw_tree, islands):
+def rows(program, tree, pw_tree, islands):
   """{island: that worker's view} of a state tree on a mesh of `islands`."""
-  return {i: trainer.worker_view(tree, pw_tree, k) for k, i in enumerate(islands)}
+  return {i: program.worker_view(tree, pw_tree, k) for k, i in enumerate(islands)}
 
 
 def test_survivors_and_a_healed_joiner_equal_a_participation_mask(task):
@@ -82,12 +82,12 @@ def test_survivors_and_a_healed_joiner_equal_a_participation_mask(task):
   params, loss, batches = task
   tx = local.diloco(INNER, OUTER, H)
   # Elastic: the state moves jaxcomm.elastic.fit makes between generations.
-  t3 = trainer_on(loss, tx, [0, 1, 2])
+  t3 = program_on(loss, tx, [0, 1, 2], params)
   s = run(t3, t3.init(params), batches, [0, 1, 2], 0, 6)        # syncs 0, 1, 2
-  t2 = trainer_on(loss, tx, [0, 1])                              # island 2 died
+  t2 = program_on(loss, tx, [0, 1], params)                      # island 2 died
   s = run(t2, elastic.remesh(s, t2, t2.init(params)), batches, [0, 1], 6, 10)  # syncs 3, 4
   order = [0, 2, 1]  # a generation after a restart uses a fresh device order
-  t3b = trainer_on(loss, tx, order)
+  t3b = program_on(loss, tx, order, params)
   before = s
   s = elastic.remesh(s, t3b, t3b.init(jax.tree.map(jnp.zeros_like, params)))
   s = elastic.heal(t3b, s, [i == 2 for i in order], donor=0)
@@ -113,7 +113,7 @@ def test_survivors_and_a_healed_joiner_equal_a_participation_mask(task):
   # inner optimiser state starts over (what a joiner gets).
   mask = np.ones((7, W), bool)
   mask[3:5, 2] = False
-  rt = trainer_on(loss, local.diloco(INNER, OUTER, H, participation=mask), [0, 1, 2])
+  rt = program_on(loss, local.diloco(INNER, OUTER, H, participation=mask), [0, 1, 2], params)
   r = run(rt, rt.init(params), batches, [0, 1, 2], 0, 10)
   fresh = rt.init(params)
   r = r._replace(opt_state=jax.tree.map(
@@ -132,7 +132,7 @@ def test_survivors_and_a_healed_joiner_equal_a_participation_mask(task):
 
 def test_heal_rejects_a_donor_that_is_a_joiner(task):
   params, loss, _ = task
-  t = trainer_on(loss, local.diloco(INNER, OUTER, H), [0, 1, 2])
+  t = program_on(loss, local.diloco(INNER, OUTER, H), [0, 1, 2], params)
   s = t.init(params)
   with pytest.raises(ValueError, match="donor"):
     elastic.heal(t, s, [True, False, False], donor=0)
@@ -140,18 +140,18 @@ def test_heal_rejects_a_donor_that_is_a_joiner(task):
     elastic.heal(t, s, [False, True], donor=0)
 
 
-def test_single_process_fit_trains_in_rounds_like_the_trainer(task, tmp_path):
+def test_single_process_fit_trains_in_rounds_like_the_program(task, tmp_path):
   """Without jax.distributed, elastic.fit is plain training in rounds of H steps."""
   params, loss, batches = task
   tx = local.diloco(INNER, OUTER, H)
-  make = lambda mesh: train.Trainer(loss, tx, mesh)
+  make = lambda mesh: train.make_program(loss, tx, mesh, params)
   # One process: its share of the batch is the whole batch, split over the 8 devices.
   result = elastic.fit(make, params, lambda t: data.digits().batch(t, 16), 5, round_steps=H,
                        log_every=1, workdir=str(tmp_path))
   t = make(train.make_mesh({"data": 8}))
   s = t.init(params)
   for step in range(5):
-    s, _ = t.step(s, data.digits().batch(step, 16))
+    s, _, _ = t.dispatch(s, data.digits().batch(step, 16))
   chex.assert_trees_all_equal(result.state.params, s.params)
   assert result.rounds == 3 and result.failed_rounds == 0  # steps 0-2, 2-4, 4-5
   rows_written = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -311,7 +311,8 @@ def test_faults_and_elastic_mode_reach_the_program_as_flags(tmp_path):
       elastic_run.parse_faults([bad])
   fn = lambda t: {"t": t}
   assert elastic_run.with_faults(fn, {}) is fn  # not armed: the batch function itself
-  assert elastic_run.round_steps("diloco", 20) == 20 and elastic_run.round_steps("dp", 20) == 1
+  assert elastic_run.round_steps(config.base_config("diloco", sync_every=20).method) == 20
+  assert elastic_run.round_steps(config.base_config("dp").method) == 1
   with pytest.raises(ValueError, match="config.elastic.quorum_timeout_s"):
     c = config.base_config("dp")
     c.elastic.quorum_timeout_s = -1.0
@@ -324,7 +325,7 @@ def test_checkpoint_and_fit_arguments_are_checked(tmp_path, task):
   with pytest.raises(ValueError, match="processes"):
     train.Checkpointer(str(tmp_path), processes=["a"])
   params, loss, _ = task
-  make = lambda mesh: train.Trainer(loss, optax.sgd(0.1), mesh)
+  make = lambda mesh: train.make_program(loss, optax.sgd(0.1), mesh, params)
   with pytest.raises(ValueError, match="round_steps"):
     elastic.fit(make, params, lambda t: {}, 4, round_steps=0)
   with pytest.raises(ValueError, match="checkpoint_dir"):
@@ -370,7 +371,7 @@ def launch(tmp_path, schedule, program_args, *, processes=W, timeout=300):
 
 
 def reference(algo, steps, extra=None, workers=W):
-  """(trainer on `islands`, params, batch_fn) of the same experiment on one process."""
+  """(program on `islands`, params, batch_fn) of the same experiment on one process."""
   from experiments import build
   settings = {"sync_every": SYNC} if algo == "diloco" else {}
   c = config.base_config(algo, **settings, **(extra or {}))
@@ -385,10 +386,10 @@ def reference(algo, steps, extra=None, workers=W):
   tx = build.make_optimizer(c, build.Context(
       config=c, inner=build.inner_optimizer(c), axis_name="data", num_workers=workers,
       mesh_shape={"data": workers}, key=jax.random.key(c.seed)))
-  return (lambda islands: trainer_on(loss, tx, islands, has_aux)), params, batch_fn
+  return (lambda islands: program_on(loss, tx, islands, params, has_aux)), params, batch_fn
 
 
-def restored(directory, trainer, params, step=None):
+def restored(directory, program, params, step=None):
   """A checkpoint of the live islands (all rows) and the island of each row."""
   ckpt = train.Checkpointer(directory)
   if step is not None:  # an older one: move the newer ones aside
@@ -396,15 +397,15 @@ def restored(directory, trainer, params, step=None):
       if s > step:
         os.rename(os.path.join(directory, str(s)), os.path.join(directory, f"{s}.later"))
     ckpt = train.Checkpointer(directory)
-  state, info = ckpt.restore(trainer, trainer.init(params))
+  state, info = ckpt.restore(program, program.init(params))
   return state, info["islands"]
 
 
-def reset_inner(trainer, state, params, worker):
+def reset_inner(program, state, params, worker):
   """`state` with `worker`'s per-worker optimiser state started over (what a joiner gets)."""
-  fresh = trainer.init(params)
+  fresh = program.init(params)
   return state._replace(opt_state=jax.tree.map(
-      lambda pw, x, f: x.at[worker].set(f[worker]) if pw else x, trainer.layout.opt_state,
+      lambda pw, x, f: x.at[worker].set(f[worker]) if pw else x, program.layout.opt_state,
       state.opt_state, fresh.opt_state))
 
 
@@ -472,7 +473,7 @@ def test_diloco_loses_process_0_and_a_stopped_process_and_equals_the_masked_refe
   for t in range(steps):
     if t == at:
       r = reset_inner(rt, r, params, 0)
-    r, _ = rt.step(r, batch_fn(t))
+    r, _, _ = rt.dispatch(r, batch_fn(t))
   make2, _, _ = reference("diloco", steps, workers=2)  # the survivors' mesh: 2 workers
   t2 = make2([0, 2])
   got, islands = restored(str(tmp_path / "checkpoints"), t2, params)
@@ -581,7 +582,7 @@ def test_a_partition_never_trains_two_models_and_stops_cleanly_below_quorum(tmp_
   t4 = make(list(range(n)))
   r = t4.init(params)
   for t in range(6):
-    r, _ = t4.step(r, batch_fn(t))
+    r, _, _ = t4.dispatch(r, batch_fn(t))
   got, islands = restored(str(tmp_path / "checkpoints"), t4, params)
   assert islands == [0, 1, 2, 3] and int(got.step) == 6
   chex.assert_trees_all_close(got.params, r.params, rtol=1e-5, atol=1e-6)

@@ -90,9 +90,9 @@ def live_mean(stacked, live):
   return jax.tree.map(lambda x: jnp.tensordot(live, x, 1) / live.sum(), stacked)
 
 
-def run_trainer(loss, tx, params, batches, steps, mesh=None, axis_name="data"):
+def run_trainer(loss, tx, params, batches, steps, mesh=None, batch_axes="data"):
   mesh = mesh or train.make_mesh({"data": W})
-  trainer = train.Trainer(loss, tx, mesh, axis_name=axis_name)
+  trainer = train.Trainer(loss, tx, mesh, batch_axes=batch_axes)
   state = trainer.init(params)
   sent = []
   for t in range(steps):
@@ -178,7 +178,7 @@ def runs(task):
       kw = {"participation": np.ones((8, slow or W), bool)} if masked else {}
       mesh = train.make_mesh({"slow": 2, "fast": 4}) if slow else None
       cache[name, masked] = run_trainer(loss, make(**kw), params, batches, steps, mesh=mesh,
-                                        axis_name=("slow", "fast") if slow else "data")
+                                        batch_axes=("slow", "fast") if slow else "data")
     return cache[name, masked]
 
   return get
@@ -430,7 +430,7 @@ def test_checkpoint_mid_period_resumes_exactly(task, tmp_path):
     state, _ = trainer.step(state, batches[t])
   ckpt = train.Checkpointer(str(tmp_path), every=1, async_save=False)
   ckpt.save(state)
-  restored, _ = ckpt.restore(trainer, trainer.init(params))
+  restored, _ = ckpt.restore(trainer.program, trainer.init(params))
   ckpt.close()
   chex.assert_trees_all_equal(restored, state)
   a, b = state, restored

@@ -54,9 +54,9 @@ def test_two_processes_train_like_one(algo, two_process_run):
   workdir = two_process_run[algo]
   faults.assert_same_config(algo, STEPS, json.loads((workdir / "config.json").read_text()),
                             checkpoint_every=EVERY, log_every=1)
-  trainer, params, reference, history = faults.uninterrupted(algo, STEPS)
+  program, params, reference, history = faults.uninterrupted(algo, STEPS)
   # The checkpoint written by two processes restores in this single process on 8 devices.
-  final = faults.restore(trainer, params, str(workdir / "checkpoints"))
+  final = faults.restore(program, params, str(workdir / "checkpoints"))
   assert int(final.step) == STEPS
   # Not bit for bit (tried): the cross-process all-reduce (gloo) sums the workers in another
   # order than the in-process one, so values agree to float32 rounding (measured on dp: the

@@ -87,7 +87,7 @@ def _trainer(setup, method):
                              is_leaf=lambda s: isinstance(s, P))
   return train.Trainer(linear_loss(layout_scales(layout, specs)),
                        layout.optimizer(method, specs), layout.mesh,
-                       axis_name=layout.batch_axes, param_specs=specs, batch_specs=batch_specs)
+                       batch_axes=layout.batch_axes, param_specs=specs, batch_specs=batch_specs)
 
 
 @pytest.fixture(scope="module")

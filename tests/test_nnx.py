@@ -284,8 +284,8 @@ def test_sigkilled_dropout_run_resumes_bit_for_bit_and_continues_the_data_stream
   trainer, model, batches = nnx_runner.task()
   reference, history = train.fit(trainer, trainer.init(model), batches.__getitem__, 12,
                                  log_every=1, progress=False)
-  final, _ = train.Checkpointer(str(tmp_path / "checkpoints")).restore(
-      trainer, trainer.init(model))
+  like = trainer.init(model)
+  final, _ = train.Checkpointer(str(tmp_path / "checkpoints")).restore(trainer.program, like)
   faults.assert_bitwise_equal(final, reference)  # params, adam, statistics, RNG base keys
   taken = [json.loads(line) for line in (tmp_path / "batches.jsonl").read_text().splitlines()]
   assert [r["step"] for r in taken] == list(range(7)) + list(range(4, 12))

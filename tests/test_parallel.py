@@ -238,7 +238,7 @@ def test_lm_under_every_mesh_equals_unsharded(lm_reference, name):
                           regather=lm.param_regather())
   rest = tuple(a for a in layout.batch_axes if a not in layout.gather_axes)
   trainer = train.Trainer(models.lm_loss(lm), optax.chain(sync.mean(rest or None), inner), mesh,
-                          axis_name=layout.batch_axes, param_specs=specs)
+                          batch_axes=layout.batch_axes, param_specs=specs)
   state = trainer.init(params)
   (new, per_device, sent), report = run_and_inspect(trainer.step_fn(state, batch), state,
                                                     batch, mesh=mesh)

@@ -87,7 +87,7 @@ def test_plan_equals_a_real_step_at_the_make_run_size(method, settings, mesh):
   for axes, value in step.bytes_per_axis().items():
     assert value == pytest.approx(every[axes] + cond[axes] * fraction, rel=1e-12)
   # The predicted step time is jaxcomm.sim's clock on the real run's counted bytes.
-  overlap = build.overlap_steps(c.method)
+  overlap = build.hooks(c.method.name).overlap_steps(c.method)
   topology = {a: "wan" if i == 0 else "nvlink" for i, a in enumerate(trainer.mesh.axis_names)}
   expected = sim.simulate(0.01, sim.comm_seconds_per_step(
       counted, comm.cost(real_report, topology)), overlap_steps=overlap)
@@ -217,16 +217,16 @@ def test_a_misspelt_method_setting_is_named():
 
 
 # ---------------------------------------------------------------- the counter machine
-def _tiny_trainer(tx):
+def _tiny_program(tx, params):
   mesh = parallel.make_mesh({"data": 8})
   loss = lambda p, b: jnp.mean((b["x"] @ p["w"]) ** 2)
-  return train.Trainer(loss, tx, mesh)
+  return train.make_program(loss, tx, mesh, params)
 
 
 def _tiny_step(tx, steps=5):
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  return plan.compile_step(_tiny_trainer(tx), {"w": f32(16, 4)}, {"x": f32(8, 16)},
-                           steps=steps)
+  params = {"w": f32(16, 4)}
+  return plan.compile_step(_tiny_program(tx, params), params, {"x": f32(8, 16)}, steps=steps)
 
 
 def sync_if_large(axis_name="data"):
@@ -261,16 +261,16 @@ def test_the_counter_machine_refuses_a_schedule_that_depends_on_values():
 def test_the_counter_machine_refuses_to_hold_more_than_its_limit():
   from jaxcomm.plan import _schedule
   from jaxcomm import local
-  trainer = _tiny_trainer(local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=2))
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
   params = {"w": f32(16, 4)}
-  state = plan.abstract_state(trainer, params)
-  batch = plan.abstract_batch(trainer, {"x": f32(8, 16)})
-  fn = trainer.step_fn(state, batch)
-  report = comm.parse_hlo(fn.lower(state, batch).compile().as_text(), mesh=trainer.mesh)
-  counted, why = _schedule.counted_bytes(trainer, params, state, batch, 4, report)
+  program = _tiny_program(local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=2), params)
+  state = plan.abstract_state(program, params)
+  batch = plan.abstract_batch(program, {"x": f32(8, 16)})
+  report = comm.parse_hlo(program.step.lower(state, batch).compile().as_text(),
+                          mesh=program.config.mesh)
+  counted, why = _schedule.counted_bytes(program, params, state, batch, 4, report)
   np.testing.assert_array_equal(counted, [0, 448, 0, 448])  # 2 x 7/8 x 4 x 64 every 2nd
-  counted, why = _schedule.counted_bytes(trainer, params, state, batch, 4, report, limit=0)
+  counted, why = _schedule.counted_bytes(program, params, state, batch, 4, report, limit=0)
   assert counted is None and "would hold" in why
 
 

@@ -115,7 +115,7 @@ def _run_both(setup, name, steps):
   wrap = WRAP_LOSS.get(name, lambda loss: loss)
   sharded = train.Trainer(wrap(linear_loss(layout_scales(layout, specs))),
                           layout.optimizer(METHODS[name](specs), specs), layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=batch_specs)
   return Run(sharded, *run_against_unsharded(sharded, METHODS[name], params, specs, mesh2,
                                               grads, wrap))
@@ -127,7 +127,7 @@ def run_against_unsharded(sharded, method, params, specs, mesh2, grads, wrap=lam
   compiled report, bytes per step)."""
   ones = jax.tree.map(lambda _: 1.0, params)
   ref = train.Trainer(wrap(linear_loss(ones)), parallel.by_sharding(method(None), specs),
-                      mesh2, axis_name="replica")
+                      mesh2, batch_axes="replica")
   s, r = sharded.init(params), ref.init(params)
   compiled, report = compile_step(sharded, s, grads[0])
   sent = []
@@ -295,7 +295,7 @@ def layout_bytes(setup, regather_tree):
 def lm_trainer(setup, method):
   layout, lm, params, specs, _ = setup
   return train.Trainer(models.lm_loss(lm), layout.optimizer(method, specs, lm.param_regather()),
-                       layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
+                       layout.mesh, batch_axes=layout.batch_axes, param_specs=specs)
 
 
 def compile_step(trainer, state, batch):
@@ -368,7 +368,7 @@ def test_diloco_checkpoint_resumes_bit_for_bit(setup, diloco_lm, tmp_path):
   for batch in batches[3:]:
     state, _, _ = compiled(state, batch)
   straight = host(state)
-  restored, _ = ckpt.restore(trainer, trainer.init(params))
+  restored, _ = ckpt.restore(trainer.program, trainer.init(params))
   ckpt.close()
   assert int(restored.step) == 3
   for batch in batches[3:]:
@@ -590,7 +590,7 @@ def test_every_method_runs_on_replicas_and_sends_only_over_replica(setup, bundle
   labels = {n: {leaf: n for leaf in SMALL_SPECS} for n in names}
   tx = layout.optimizer(optax.multi_transform(methods, labels), specs)
   trainer = train.Trainer(wrap(linear_loss(layout_scales(layout, specs))), tx, layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                                    is_leaf=lambda s: isinstance(s, P)))
   state = trainer.init(params)
@@ -627,7 +627,7 @@ def test_donated_state_is_not_held_twice(setup):
     trainer = train.Trainer(
         linear_loss(layout_scales(layout, specs)),
         layout.optimizer(local.diloco(optax.adam(0.1), OUTER(), 4, "replica"), specs),
-        layout.mesh, axis_name=layout.batch_axes, param_specs=specs, donate=donate,
+        layout.mesh, batch_axes=layout.batch_axes, param_specs=specs, donate=donate,
         batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                  is_leaf=lambda s: isinstance(s, P)))
     state = trainer.init(params)
@@ -649,7 +649,7 @@ def test_skip_nonfinite_outside_the_layout_skips_on_every_device(setup):
       layout.optimizer(optax.chain(sync.mean("replica"), optax.sgd(0.1)), specs),
       layout.batch_axes)
   trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                                    is_leaf=lambda s: isinstance(s, P)))
   state = trainer.init(params)
@@ -669,6 +669,6 @@ def test_a_flat_vector_over_every_leaf_is_refused_with_the_fix(setup):
   tx = parallel.zero(optax.chain(sync.compressed(codecs.uniform(8), axis_name="replica"),
                                  optax.sgd(0.1)), 3, "fsdp", param_specs=specs)
   trainer = train.Trainer(linear_loss(layout_scales(layout, specs)), tx, layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs)
+                          batch_axes=layout.batch_axes, param_specs=specs)
   with pytest.raises(ValueError, match=r"differ over mesh axes \['tensor'\].*by_sharding"):
     trainer.init(_small_params(["d"]))

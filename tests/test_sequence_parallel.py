@@ -229,7 +229,7 @@ def test_lm_trains_on_a_sequence_axis_like_one_device(kind, reference, mesh, lm_
   lm = models.TransformerLM(**LM, attention_fn=models.sequence_attention(kind))
   trainer = train.Trainer(models.lm_loss_sequence(lm),
                           optax.chain(sync.mean(("data", "sequence")), optax.sgd(lr)), mesh,
-                          axis_name=("data", "sequence"), batch_specs=P("data", "sequence"))
+                          batch_axes=("data", "sequence"), batch_specs=P("data", "sequence"))
   state = trainer.init(params)
   batch = trainer.shard_batch(models.lm_sequence_batch(tokens, W, zigzag=kind == "ring_zigzag"))
   state, m = trainer.step(state, batch)

@@ -206,18 +206,18 @@ def test_per_worker_keys_unless_shared(mesh8, grads):
 def test_hierarchical_fast_axis_exact_slow_axis_compressed(mesh4x2):
   axes = ("tensor", "data")  # first axis fast (exact), the rest slow (compressed)
   n = sum(x.size for x in jax.tree.leaves(testing.example_params()))
-  # Exact codec: the same parameters as sync.mean over both axes, in the Trainer.
+  # Exact codec: the same parameters as sync.mean over both axes, in a training program.
   _, ref, _, _ = testing.check_on_mesh(optax.chain(sync.mean(axes), optax.sgd(0.1)),
-                                        mesh4x2, axis_name=axes)
+                                        mesh4x2, batch_axes=axes)
   _, state, _, _ = testing.check_on_mesh(
       optax.chain(sync.compressed(codecs.identity(), axis_name=axes), optax.sgd(0.1)),
-      mesh4x2, axis_name=axes)
+      mesh4x2, batch_axes=axes)
   chex.assert_trees_all_close(state.params, ref.params, atol=1e-6)
   # A lossy codec: float32 on the fast axis, the codec's bytes on the slow axis only.
   codec = codecs.uniform(4, block=64)
   tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=axes), optax.sgd(0.1))
-  trainer, _, m, report = testing.check_on_mesh(tx, mesh4x2, axis_name=axes)
-  assert trainer.layout.opt_state[0].memory
+  program, _, m, report = testing.check_on_mesh(tx, mesh4x2, batch_axes=axes)
+  assert program.layout.opt_state[0].memory
   assert n == 16  # each of the F = 2 fast devices owns m = 8 slots
   # Fast axis, float32: reduce-scatter of f32[16] (1/2 * 64 bytes) and all-gather of the
   # f32[8] slots (1 * 32 bytes).
@@ -288,8 +288,8 @@ def test_top_k_with_memory_tracks_sgd_and_without_stalls(mesh8):
 def test_bytes_in_state_equal_inspect_and_formula(mesh8, codec, memory, collective, want):
   tx = optax.chain(sync.compressed(codec, memory=memory, collective=collective, key=KEY),
                    optax.sgd(0.1))
-  trainer, _, m, _ = testing.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
-  assert bool(trainer.layout.opt_state[0].memory) == (memory is not None)  # per worker
+  program, _, m, _ = testing.check_on_mesh(tx, mesh8)  # asserts counted == comm.inspect
+  assert bool(program.layout.opt_state[0].memory) == (memory is not None)  # per worker
   assert sum(x.size for x in jax.tree.leaves(testing.example_params())) == 16
   assert int(m["wire_bytes"]) == want
 

@@ -147,8 +147,8 @@ def test_fit_writes_metrics(mesh8, digits_task, tmp_path):
 
 def test_bad_input_fails_before_compile(mesh8, digits_task):
   _, params, loss, batch = digits_task
-  with pytest.raises(ValueError, match="axis_name"):
-    train.Trainer(loss, optax.sgd(0.1), mesh8, axis_name="model")
+  with pytest.raises(ValueError, match="batch_axes"):
+    train.Trainer(loss, optax.sgd(0.1), mesh8, batch_axes="model")
   trainer = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh8)
   state = trainer.init(params)
   with pytest.raises(ValueError, match="divisible by the data axis"):
@@ -235,16 +235,16 @@ def test_a_batch_axis_no_collective_crosses_is_refused_and_a_users_own_axis_work
   batch = {"x": jnp.arange(16.0) / 16, "y": 2 * jnp.ones(16)}
   axes = ("data", "mine")
   unreduced = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh,
-                            axis_name=axes)
+                            batch_axes=axes)
   with pytest.raises(ValueError, match="mesh axis 'mine' .size 2., but no collective"):
     unreduced.step(unreduced.init({"w": jnp.zeros(())}), batch)
   exact = train.Trainer(loss, optax.chain(sync.mean(axes), optax.sgd(0.1)), mesh,
-                        axis_name=axes)
+                        batch_axes=axes)
   state, _ = exact.step(exact.init({"w": jnp.zeros(())}), batch)
   full = jax.grad(lambda p: loss(p, batch))({"w": jnp.zeros(())})["w"]
   np.testing.assert_allclose(float(state.params["w"]), -0.1 * float(full), rtol=1e-6)
   every_3 = train.Trainer(loss, local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=3,
-                                             axis_name=axes), mesh, axis_name=axes)
+                                             axis_name=axes), mesh, batch_axes=axes)
   state, _ = every_3.step(every_3.init({"w": jnp.zeros(())}), batch)
   assert int(state.step) == 1
 

@@ -226,20 +226,20 @@ def _loss(p, b):
 
 
 @SETTINGS
-@given(axis_name=valid_or(st.just("data"), st.one_of(VALID_AXIS_NAMES, JUNK)),
+@given(batch_axes=valid_or(st.just("data"), st.one_of(VALID_AXIS_NAMES, JUNK)),
        optimizer=valid_or(st.just(optax.chain(sync.mean("data"), optax.sgd(0.1))),
                           st.one_of(VALID_TRANSFORMS, st.just("adam"), JUNK)),
        loss_fn=valid_or(st.just(_loss), st.sampled_from([None, "loss"])))
-@example(axis_name=ok("data"), optimizer=ok(optax.chain(sync.mean("data"), optax.sgd(0.1))),
+@example(batch_axes=ok("data"), optimizer=ok(optax.chain(sync.mean("data"), optax.sgd(0.1))),
          loss_fn=ok(_loss))
-def test_train_trainer(mesh8, axis_name, optimizer, loss_fn):
+def test_train_trainer(mesh8, batch_axes, optimizer, loss_fn):
   def check(trainer):
     state = trainer.init({"w": jnp.ones(2)})
     assert int(state.step) == 0
   builds_or_value_error(
-      lambda loss_fn, optimizer, axis_name: train.Trainer(loss_fn, optimizer, mesh8,
-                                                          axis_name=axis_name),
-      check, loss_fn=loss_fn, optimizer=optimizer, axis_name=axis_name)
+      lambda loss_fn, optimizer, batch_axes: train.Trainer(loss_fn, optimizer, mesh8,
+                                                           batch_axes=batch_axes),
+      check, loss_fn=loss_fn, optimizer=optimizer, batch_axes=batch_axes)
 
 
 @SETTINGS

@@ -27,8 +27,7 @@ INNER = "inner"
 
 def local_step_key(label: str, config) -> str:
   """The name of the local computation a method's worker runs each step."""
-  fn = getattr(build.load_method(config.method.name), "local_step", None)
-  key = fn(config.method) if fn else None
+  key = build.hooks(config.method.name).local_step(config.method)
   if key == INNER:
     return INNER
   # The method's own settings decide its local step (a learning rate does not): settings of

@@ -92,8 +92,7 @@ def settings_list(label: str, entry: dict, ruleset: str) -> list:
   `optimizer.<name>`; a module without `tuning()` runs its own entry only."""
   if ruleset == "default":
     return [dict(entry)]
-  fn = getattr(build.load_method(entry["method"]), "tuning", None)
-  items = list(fn()) if fn else [{}]
+  items = list(build.hooks(entry["method"]).tuning())
   if not 1 <= len(items) <= MAX_SETTINGS:
     raise ValueError(f"{label}: the method module's tuning() lists {len(items)} settings; "
                      f"allowed: 1 to {MAX_SETTINGS}.")

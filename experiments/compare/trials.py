@@ -50,7 +50,7 @@ class Population:
       # One trial's program, for its collectives: under vmap a schedule's "sync this step?"
       # on a per-trial counter becomes a select, so the population's program runs every
       # branch's collectives on every step (its counted bytes stay exact per trial).
-      one = train.Trainer(r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name,
+      one = train.Trainer(r.loss_fn, r.optimizer, r.mesh, batch_axes=r.batch_axes,
                           param_specs=r.specs, has_aux=r.has_aux, batch_specs=r.batch_specs,
                           mutable=r.config.model.mutable)
       state, batch = one.init(r.params), one.shard_batch(r.batches(0))
@@ -67,9 +67,9 @@ class Population:
     self.together = together
     self.report = report
     self.costs = {name: comm.cost(report, link) for name, link in links_.items()}
-    self.overlap = build.overlap_steps(r.config.method)
-    fn = getattr(r.method, "overlap_backward", None)
-    self.overlap_backward = bool(fn(r.config.method)) if fn else False
+    hooks = build.hooks(r.method)
+    self.overlap = int(hooks.overlap_steps(r.config.method))
+    self.overlap_backward = bool(hooks.overlap_backward(r.config.method))
     self.trials = [Trial(self, s) for s in range(len(configs))]
     self.seconds, self.grid = 0.0, None
     self.target = None  # once known (`aim`): evaluations that cannot change a time are skipped
@@ -267,7 +267,7 @@ def trainers(runs: list, together: bool) -> list:
   (`together`), or one per run."""
   size = len(runs) if together else None
   return [train.Trainer(
-      r.loss_fn, r.optimizer, r.mesh, axis_name=r.axis_name, param_specs=r.specs,
+      r.loss_fn, r.optimizer, r.mesh, batch_axes=r.batch_axes, param_specs=r.specs,
       has_aux=r.has_aux, batch_specs=r.batch_specs, mutable=r.config.model.mutable,
       trials=size) for r in (runs[:1] if together else runs)]
 

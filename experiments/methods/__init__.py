@@ -1,9 +1,10 @@
 """The methods `experiments.build` can run: one module per method, loaded by name.
 
 Each module defines `defaults()` (its settings, the library factory's defaults read from its
-signature) and `build(settings, ctx)` (the optax transform); optionally `wrap_loss` and
-`overlap_steps`. See experiments/build.py for the contract; a method of your own is one such
-file anywhere (`config.method.name = "/path/to/my_method.py"`).
+signature) and `build(settings, ctx)` (the optax transform), and may define the optional
+hooks of `Hooks` (experiments/methods/_hooks.py: each hook, what it takes and returns, its
+default). Programs read a method's hooks through `hooks(name)`. A method of your own is one
+such file anywhere (`config.method.name = "/path/to/my_method.py"`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from types import ModuleType
 import ml_collections
 
 from .. import _plugins
+from ._hooks import Hooks
+from ._hooks import hooks as _read_hooks
 
 
 def available_methods() -> list[str]:
@@ -24,8 +27,17 @@ def available_methods() -> list[str]:
 @functools.lru_cache(maxsize=None)
 def load_method(name: str) -> ModuleType:
   """The module of method `name`: experiments/methods/<name>.py, a dotted module path, or a
-  `.py` file path. Raises a ValueError naming the method when there is none."""
-  return _plugins.load(name, __name__, "method", available_methods())
+  `.py` file path, its hooks checked (`hooks`). Raises a ValueError naming the method when
+  there is none."""
+  module = _plugins.load(name, __name__, "method", available_methods())
+  _read_hooks(module)
+  return module
+
+
+def hooks(method: str | ModuleType) -> Hooks:
+  """The hooks of a method (its name, as config.method.name, or its module), each the
+  module's own or its default."""
+  return _read_hooks(load_method(method) if isinstance(method, str) else method)
 
 
 def method_defaults(name: str) -> ml_collections.ConfigDict:
@@ -33,7 +45,4 @@ def method_defaults(name: str) -> ml_collections.ConfigDict:
   return load_method(name).defaults()
 
 
-def overlap_steps(method: ml_collections.ConfigDict) -> int:
-  """Steps a sync of this method overlaps on the simulated clock (0: none)."""
-  fn = getattr(load_method(method.name), "overlap_steps", None)
-  return int(fn(method)) if fn else 0
+__all__ = ["Hooks", "available_methods", "hooks", "load_method", "method_defaults"]

@@ -12,7 +12,7 @@ def defaults():
                              types={"state_every": str, "participation": str}, sync_every=16)
 
 
-def parse_periods(spec):
+def _parse_periods(spec):
   """'mu=48,nu=96' -> {'mu': 48, 'nu': 96}; None stays None (the factory's default)."""
   if spec is None:
     return None
@@ -28,6 +28,12 @@ def parse_periods(spec):
 
 def build(settings, ctx):
   return toolkit.call(local.des_loc, settings, inner=ctx.inner, axis_name=ctx.axis_name,
-                     state_every=parse_periods(settings.state_every),
+                     state_every=_parse_periods(settings.state_every),
                      participation=ctx.participation(settings.participation,
                                                      settings.sync_every))
+
+
+def period(settings) -> int:
+  """The parameters are averaged every `sync_every` = K_x steps (the optimiser
+  states on their own multiples of it)."""
+  return settings.sync_every

@@ -23,6 +23,11 @@ def build(settings, ctx):
                      participation=ctx.participation(settings.participation))
 
 
+def period(settings) -> int:
+  """An outer sync every `sync_every` inner steps."""
+  return settings.sync_every
+
+
 def overlap_steps(settings) -> int:
   """Eager updates use sync k's mean at sync k + 1: the all-reduce overlaps H inner steps."""
   return settings.sync_every if settings.eager else 0

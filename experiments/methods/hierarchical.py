@@ -24,3 +24,8 @@ def build(settings, ctx):
   return toolkit.call(local.hierarchical, settings, inner=ctx.inner,
                      participation=ctx.participation(settings.participation,
                                                      num_workers=slow))
+
+
+def period(settings) -> int:
+  """The slow axis syncs every `sync_every` steps (the fast axis every step)."""
+  return settings.sync_every

@@ -15,3 +15,8 @@ def defaults():
 def build(settings, ctx):
   return toolkit.call(local.local_sgd, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))
+
+
+def period(settings) -> int:
+  """The parameters are averaged every `sync_every` local steps."""
+  return settings.sync_every

@@ -21,3 +21,8 @@ def build(settings, ctx):
                      outer=toolkit.nesterov(settings.outer_lr, settings.outer_momentum),
                      axis_name=ctx.axis_name, param_specs=ctx.param_specs, key=ctx.key,
                      participation=ctx.participation(settings.participation))
+
+
+def period(settings) -> int:
+  """An outer sync every `sync_every` inner steps."""
+  return settings.sync_every

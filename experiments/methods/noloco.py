@@ -13,3 +13,8 @@ def defaults():
 def build(settings, ctx):
   return toolkit.call(local.noloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))
+
+
+def period(settings) -> int:
+  """Each worker averages with a partner every `sync_every` inner steps."""
+  return settings.sync_every

@@ -12,3 +12,8 @@ def defaults():
 def build(settings, ctx):
   return toolkit.call(local.scaffold, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))
+
+
+def period(settings) -> int:
+  """The parameters and control variates are averaged every `sync_every` steps."""
+  return settings.sync_every

@@ -13,3 +13,8 @@ def defaults():
 def build(settings, ctx):
   return toolkit.call(local.sparseloco, settings, inner=ctx.inner, axis_name=ctx.axis_name,
                      participation=ctx.participation(settings.participation))
+
+
+def period(settings) -> int:
+  """An outer sync every `sync_every` inner steps."""
+  return settings.sync_every

@@ -22,6 +22,11 @@ def build(settings, ctx):
       participation=ctx.participation(settings.participation, settings.fragments))
 
 
+def period(settings) -> int:
+  """Every fragment is sent once per `sync_every` inner steps."""
+  return settings.sync_every
+
+
 def overlap_steps(settings) -> int:
   """A fragment is merged `overlap` inner steps after it is sent; eager, its mean is used
   at its next sync, H inner steps later."""

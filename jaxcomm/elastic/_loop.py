@@ -41,7 +41,7 @@ from jaxcomm.elastic import _quorum
 from jaxcomm.elastic import _state
 from jaxcomm.elastic._record import Result, _print, _Record, _RoundWork, _Saver
 from jaxcomm.elastic._record import local_scalar
-from jaxcomm.train import Trainer, TrainState
+from jaxcomm.train import Program, TrainState
 
 # What a failed round can raise on a live process (collectives, the commit decision, the
 # membership barrier); anything else is a bug and ends the process.
@@ -69,21 +69,21 @@ def digest(tree: Any) -> str:
   return h.hexdigest()[:16]
 
 
-def replicated(trainer: Trainer, state: TrainState) -> list:
+def replicated(program: Program, state: TrainState) -> list:
   """The leaves of the optimiser state that are the same on every worker."""
-  return [x for pw, x in zip(jax.tree.leaves(trainer.layout.opt_state),
+  return [x for pw, x in zip(jax.tree.leaves(program.layout.opt_state),
                              jax.tree.leaves(state.opt_state)) if not pw]
 
 
 class _Island:
   """This process's side of the run: the committed state and the current generation."""
 
-  def __init__(self, make_trainer, params, axis_name):
-    self.make_trainer, self.params, self.axis_name = make_trainer, params, axis_name
-    self.state = None          # committed state (on the mesh of `trainer_of_state`)
-    self.trainer_of_state = None
+  def __init__(self, make_program, params, batch_axis):
+    self.make_program, self.params, self.batch_axis = make_program, params, batch_axis
+    self.state = None          # committed state (on the mesh of `program_of_state`)
+    self.program_of_state = None
     self.gen_index = None
-    self.trainer = None
+    self.program = None
     self.template = None
     self.by_id = {d.id: d for d in jax.devices()}
 
@@ -91,32 +91,33 @@ class _Island:
     """The state to run this round from, on the generation's mesh (healing joiners)."""
     if gen.index != self.gen_index:
       devices = [self.by_id[i] for i in gen.order]
-      mesh = train.make_mesh({self.axis_name: len(devices)}, devices=devices)
-      self.trainer = self.make_trainer(mesh)
-      self.template = self.trainer.init(self.params)
+      mesh = train.make_mesh({self.batch_axis: len(devices)}, devices=devices)
+      self.program = self.make_program(mesh)
+      v.instance("make_program(mesh)", self.program, Program, "jaxcomm.train.Program")
+      self.template = self.program.init(self.params)
       self.gen_index = gen.index
     state = self.state
-    if self.trainer_of_state is not self.trainer:
+    if self.program_of_state is not self.program:
       # A founder (generation 0) or a joiner starts from the template; a survivor keeps its
       # rows, which stay on its devices.
-      state = _state.remesh(self.state, self.trainer, self.template)
+      state = _state.remesh(self.state, self.program, self.template)
     if gen.joiners:
       owners = [self.by_id[i].process_index for i in gen.order]
-      state = _state.heal(self.trainer, state, [p in gen.joiners for p in owners],
+      state = _state.heal(self.program, state, [p in gen.joiners for p in owners],
                           owners.index(gen.donor))
-    if self.trainer.donate:
+    if self.program.config.donate:
       # The round's first step consumes its input, and the committed state (or the template)
       # must outlive a round that is discarded: the round runs on a copy.
       state = jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), state)
     return state
 
   def commit(self, state: TrainState) -> None:
-    self.state, self.trainer_of_state = state, self.trainer
+    self.state, self.program_of_state = state, self.program
 
 
-def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
+def fit(make_program: Callable[[jax.sharding.Mesh], Program], params: Any,
         batch_fn: Callable[[int], dict], steps: int, *, round_steps: int,
-        axis_name: str = "data", log_every: int = 10, workdir: str | None = None,
+        batch_axes: str = "data", log_every: int = 10, workdir: str | None = None,
         checkpoint_every: int = 0, checkpoint_dir: str | None = None, keep: int = 3,
         timeout_s: float = 60.0, max_failed_rounds: int = 20,
         quorum: _quorum.Quorum = _quorum.Quorum(), deadline_s: float | None = None,
@@ -130,8 +131,9 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
   trains plainly, in rounds.
 
   Args:
-    make_trainer: `mesh -> Trainer` for a mesh with one data axis `axis_name` over the live
-      devices (the method's collectives run over that axis).
+    make_program: `mesh -> Program` for a mesh with one axis `batch_axes` over the live
+      devices (e.g. `lambda mesh: train.make_program(loss, tx, mesh, params)`; the method's
+      collectives run over that axis).
     params: the initial (replicated) parameters; founders start from them, a joiner takes
       its peer's.
     batch_fn: `step -> this process's share of global batch number step` (numpy), as for
@@ -140,7 +142,7 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
     steps: the step number to stop at.
     round_steps: steps per round, the sync period of the method (H for DiLoCo and local
       SGD, 1 for DP); rounds end at multiples of it, so joiners join right after a sync.
-    axis_name: the mesh's data axis.
+    batch_axes: the name of the mesh's one axis, over which the batch is split.
     log_every: record metrics every this many steps (written when the round commits).
     workdir: where the generation's leader appends `metrics.jsonl` (None: nowhere).
     checkpoint_every: at the end of a round that reaches a multiple of it (and at the end),
@@ -168,8 +170,8 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
   >>> import jax.numpy as jnp, numpy as np, optax
   >>> from jaxcomm import local, train
   >>> tx = local.diloco(optax.sgd(0.1), optax.sgd(1.0), sync_every=2)
-  >>> make = lambda mesh: train.Trainer(lambda p, b: jnp.mean((b["x"] * p["w"]) ** 2), tx,
-  ...                                   mesh)
+  >>> make = lambda mesh: train.make_program(lambda p, b: jnp.mean((b["x"] * p["w"]) ** 2),
+  ...                                        tx, mesh, {"w": jnp.ones(())})
   >>> batch = {"x": np.ones(8, np.float32)}
   >>> out = fit(make, {"w": jnp.ones(())}, lambda step: batch, 4, round_steps=2)
   >>> out.rounds, int(out.state.step), round(float(out.state.opt_state.outer_params["w"]), 3)
@@ -185,7 +187,7 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
                      "saves the live islands' gathered state there.")
   membership = None if _membership.client() is None else _membership.Membership(
       timeout_s, quorum, deadline_s, admit_every=checkpoint_every, view=view)
-  island = _Island(make_trainer, params, axis_name)
+  island = _Island(make_program, params, batch_axes)
   record = _Record(log, workdir)
   saver = _Saver(checkpoint_dir, checkpoint_every, keep)
   step, in_a_row = 0, 0
@@ -202,11 +204,11 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
           record.waiting(step, "")
           state = island.prepare(gen)
           if gen.joiners:
-            work.healed = (digest(replicated(island.trainer, state)), digest(state.params),
+            work.healed = (digest(replicated(island.program, state)), digest(state.params),
                            time.perf_counter() - work.began)
-          state = _run(island.trainer, state, batch_fn, steps, round_steps, log_every, work)
+          state = _run(island.program, state, batch_fn, steps, round_steps, log_every, work)
           if checkpoint_every and (work.stop % checkpoint_every == 0 or work.stop == steps):
-            work.snapshot = _state.gather(island.trainer, state)
+            work.snapshot = _state.gather(island.program, state)
       except ROUND_FAILURES as e:
         if membership is None:
           raise  # one process: nothing to recover from
@@ -246,19 +248,19 @@ def fit(make_trainer: Callable[[jax.sharding.Mesh], Trainer], params: Any,
     saver.close()
     if membership is not None:
       membership.close()
-  record.result.state, record.result.trainer = island.state, island.trainer
+  record.result.state, record.result.program = island.state, island.program
   return record.result
 
 
-def _run(trainer: Trainer, state: TrainState, batch_fn, steps: int, round_steps: int,
+def _run(program: Program, state: TrainState, batch_fn, steps: int, round_steps: int,
          log_every: int, work: _RoundWork) -> TrainState:
   """The round's steps: from the state's step to the next multiple of `round_steps`."""
   work.first = int(local_scalar(state.step))
   work.stop = min(steps, (work.first // round_steps + 1) * round_steps)
   for t in range(work.first, work.stop):
-    batch = trainer.shard_batch(batch_fn(t))
-    state, per_device, sent = trainer.step_fn(state, batch)(state, batch)
-    # One step at a time on CPU (see Trainer.step); also what the vote needs.
+    batch = program.shard_batch(batch_fn(t))
+    state, per_device, sent = program.step(state, batch)
+    # One step at a time on CPU (see Program.dispatch); also what the vote needs.
     jax.block_until_ready(state)
     work.computed += 1
     if (t + 1) % log_every == 0 or t + 1 == steps:

@@ -21,7 +21,7 @@ from orbax.checkpoint._src.multihost import multihost as orbax_multihost
 
 from jaxcomm import train
 from jaxcomm.elastic import _membership
-from jaxcomm.train import Trainer, TrainState
+from jaxcomm.train import Program, TrainState
 
 
 def _print(line: str) -> None:
@@ -47,7 +47,7 @@ class Event:
 class Result:
   """What `fit` returns on every process."""
   state: TrainState         # this process's final state (on the last mesh)
-  trainer: Trainer          # the trainer of the last mesh
+  program: Program          # the program of the last mesh
   history: list             # metric rows of the logged steps (this process's workers)
   events: list              # `Event`s
   rounds: int               # rounds committed

@@ -48,7 +48,7 @@ def hierarchical(inner: optax.GradientTransformation, sync_every: int,
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`. Train it with the
-    Trainer's `axis_name=(slow_axis, fast_axis)` so the batch is split over both.
+    Trainer's `batch_axes=(slow_axis, fast_axis)` so the batch is split over both.
 
   References:
     DASO, arXiv 2104.05588; WP-SGD, arXiv 1708.04801; Lin et al., arXiv 1808.07217.

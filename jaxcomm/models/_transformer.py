@@ -15,7 +15,7 @@ so that `layout.param_specs(lm.param_axes(), params)` gives their PartitionSpecs
     tx = optax.chain(sync.mean("data"),  # ZeRO-3 over fsdp, plain DP over data
                      parallel.zero(optax.adam(1e-3), 3, "fsdp", param_specs=specs,
                                    regather=lm.param_regather()))
-    trainer = train.Trainer(lm_loss(lm), tx, layout.mesh, axis_name=layout.batch_axes,
+    trainer = train.Trainer(lm_loss(lm), tx, layout.mesh, batch_axes=layout.batch_axes,
                             param_specs=specs)
 """
 

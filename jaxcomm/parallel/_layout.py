@@ -78,7 +78,7 @@ class Layout:
 
   @property
   def batch_axes(self) -> tuple:
-    """Mesh axes the batch is split over (the Trainer's `axis_name`)."""
+    """Mesh axes the batch is split over (the Trainer's and StepConfig's `batch_axes`)."""
     return tuple(a for a in self.mesh.axis_names if a in BATCH_AXES)
 
   @property
@@ -133,7 +133,7 @@ class Layout:
       regather: the model's `param_regather()` (counts FSDP's backward gathers).
 
     Returns:
-      An `optax.GradientTransformationExtraArgs` for `Trainer(..., axis_name=batch_axes,
+      An `optax.GradientTransformationExtraArgs` for `Trainer(..., batch_axes=batch_axes,
       param_specs=param_specs)`.
 
     >>> import jax, jax.numpy as jnp, optax
@@ -149,7 +149,7 @@ class Layout:
     ...                       sync_every=2, axis_name=layout.replica_axis)
     >>> trainer = train.Trainer(models.lm_loss(lm),
     ...                         layout.optimizer(method, specs, lm.param_regather()),
-    ...                         layout.mesh, axis_name=layout.batch_axes, param_specs=specs)
+    ...                         layout.mesh, batch_axes=layout.batch_axes, param_specs=specs)
     >>> state = trainer.init(params)
     >>> outer = state.opt_state.inner_state.inner_states["fsdp"].inner_state.outer_params
     >>> outer["params"]["head"]["kernel"].sharding.spec  # shared by replicas, sharded

@@ -1,7 +1,7 @@
 """A training step compiled for abstract inputs: its collectives, memory and FLOPs per device.
 
-`compile_step(trainer, params, batch)` takes the parameters and the batch as
-`jax.ShapeDtypeStruct`s, derives the train state `trainer.init` would give (shapes and
+`compile_step(program, params, batch)` takes the parameters and the batch as
+`jax.ShapeDtypeStruct`s, derives the train state `program.init` would give (shapes and
 shardings only: `jax.eval_shape`), lowers and compiles the step for them, and reads the
 compiled program: its collectives (`comm.parse_hlo`: bytes per mesh axis), XLA's memory
 analysis (bytes per device) and cost analysis (FLOPs per device), and the per-device bytes
@@ -125,45 +125,48 @@ def _struct(x: Any, name: str) -> jax.ShapeDtypeStruct:
   raise ValueError(f"{name} must hold arrays or jax.ShapeDtypeStructs, got {type(x).__name__}.")
 
 
-def abstract_state(trainer: train.Trainer, params: Any) -> train.TrainState:
-  """The train state `trainer.init(params)` gives, as ShapeDtypeStructs with its shardings.
+def abstract_state(program: train.Program, params: Any) -> train.TrainState:
+  """The train state `program.init(params)` gives, as ShapeDtypeStructs with its shardings.
 
   Nothing is allocated: `params` may be (and at real sizes should be) ShapeDtypeStructs.
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import parallel, sync, train
-  >>> trainer = train.Trainer(lambda p, b: jnp.sum(p["w"] * b["x"]),
-  ...                         optax.chain(sync.mean("data"), optax.adam(1e-3)),
-  ...                         parallel.make_mesh({"data": 8}))
-  >>> state = abstract_state(trainer, {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)})
+  >>> params = {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)}
+  >>> program = train.make_program(lambda p, b: jnp.sum(p["w"] * b["x"]),
+  ...                              optax.chain(sync.mean("data"), optax.adam(1e-3)),
+  ...                              parallel.make_mesh({"data": 8}), params)
+  >>> state = abstract_state(program, params)
   >>> state.opt_state[1][0].mu["w"].shape, state.params["w"].sharding.spec
   ((1000,), P())
   """
   params = jax.tree.map(lambda x: _struct(x, "params"), params)
-  state = jax.eval_shape(trainer.init, params)
-  shardings = trainer.state_shardings(state)
+  state = jax.eval_shape(program.init, params)
+  shardings = program.state_shardings()
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       state, shardings)
 
 
-def abstract_batch(trainer: train.Trainer, batch: Any) -> Any:
-  """The global batch as ShapeDtypeStructs sharded as the trainer splits it.
+def abstract_batch(program: train.Program, batch: Any) -> Any:
+  """The global batch as ShapeDtypeStructs sharded as the program splits it.
 
   `batch` may hold arrays or ShapeDtypeStructs; nothing is allocated.
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import parallel, sync, train
-  >>> trainer = train.Trainer(lambda p, b: jnp.sum(p["w"] * b["x"]),
-  ...                         optax.chain(sync.mean("data"), optax.sgd(0.1)),
-  ...                         parallel.make_mesh({"data": 8}))
-  >>> x = abstract_batch(trainer, {"x": jax.ShapeDtypeStruct((64, 1000), jnp.float32)})["x"]
+  >>> program = train.make_program(lambda p, b: jnp.sum(p["w"] * b["x"]),
+  ...                              optax.chain(sync.mean("data"), optax.sgd(0.1)),
+  ...                              parallel.make_mesh({"data": 8}),
+  ...                              {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)})
+  >>> x = abstract_batch(program, {"x": jax.ShapeDtypeStruct((64, 1000), jnp.float32)})["x"]
   >>> x.shape, x.sharding.spec
   ((64, 1000), P('data',))
   """
   batch = jax.tree.map(lambda x: _struct(x, "batch"), batch)
-  specs = trainer.batch_spec(batch)
+  specs = program.batch_specs(batch)
+  mesh = program.config.mesh
   return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=NamedSharding(trainer.mesh, spec)), batch, specs,
+      x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), batch, specs,
                       is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
 
@@ -190,12 +193,13 @@ def _argument_bytes(compiled, state, batch) -> dict:
   return out
 
 
-def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
+def compile_step(program: train.Program | train.Trainer, params: Any, batch: Any, *,
                  steps: int = 1000) -> StepPlan:
-  """Compiles `trainer`'s step for abstract parameters and batch and reads it (never runs it).
+  """Compiles `program`'s step for abstract parameters and batch and reads it (never runs it).
 
   Args:
-    trainer: a `train.Trainer` (loss, transform, mesh, specs).
+    program: a `train.Program` (loss, transform, mesh, specs, layout), or a `train.Trainer`
+      (its program for `params` is built).
     params: the parameters, as ShapeDtypeStructs (or arrays; only shapes are read).
     batch: the global batch, as ShapeDtypeStructs (or arrays).
     steps: the steps from `init` whose counted bytes `StepPlan.counted` holds.
@@ -205,24 +209,26 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import parallel, sync, train
-  >>> trainer = train.Trainer(lambda p, b: jnp.mean((b["x"] @ p["w"]) ** 2),
-  ...                         optax.chain(sync.mean("data"), optax.sgd(0.1)),
-  ...                         parallel.make_mesh({"data": 8}))
   >>> f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-  >>> step = compile_step(trainer, {"w": f32(1000, 10)}, {"x": f32(64, 1000)})
+  >>> program = train.make_program(lambda p, b: jnp.mean((b["x"] @ p["w"]) ** 2),
+  ...                              optax.chain(sync.mean("data"), optax.sgd(0.1)),
+  ...                              parallel.make_mesh({"data": 8}), {"w": f32(1000, 10)})
+  >>> step = compile_step(program, {"w": f32(1000, 10)}, {"x": f32(64, 1000)})
   >>> step.bytes_per_step(), 2 * 7 / 8 * 4 * 10_000  # a ring all-reduce of the gradient
   (70000.0, 70000.0)
   >>> step.state_bytes["params"], step.state_bytes["batch"]  # per device: 8 rows of x
   (40000, 32000)
   """
-  v.instance("trainer", trainer, train.Trainer, "jaxcomm.train.Trainer")
-  steps = v.integer("steps", steps, low=1)
   params = jax.tree.map(lambda x: _struct(x, "params"), params)
-  state = abstract_state(trainer, params)
-  batch = abstract_batch(trainer, batch)
-  step_fn = trainer.step_fn(state, batch)
-  compiled = step_fn.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
-  report = comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
+  if isinstance(program, train.Trainer):
+    program = program.build(params)
+  v.instance("program", program, train.Program, "jaxcomm.train.Program (or Trainer)")
+  steps = v.integer("steps", steps, low=1)
+  mesh = program.config.mesh
+  state = abstract_state(program, params)
+  batch = abstract_batch(program, batch)
+  compiled = program.step.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
+  report = comm.parse_hlo(compiled.as_text(), mesh=mesh)
   m = compiled.memory_analysis()
   memory = Memory(arguments=m.argument_size_in_bytes, outputs=m.output_size_in_bytes,
                   aliased=m.alias_size_in_bytes, temp=m.temp_size_in_bytes)
@@ -231,9 +237,9 @@ def compile_step(trainer: train.Trainer, params: Any, batch: Any, *,
     analysis = analysis[0] if analysis else {}
   counted, why = None, ""
   if report.wire_bytes(conditional=True):
-    counted, why = _schedule.counted_bytes(trainer, params, state, batch, steps, report,
+    counted, why = _schedule.counted_bytes(program, params, state, batch, steps, report,
                                            compiler_options=COMPILER_OPTIONS)
   return StepPlan(report=report, memory=memory, flops=float(analysis.get("flops", 0.0)),
                   bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
                   state_bytes=_argument_bytes(compiled, state, batch), counted=counted,
-                  why_not_counted=why, mesh_shape=dict(trainer.mesh.shape), steps=steps)
+                  why_not_counted=why, mesh_shape=dict(mesh.shape), steps=steps)

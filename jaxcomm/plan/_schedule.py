@@ -55,15 +55,15 @@ def _memory(compiled) -> int:
   return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
 
 
-def counted_bytes(trainer, params, state, batch, steps: int, report: comm.CollectiveReport,
+def counted_bytes(program, params, state, batch, steps: int, report: comm.CollectiveReport,
                   *, limit: int = LIMIT, compiler_options: dict | None = None
                   ) -> tuple[np.ndarray | None, str]:
-  """The bytes the counters count at each of the first `steps` steps from `trainer.init`.
+  """The bytes the counters count at each of the first `steps` steps from `program.init`.
 
   Args:
-    trainer: the `train.Trainer` whose step is planned.
-    params: the abstract initial parameters (what `trainer.init` takes).
-    state: the abstract train state (`abstract_state(trainer, params)`).
+    program: the `train.Program` whose step is planned.
+    params: the abstract initial parameters (what `program.init` takes).
+    state: the abstract train state (`abstract_state(program, params)`).
     batch: the abstract global batch.
     steps: how many steps to count.
     report: the compiled step's collectives (to unwrap counters past 4 GiB a step).
@@ -78,17 +78,17 @@ def counted_bytes(trainer, params, state, batch, steps: int, report: comm.Collec
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import local, parallel, plan, train
-  >>> trainer = train.Trainer(lambda p, b: jnp.sum(p["w"] * b["x"]),
-  ...                         local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=2),
-  ...                         parallel.make_mesh({"data": 8}))
   >>> params = {"w": jax.ShapeDtypeStruct((1000,), jnp.float32)}
-  >>> state = plan.abstract_state(trainer, params)
-  >>> batch = plan.abstract_batch(trainer, {"x": jax.ShapeDtypeStruct((8, 1000), jnp.float32)})
-  >>> report = comm.inspect(trainer.step_fn(state, batch), state, batch)
-  >>> counted_bytes(trainer, params, state, batch, 4, report)[0].tolist()
+  >>> program = train.make_program(lambda p, b: jnp.sum(p["w"] * b["x"]),
+  ...                              local.diloco(optax.sgd(0.1), optax.sgd(0.7), sync_every=2),
+  ...                              parallel.make_mesh({"data": 8}), params)
+  >>> state = plan.abstract_state(program, params)
+  >>> batch = plan.abstract_batch(program, {"x": jax.ShapeDtypeStruct((8, 1000), jnp.float32)})
+  >>> report = comm.inspect(program.step, state, batch)
+  >>> counted_bytes(program, params, state, batch, 4, report)[0].tolist()
   [0.0, 7000.0, 0.0, 7000.0]
   """
-  step_fn = trainer.step_fn(state, batch)
+  step_fn = program.step
   leaves, treedef = jax.tree.flatten(state)
   keep = [i for i, leaf in enumerate(leaves) if _carried(leaf)]
   rest = [i for i in range(len(leaves)) if i not in keep]
@@ -119,7 +119,7 @@ def counted_bytes(trainer, params, state, batch, steps: int, report: comm.Collec
     return lax.scan(body, carried, None, length=steps)[1]
 
   def initial():
-    return [jax.tree.leaves(trainer.init(jax.tree.map(_zeros, params)))[i] for i in keep]
+    return [jax.tree.leaves(program.init(jax.tree.map(_zeros, params)))[i] for i in keep]
 
   run = jax.jit(machine).lower(carried_abs).compile(compiler_options=options)
   start = jax.jit(initial).lower().compile(compiler_options=options)

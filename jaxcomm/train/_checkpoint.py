@@ -43,8 +43,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm.train import _validate
+from jaxcomm.train._program import Program
 from jaxcomm.train._step import TrainState
-from jaxcomm.train._trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +65,15 @@ class Checkpointer:
 
   >>> import tempfile, jax.numpy as jnp, optax
   >>> from jaxcomm import sync
-  >>> from jaxcomm.train import Trainer, make_mesh
-  >>> trainer = Trainer(lambda p, b: jnp.mean((b["x"] * p["w"]) ** 2),
-  ...                   optax.chain(sync.mean("data"), optax.adam(0.1)), make_mesh({"data": 8}))
-  >>> state = trainer.init({"w": jnp.ones(())})
-  >>> state, _ = trainer.step(state, {"x": jnp.ones(8)})
+  >>> from jaxcomm.train import make_mesh, make_program
+  >>> program = make_program(lambda p, b: jnp.mean((b["x"] * p["w"]) ** 2),
+  ...                        optax.chain(sync.mean("data"), optax.adam(0.1)),
+  ...                        make_mesh({"data": 8}), {"w": jnp.ones(())})
+  >>> state, _, _ = program.step(program.init({"w": jnp.ones(())}), {"x": jnp.ones(8)})
   >>> ckpt = Checkpointer(tempfile.mkdtemp(), every=1, keep=2)
   >>> ckpt.save(state, force=True)
   True
-  >>> restored, info = ckpt.restore(trainer, trainer.init({"w": jnp.ones(())}))
+  >>> restored, info = ckpt.restore(program, program.init({"w": jnp.ones(())}))
   >>> int(restored.step), bool(restored.params["w"] == state.params["w"]), ckpt.steps
   (1, True, [1])
   """
@@ -141,19 +141,20 @@ class Checkpointer:
       self._preemption = (step, self._manager.reached_preemption(step))
     return self._preemption[1]
 
-  def restore(self, trainer: Trainer, state_like: TrainState) -> tuple[TrainState, dict] | None:
+  def restore(self, program: Program, state_like: TrainState
+              ) -> tuple[TrainState, dict] | None:
     """The newest readable checkpoint as `(state, info)`, or None when there is none.
 
     Args:
-      trainer: the trainer the state is for; its `state_shardings` place every leaf (a run
-        may resume on another mesh or process count with the same number of workers).
-      state_like: a train state of the same structure (e.g. `trainer.init(params)`); typed
+      program: the `Program` the state is for; its `state_shardings` place every leaf (a
+        run may resume on another mesh or process count with the same number of workers).
+      state_like: a train state of the same structure (e.g. `program.init(params)`); typed
         PRNG keys are re-wrapped with its keys' implementations.
 
     Raises:
       RuntimeError: checkpoints exist but none of them can be read.
     """
-    shardings = trainer.state_shardings(state_like)
+    shardings = program.state_shardings()
     target = jax.tree.map(_abstract, state_like, shardings)
     unreadable = []
     for step in sorted(self._manager.all_steps(), reverse=True):

@@ -38,23 +38,23 @@ MUTABLE = ("per_worker", "mean")
 class StepConfig:
   """Everything the train step is a function of, fixed when it is built (validated here).
 
-  The arguments of `Trainer` (see there), with the data axes as a tuple `axes` (a single
-  name is accepted) and `nnx`, the `_nnx.Parts` of an NNX model (None for a parameter tree).
-  `key` is kept typed (one key, or one per trial with `trials`).
+  The arguments of `Trainer` (see there), with the batch axes as a tuple `batch_axes` (a
+  single name is accepted) and `nnx`, the `_nnx.Parts` of an NNX model (None for a parameter
+  tree). `key` is kept typed (one key, or one per trial with `trials`).
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
   >>> from jaxcomm.parallel import make_mesh
   >>> config = StepConfig(lambda p, b: jnp.mean((b * p["w"]) ** 2),
   ...                     optax.chain(sync.mean("data"), optax.sgd(0.1)),
-  ...                     make_mesh({"data": 8}), axes="data")
-  >>> config.axes, config.num_workers
+  ...                     make_mesh({"data": 8}), batch_axes="data")
+  >>> config.batch_axes, config.num_workers
   (('data',), 8)
   """
   loss_fn: Callable
   optimizer: optax.GradientTransformation
   mesh: jax.sharding.Mesh
-  axes: Any = ("data",)
+  batch_axes: Any = ("data",)
   param_specs: Any = None
   has_aux: bool = False
   batch_specs: Any = None
@@ -66,7 +66,7 @@ class StepConfig:
 
   def __post_init__(self):
     fix = functools.partial(object.__setattr__, self)  # normalised values of a frozen class
-    fix("axes", _validate.trainer_axes(self.axes, self.mesh))
+    fix("batch_axes", _validate.batch_axes(self.batch_axes, self.mesh))
     v.callable_("loss_fn", self.loss_fn)
     v.transform("optimizer", self.optimizer)
     fix("trials", _validate.trials(self.trials))
@@ -78,12 +78,12 @@ class StepConfig:
 
   @property
   def num_workers(self) -> int:
-    return math.prod(self.mesh.shape[a] for a in self.axes)
+    return math.prod(self.mesh.shape[a] for a in self.batch_axes)
 
   @property
   def extra_axes(self) -> tuple:
-    """The mesh axes that are not data axes (tensor, pipeline, ...), in mesh order."""
-    return tuple(a for a in self.mesh.axis_names if a not in self.axes)
+    """The mesh axes that are not batch axes (tensor, pipeline, ...), in mesh order."""
+    return tuple(a for a in self.mesh.axis_names if a not in self.batch_axes)
 
   def lead_axes(self, per_worker) -> tuple:
     """The mesh axes (mesh order) of a per-worker leaf's leading axis; () if replicated."""
@@ -108,13 +108,16 @@ class StepConfig:
                         tree)
 
   def batch_specs_for(self, batch) -> Any:
-    """PartitionSpecs of a global batch: the leading dimension over the data axes by default."""
-    if isinstance(self.batch_specs, P):
-      specs = jax.tree.map(lambda _: self.batch_specs, batch)
-    elif self.batch_specs is not None:
+    """PartitionSpecs of a global batch: the leading dimension over the batch axes by default.
+
+    `batch=None` gives a prefix of any batch's specs (one spec for every leaf, unless
+    `batch_specs` is a tree): what the step's `in_specs` need before a batch is seen.
+    """
+    if self.batch_specs is not None and not isinstance(self.batch_specs, P):
       specs = self.batch_specs
     else:
-      specs = jax.tree.map(lambda _: P(self.axes), batch)
+      spec = P(self.batch_axes) if self.batch_specs is None else self.batch_specs
+      specs = spec if batch is None else jax.tree.map(lambda _: spec, batch)
     return self.with_trials(specs)
 
 
@@ -203,7 +206,7 @@ def derive_layout(config: StepConfig, abstract_params: Any,
   sizes (a 1/W shard, ZeRO) works; probes stack every leaf over all mesh axes so that any
   leaf passes shard_map's check. A leaf is per-worker over the mesh axes it varies over that
   its spec does not shard it over. An NNX model's variables that the forward pass updates
-  are per-worker over the data axes with `mutable="per_worker"`.
+  are per-worker over the batch axes with `mutable="per_worker"`.
 
   Args:
     config: the step's configuration.
@@ -253,7 +256,7 @@ def derive_layout(config: StepConfig, abstract_params: Any,
   for _ in range(8):
     def probe_update(p, o, pw=per_worker):
       p, o = unstack(p, pw[0]), unstack(o, pw[1])
-      grads = comm.varying(jax.tree.map(jnp.zeros_like, p), config.axes)
+      grads = comm.varying(jax.tree.map(jnp.zeros_like, p), config.batch_axes)
       found["groups"] = tuple(sorted({
           tuple(a for a in config.extra_axes if a in comm.varying_axes(g))
           for g in jax.tree.leaves(grads)}))
@@ -271,7 +274,7 @@ def derive_layout(config: StepConfig, abstract_params: Any,
     new = tuple(jax.tree.map(lambda a, b: a | b, old, found[key])
                 for old, key in zip(per_worker, ("params", "opt")))
     if all(jax.tree.leaves(a) == jax.tree.leaves(b) for a, b in zip(new, per_worker)):
-      _validate.params_layout(new[0], pspecs, config.axes)
+      _validate.params_layout(new[0], pspecs, config.batch_axes)
       return StateLayout(params=new[0], opt_state=new[1],
                          **_model_layout(config, abstract_model_state),
                          param_specs=pspecs, opt_specs=opt_specs, grad_groups=found["groups"])
@@ -288,7 +291,7 @@ def _model_layout(config: StepConfig, abstract_model_state: Any) -> dict:
                      "config.nnx (the model's parts); pass None for a parameter tree.")
   variables = config.nnx.is_variable()
   per_worker = jax.tree.map(
-      lambda var: frozenset(config.axes) if var and config.mutable == "per_worker"
+      lambda var: frozenset(config.batch_axes) if var and config.mutable == "per_worker"
       else frozenset(), variables)
   return {"model_state": per_worker, "model_specs": jax.tree.map(lambda _: P(), variables)}
 

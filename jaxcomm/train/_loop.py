@@ -22,6 +22,7 @@ from jaxcomm import comm
 from jaxcomm.train import _metrics
 from jaxcomm.train import _preemption
 from jaxcomm.train._checkpoint import Checkpointer
+from jaxcomm.train._program import Program
 from jaxcomm.train._step import TrainState
 from jaxcomm.train._trainer import Trainer
 
@@ -32,15 +33,15 @@ def _scalar(x) -> float:
   return float(np.asarray(x))
 
 
-def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], steps: int, *,
-        workdir: str | None = None, log_every: int = 10, progress: bool = True,
+def fit(program: Program | Trainer, state: TrainState, batch_fn: Callable[[int], dict],
+        steps: int, *, workdir: str | None = None, log_every: int = 10, progress: bool = True,
         eval_fn: Callable[[TrainState], dict] | None = None,
         checkpointer: Checkpointer | None = None,
         sim_step_seconds: Callable[[int], float] | None = None) -> tuple[TrainState, list]:
   """Runs `steps` training steps from `state.step`.
 
   Args:
-    trainer: the step builder.
+    program: the `Program` (or a `Trainer`, whose `program` is taken).
     state: the train state to continue from (its `step` says where the data resumes).
     batch_fn: `step -> this process's share of global batch number step` (numpy), e.g.
       `data.batches(...).__getitem__`.
@@ -78,19 +79,23 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
     >>> from jaxcomm import sync, train
     >>> mesh = train.make_mesh({"data": 8})
     >>> loss = lambda p, b: jnp.mean((b["x"] * p["w"] - b["y"]) ** 2)
-    >>> trainer = train.Trainer(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)), mesh)
+    >>> program = train.make_program(loss, optax.chain(sync.mean("data"), optax.sgd(0.1)),
+    ...                              mesh, {"w": jnp.zeros(1)})
     >>> batch = {"x": np.ones((8, 1), np.float32), "y": np.full((8, 1), 2.0, np.float32)}
-    >>> state, history = fit(trainer, trainer.init({"w": jnp.zeros(1)}), lambda step: batch, 3,
-    ...                      progress=False)
+    >>> state, history = fit(program, program.init({"w": jnp.zeros(1)}), lambda step: batch,
+    ...                      3, progress=False)
     >>> int(state.step), len(history) > 0
     (3, True)
   """
   v.integer("steps", steps, low=0)
   v.integer("log_every", log_every, low=1)
   v.callable_("sim_step_seconds", sim_step_seconds, allow_none=True)
+  if isinstance(program, Trainer):
+    program = program.program
+  v.instance("program", program, Program, "jaxcomm.train.Program (or Trainer)")
   totals = {"total_wire_bytes": 0, "sim_seconds": 0.0}
   if checkpointer is not None:
-    state, info = _resume(checkpointer, trainer, state, workdir, progress)
+    state, info = _resume(checkpointer, program, state, workdir, progress)
     totals.update({k: info[k] for k in totals if k in info})
   first = int(np.asarray(state.step))
   writer = None
@@ -112,25 +117,25 @@ def fit(trainer: Trainer, state: TrainState, batch_fn: Callable[[int], dict], st
   with _preemption.catch_sigterm(enabled=checkpointer is not None) as stop:
     try:
       for t in range(first, steps):
-        batch = trainer.shard_batch(batch_fn(t))
+        batch = program.shard_batch(batch_fn(t))
         if writer and t == first:  # the bytes table needs only shapes: take them now
           example = jax.tree.map(_abstract, (state, batch))
         log = (t + 1) % log_every == 0 or t + 1 == steps
         # Read before the step consumes the state (donated): the workers' spread as the
         # logged step starts, before its sync (a sync every log_every steps leaves ~0 after).
-        before = _consensus(trainer, state) if log else None
-        state, per_device, sent = trainer.dispatch(state, batch)
+        before = _consensus(program, state) if log else None
+        state, per_device, sent = program.dispatch(state, batch)
         pending.append(sent)
         bar.update(1)
         if writer and t == first:
-          report = comm.inspect(trainer.step_fn(*example), *example)
+          report = comm.inspect(program.step, *example)
           writer.text("wire_bytes_per_axis", _metrics.bytes_table(report), t + 1)
         save = checkpointer is not None and checkpointer.due(t + 1, force=stop.requested)
         if not (log or save):
           continue
         step_bytes = read_bytes()
         if log:
-          row = _row(trainer, state, per_device, t + 1, step_bytes[-1], totals,
+          row = _row(program, state, per_device, t + 1, step_bytes[-1], totals,
                      time.perf_counter() - start, eval_fn, sim_step_seconds is not None,
                      before)
           history.append(row)
@@ -160,23 +165,23 @@ def _abstract(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
 
 
-def _consensus(trainer: Trainer, state: TrainState):
+def _consensus(program: Program, state: TrainState):
   """The workers' consensus distance (on device), or None when the parameters are shared."""
-  stacked = _metrics.per_worker_leaves(state.params, trainer.layout.params)
+  stacked = _metrics.per_worker_leaves(state.params, program.layout.params)
   return _metrics.consensus_distance(stacked) if stacked else None
 
 
-def _row(trainer: Trainer, state: TrainState, per_device, step: int, sent: int, totals: dict,
+def _row(program: Program, state: TrainState, per_device, step: int, sent: int, totals: dict,
          seconds: float, eval_fn, with_sim: bool, before=None) -> dict:
   """One log row: the step's measurements read back, the running totals and extras."""
-  m = trainer.measure(per_device, None)
+  m = program.measure(per_device, None)
   m.pop("per_worker")
   row = {"step": step, "wire_bytes": sent, "total_wire_bytes": totals["total_wire_bytes"],
          "time": seconds}
   if with_sim:
     row["sim_seconds"] = totals["sim_seconds"]
   row.update({k: float(v) for k, v in jax.device_get(m).items()})
-  after = _consensus(trainer, state)
+  after = _consensus(program, state)
   if after is not None:  # workers hold different parameters (local updates, gossip)
     row["consensus_distance"] = float(after)
   if before is not None:
@@ -186,11 +191,11 @@ def _row(trainer: Trainer, state: TrainState, per_device, step: int, sent: int, 
   return row
 
 
-def _resume(checkpointer: Checkpointer, trainer: Trainer, state: TrainState,
+def _resume(checkpointer: Checkpointer, program: Program, state: TrainState,
             workdir: str | None, progress: bool) -> tuple[TrainState, dict]:
   """The newest checkpoint's state and info (running totals), or `state`, {}; trims the
   metrics logged after it."""
-  restored = checkpointer.restore(trainer, state)
+  restored = checkpointer.restore(program, state)
   if restored is None:
     return state, {}
   state, info = restored

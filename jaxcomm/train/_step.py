@@ -1,8 +1,8 @@
 """The step builder: pure functions of a `StepConfig` and a frozen `StateLayout`.
 
 `make_init` and `make_step` return jitted programs; nothing is written to any object and the
-step is traced once (its out_specs come from the layout; `make_step` checks that one trace,
-which jit keeps for the calls). `Trainer` is a facade over them.
+step is traced once (its out_specs come from the layout; that one trace, which jit keeps for
+the calls, is checked as it is made). `Program` holds them; `Trainer` is a facade over it.
 
 The step donates the train state (`donate_argnums`, `StepConfig.donate`): the new state takes
 the old one's buffers, so a model-sized state (DiLoCo's outer parameters, error memories) is
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.extend import core as jex_core
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import comm
@@ -112,7 +113,7 @@ def local_loss(config: StepConfig) -> Callable:
   parts = config.nnx
 
   def loss(params, batch, model_state, step, key):
-    worker = lax.axis_index(config.axes)  # the index of this worker's row of the batch
+    worker = lax.axis_index(config.batch_axes)  # this worker's row of the batch
     extra = () if key is None else (_nnx.step_key(key, step, worker),)
     if parts is None:
       out = config.loss_fn(params, batch, *extra)
@@ -126,20 +127,20 @@ def local_loss(config: StepConfig) -> Callable:
 
 
 def _sync_model_state(config: StepConfig, model_state) -> tuple[Any, float]:
-  """With mutable="mean", the updated variables averaged over the data axes (and bytes)."""
+  """With mutable="mean", the updated variables averaged over the batch axes (and bytes)."""
   if config.mutable != "mean" or model_state is None:
     return model_state, 0.0
   variables = config.nnx.is_variable()
   leaves = [x for var, x in zip(jax.tree.leaves(variables), jax.tree.leaves(model_state))
             if var]
-  means, nbytes = comm.mean(leaves, config.axes)
+  means, nbytes = comm.mean(leaves, config.batch_axes)
   means = iter(means)
   return jax.tree.map(lambda var, x: next(means) if var else x, variables,
                       model_state), nbytes
 
 
 def _grad_measurements(config: StepConfig, layout: StateLayout, grads) -> dict:
-  """Squared gradient norms per group of leaves varying over the same non-data axes.
+  """Squared gradient norms per group of leaves varying over the same non-batch axes.
 
   Tensor-parallel shards, pipeline stages: `measurements` sums each group over its axes,
   so no collective is spent on the norm. Without such groups, the norm itself.
@@ -153,31 +154,34 @@ def _grad_measurements(config: StepConfig, layout: StateLayout, grads) -> dict:
   return {"grad_sq": [sums[k] for k in layout.grad_groups]}
 
 
-def make_step(config: StepConfig, layout: StateLayout, state: Any, batch: Any) -> Callable:
+def make_step(config: StepConfig, layout: StateLayout) -> Callable:
   """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`.
 
   Per device, one worker differentiates the loss with respect to its own (varying) copy of
   the parameters, so the transform receives the *local* gradient and decides what travels.
-  Measurements leave as one value per device, data axes first (with trials: per trial,
-  then per device); nothing is reduced over the non-data axes inside the step. The bytes
+  Measurements leave as one value per device, batch axes first (with trials: per trial,
+  then per device); nothing is reduced over the non-batch axes inside the step. The bytes
   are those every device sent in this step (shape (trials,) with trials). With
   `config.donate` the step consumes the state passed to it.
 
-  The step is traced here, once, for `state` and `batch`, and that trace is checked: every
-  mesh axis the batch is split over must be crossed by a collective
-  (`_validate.batch_axes_reduced`). jit keeps the trace, so calling or lowering the step
-  with arguments of the same shapes and shardings does not trace it again.
+  Nothing is traced here: jit traces the step at its first call (or `.trace`, `.lower`,
+  `comm.inspect`) for those arguments' shapes and shardings, once, and keeps the trace. That
+  trace is checked as it is made: every mesh axis the batch is split over must be crossed
+  by a collective (`_validate.batch_axes_reduced`). The shard_map'ed step is traced to a
+  jaxpr, checked, and that jaxpr is what the jitted step evaluates, so the loss and the
+  transform are traced once.
 
   Args:
     config: the step's configuration.
     layout: the train state's layout (`derive_layout`).
-    state: a `TrainState` the step will be called with (`make_init`'s; only its shapes,
-      dtypes and shardings are read, it is not consumed), or `jax.ShapeDtypeStruct`s with
-      the same shardings.
-    batch: a global batch the step will be called with (or its abstract values).
+
+  Returns:
+    The jitted step, for a `TrainState` of `make_init` (or `jax.ShapeDtypeStruct`s with its
+    shardings) and a global batch.
 
   Raises:
-    ValueError: a batch mesh axis of size > 1 that no collective of the step crosses.
+    ValueError (when traced): a batch mesh axis of size > 1 that no collective of the step
+    crosses.
 
   >>> import jax.numpy as jnp, optax
   >>> from jaxcomm import sync
@@ -189,14 +193,13 @@ def make_step(config: StepConfig, layout: StateLayout, state: Any, batch: Any) -
   >>> params, batch = {"w": jnp.zeros(())}, {"x": jnp.ones(16), "y": 2 * jnp.ones(16)}
   >>> layout = derive_layout(config, params)
   >>> state = make_init(config, layout)(params, None)
-  >>> step = make_step(config, layout, state, batch)
-  >>> state, per_device, sent = step(state, batch)
+  >>> state, per_device, sent = make_step(config, layout)(state, batch)
   >>> float(state.params["w"]), per_device["loss"].shape, int(sent)
   (0.4000000059604645, (8,), 7)
   """
   specs = state_specs(config, layout)
   loss_fn = local_loss(config)
-  out_axes = config.axes + config.extra_axes
+  out_axes = config.batch_axes + config.extra_axes
 
   def trial_local(step, params, opt_state, model_state, batch_block, key):
     params = unstack(params, layout.params)
@@ -204,13 +207,14 @@ def make_step(config: StepConfig, layout: StateLayout, state: Any, batch: Any) -
     model_state = unstack(model_state, layout.model_state)
     # Differentiate w.r.t. a varying copy: each worker gets its own local gradient.
     (loss, (aux, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        comm.varying(params, config.axes), batch_block, model_state, step, key)
+        comm.varying(params, config.batch_axes), batch_block, model_state, step, key)
     updates, new_opt = config.optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     sent = comm.counted_bytes(new_opt) - comm.counted_bytes(opt_state)
     new_model_state, model_bytes = _sync_model_state(config, new_model_state)
-    new_model_state = jax.tree.map(lambda pw, x: comm.varying(x, config.axes) if pw else x,
-                                   layout.model_state, new_model_state)
+    new_model_state = jax.tree.map(
+        lambda pw, x: comm.varying(x, config.batch_axes) if pw else x,
+        layout.model_state, new_model_state)
     sent = comm.add_bytes(sent, model_bytes)
     measurements = {"loss": loss, **_grad_measurements(config, layout, grads), **aux}
     skipped = sync.skipped_steps(new_opt)
@@ -230,23 +234,28 @@ def make_step(config: StepConfig, layout: StateLayout, state: Any, batch: Any) -
                            model_state=model_state)
     return new_state, measurements, sent
 
-  # One spec for every measurement (a prefix of their tree): nothing to trace for it.
+  # One spec for every measurement (a prefix of their tree): nothing to trace for it; the
+  # batch's spec is a prefix too unless `batch_specs` is a tree.
   m_spec = config.with_trials(P(out_axes))
-  step = jax.jit(jax.shard_map(step_local, mesh=config.mesh,
-                               in_specs=(specs, config.batch_specs_for(batch)),
-                               out_specs=(specs, m_spec, P())),
-                 donate_argnums=(0,) if config.donate else ())
-  # The one trace of the step: jit caches it by the arguments' shapes and shardings, so the
-  # calls (and `.lower`, `comm.inspect`) with such arguments reuse it.
-  _validate.batch_axes_reduced(step.trace(state, batch).jaxpr, config)
-  return step
+  sharded = jax.shard_map(step_local, mesh=config.mesh,
+                          in_specs=(specs, config.batch_specs_for(None)),
+                          out_specs=(specs, m_spec, P()))
+
+  def step(state, batch):
+    # The one trace of the loss and the transform, checked, then evaluated into jit's trace.
+    closed, out_shape = jax.make_jaxpr(sharded, return_shape=True)(state, batch)
+    _validate.batch_axes_reduced(closed.jaxpr, config)
+    out = jex_core.jaxpr_as_fun(closed)(*jax.tree.leaves((state, batch)))
+    return jax.tree.unflatten(jax.tree.structure(out_shape), out)
+
+  return jax.jit(step, donate_argnums=(0,) if config.donate else ())
 
 
 def measurements(config: StepConfig, layout: StateLayout, per_device, sent=None) -> dict:
   """The step's measurements from the per-device ones that the step returns.
 
-  Values are per worker (the data axes) under `per_worker`, means over workers at the top
-  level; with trials, every value has a leading trial axis. Over non-data axes values are
+  Values are per worker (the batch axes) under `per_worker`, means over workers at the top
+  level; with trials, every value has a leading trial axis. Over non-batch axes values are
   equal and taken once, except the squared gradient norms of leaves sharded over such axes
   (tensor parallelism), which are summed there.
   """

@@ -12,16 +12,16 @@ from jaxcomm import _validate as v
 from jaxcomm import comm
 
 
-def trainer_axes(axis_name: Any, mesh: Any) -> tuple:
-  """The data axes of a Trainer as a tuple: at least one, all in the mesh."""
+def batch_axes(value: Any, mesh: Any) -> tuple:
+  """The batch axes of a step as a tuple: at least one, all in the mesh."""
   v.mesh("mesh", mesh)
-  if axis_name is None or axis_name == ():
-    raise ValueError("axis_name must name at least one mesh axis; for one device use a "
+  if value is None or value == ():
+    raise ValueError("batch_axes must name at least one mesh axis; for one device use a "
                      "mesh of size 1 or call the transform directly.")
-  axis_name = v.axis_name("axis_name", axis_name, allow_none=False)
-  axes = comm.axis_names(axis_name)
+  value = v.axis_name("batch_axes", value, allow_none=False)
+  axes = comm.axis_names(value)
   if any(a not in mesh.axis_names for a in axes):
-    raise ValueError(f"axis_name {axis_name!r} is not in the mesh; allowed axis names: "
+    raise ValueError(f"batch_axes {value!r} is not in the mesh; allowed axis names: "
                      f"{tuple(mesh.axis_names)}.")
   return axes
 
@@ -38,13 +38,13 @@ def mutable_state(mutable: str, model_state: Any, is_variable: Any) -> None:
                        f"mutable='per_worker'.")
 
 
-def batch(tree: Any, num_workers: int, axis_name: Any) -> None:
+def batch(tree: Any, num_workers: int, axes: Any) -> None:
   """Every leaf of a global batch has a leading dimension divisible by the workers."""
   for x in jax.tree.leaves(tree):
     n = np.shape(x)[0] if np.ndim(x) else None
     if n is None or n % num_workers:
       raise ValueError(f"the global batch size ({n}) must be divisible by the data axis "
-                       f"size {num_workers} (axis_name={axis_name!r}).")
+                       f"size {num_workers} (batch_axes={axes!r}).")
 
 
 def checkpoint_args(directory: Any, every: Any, keep: Any) -> tuple[str, int, int]:
@@ -128,7 +128,7 @@ def batch_axes_reduced(step_jaxpr: Any, config: Any) -> None:
   Raises:
     ValueError: naming the first batch axis no collective crosses.
   """
-  axes, mesh = config.axes, config.mesh  # a StepConfig's batch axes and mesh
+  axes, mesh = config.batch_axes, config.mesh
   reduced = _collective_axes(step_jaxpr, set())
   for a in axes:
     if mesh.shape[a] > 1 and a not in reduced:
@@ -136,8 +136,8 @@ def batch_axes_reduced(step_jaxpr: Any, config: Any) -> None:
           f"the batch is split over mesh axis {a!r} (size {mesh.shape[a]}), but no "
           f"collective of the step crosses it: the workers along {a!r} would train copies "
           f"that are never averaged. Synchronise over {a!r} in the transform (e.g. "
-          f"axis_name={tuple(axes)!r}), reduce it in the layout, or leave it out of the "
-          f"Trainer's axis_name; reduced axes: {sorted(reduced)}.")
+          f"axis_name={tuple(axes)!r}), reduce it in the layout, or leave it out of "
+          f"batch_axes; reduced axes: {sorted(reduced)}.")
 
 
 def trials(value: Any) -> int | None:
@@ -198,7 +198,8 @@ def step_batch(config: Any, tree: Any) -> None:
   trial_axis("batch", tree, config.trials)
   tree = config.one_trial(tree)  # the per-trial batch, against the per-trial specs
   if config.batch_specs is None:
-    batch(tree, config.num_workers, config.axes[0] if len(config.axes) == 1 else config.axes)
+    axes = config.batch_axes
+    batch(tree, config.num_workers, axes[0] if len(axes) == 1 else axes)
     return
   specs = jax.tree.leaves(config.batch_specs_for(tree),
                           is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
@@ -208,6 +209,6 @@ def step_batch(config: Any, tree: Any) -> None:
       size = int(np.prod([config.mesh.shape[a] for a in comm.axis_names(axes)]))
       n = np.shape(x)[dim] if np.ndim(x) > dim else None
       if n is None or n % size:
-        kind = "data" if set(comm.axis_names(axes)) <= set(config.axes) else "mesh"
+        kind = "data" if set(comm.axis_names(axes)) <= set(config.batch_axes) else "mesh"
         raise ValueError(f"the global batch dimension {dim} ({n}) must be divisible by the "
                          f"{kind} axis size {size} (axes {axes!r}).")
