@@ -154,7 +154,7 @@ def data8(tmp_path_factory):
   mean = [_flat(jax.tree.map(lambda x: np.mean(x, axis=0), g)) for g in grads]
 
   def resume():
-    restored, _ = ckpt.restore(trainer, trainer.init(params))
+    restored, _ = ckpt.restore(trainer.program, trainer.init(params))
     saved = host(restored)  # the step donates the restored state
     return saved, compiled(restored, grads[-1])[0]
 
@@ -228,7 +228,7 @@ def sharded():
   grads = gradients(params, STEPS)
   tx = _dion(rank=2, axis_name="replica", param_specs=SPECS)
   trainer = train.Trainer(linear_loss(layout_scales(layout, SPECS)),
-                          layout.optimizer(tx, SPECS), layout.mesh, axis_name=layout.batch_axes,
+                          layout.optimizer(tx, SPECS), layout.mesh, batch_axes=layout.batch_axes,
                           param_specs=SPECS,
                           batch_specs={k: P("replica", *s) for k, s in SPECS.items()})
   state = trainer.init(params)

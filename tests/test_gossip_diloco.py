@@ -208,7 +208,7 @@ def test_replicas_of_a_sharded_model_equal_unsharded_workers(mesh_setup):  # noq
   method = lambda s: optax.multi_transform(methods, labels)
   trainer = train.Trainer(linear_loss(layout_scales(layout, specs)),
                           layout.optimizer(method(specs), specs), layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=specs,
+                          batch_axes=layout.batch_axes, param_specs=specs,
                           batch_specs=jax.tree.map(lambda s: P("replica", *s), specs,
                                                    is_leaf=lambda s: isinstance(s, P)))
   mesh2 = parallel.make_mesh({"replica": R}, devices=jax.devices()[:R])

@@ -174,7 +174,7 @@ def _sharded_run(mesh_setup, tx):
   batch_specs = {k: P("replica", *s) for k, s in SPECS.items()}
   trainer = train.Trainer(linear_loss(layout_scales(layout, SPECS)),
                           layout.optimizer(tx, SPECS), layout.mesh,
-                          axis_name=layout.batch_axes, param_specs=SPECS,
+                          batch_axes=layout.batch_axes, param_specs=SPECS,
                           batch_specs=batch_specs)
   state = trainer.init(params)
   compiled, report = compile_step(trainer, state, grads[0])

@@ -128,19 +128,12 @@ MORE_METHODS: dict[str, dict] = {
     "des_loc_k10": {"method": "des_loc", "sync_every": 10},
     "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
     "noloco_h10": {"method": "noloco", "sync_every": 10},
-    # Muon and the Muon variants of arXiv 2504.05295, 2512.16928, 2510.16981 (matrices at lr
-    # 0.02, the other leaves AdamW at the run's lr): Dion's factors over the replicas at rank
-    # 1/4, Dion2 on a quarter of each matrix's slices, MuonBP with a full step every 5.
-    "muon": {"method": "muon"},
-    "dion_f4": {"method": "dion", "rank_fraction": 0.25},
-    "dion2_a25": {"method": "dion2", "fraction": 0.25},
-    "muonbp_p5": {"method": "muonbp", "period": 5},
-    # DiLoCo's outer sync as gossip on a ring (arXiv 2606.22768, 2606.11081) and Pier's
-    # scheduled outer momentum (arXiv 2511.17849), at H = 10.
-    "factored_gossip_h10": {"method": "factored_gossip_diloco", "sync_every": 10,
-                            "blocking_every": 2},
-    "gasloc_h10": {"method": "gasloc", "sync_every": 10},
-    "pier_h10": {"method": "pier", "sync_every": 10},
+    # Muon, Dion at rank 1/4, Dion2 on 1/4 of the slices, MuonBP with a full step every 5
+    # (matrices at lr 0.02); gossip DiLoCo on a ring (arXiv 2606.22768, 2606.11081), Pier.
+    "muon": {"method": "muon"}, "dion_f4": {"method": "dion", "rank_fraction": 0.25},
+    "dion2_a25": {"method": "dion2", "fraction": 0.25}, "pier_h10": {"method": "pier"},
+    "muonbp_p5": {"method": "muonbp", "period": 5}, "gasloc_h10": {"method": "gasloc"},
+    "factored_gossip_h10": {"method": "factored_gossip_diloco", "blocking_every": 2},
 }
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,

@@ -17,6 +17,11 @@ def build(settings, ctx):
   return toolkit.gossip_schedule(local.factored_gossip_diloco, settings, ctx)
 
 
+
+def period(settings) -> int:
+  """A round (two gossips, one blocking on some rounds) every `sync_every` inner steps."""
+  return settings.sync_every
+
 def local_step(settings) -> str:
   """A worker's step is the gradient and the inner optimiser (the outer step once a round)."""
   del settings

@@ -16,6 +16,11 @@ def build(settings, ctx):
   return toolkit.gossip_schedule(local.gasloc, settings, ctx)
 
 
+
+def period(settings) -> int:
+  """A round (the outer step and one gossip) every `sync_every` inner steps."""
+  return settings.sync_every
+
 def local_step(settings) -> str:
   """The outer step runs once a round: a worker's step is the gradient and the inner step."""
   del settings

@@ -20,6 +20,11 @@ def build(settings, ctx):
                       axis_name=ctx.axis_name)
 
 
+
+def period(settings) -> int:
+  """An outer sync every `sync_every` inner steps."""
+  return settings.sync_every
+
 def local_step(settings) -> str:
   """A worker's step is the gradient and the inner optimiser (the outer step once a round)."""
   del settings
