@@ -43,10 +43,18 @@ def adamw_step(x, g, moments, t, lr, b1=0.9, b2=0.95, eps=EPS):
   return x - lr * step, (m1, m2)
 
 
-def dion_reference(params, grads, q0):
+def lion_step(x, g, moments, t, lr, b1=0.9, b2=0.95):
+  """One Lion step (no weight decay) in float64: (new x, (m, unused))."""
+  del t
+  update = np.sign(b1 * moments[0] + (1 - b1) * g)
+  return x - lr * update, (b2 * moments[0] + (1 - b2) * g, moments[1])
+
+
+def dion_reference(params, grads, q0, scalar=adamw_step):
   """Dion (arXiv 2504.05295, Algorithm 1) in float64 on whole matrices, with the authors'
   scale sqrt(fan_out / fan_in), decoupled weight decay, and AdamW (betas 0.9, 0.95) on the
-  other leaves. `q0`: each matrix's first Q (m x r, of the matrix oriented longer side first)."""
+  other leaves (or `scalar`, e.g. Lion). `q0`: each matrix's first Q (m x r, of the matrix
+  oriented longer side first)."""
   x = {k: np.asarray(v, np.float64) for k, v in params.items()}
   mom = {k: np.zeros((max(v.shape), min(v.shape))) for k, v in x.items() if v.ndim == 2}
   q = {k: np.asarray(v, np.float64) for k, v in q0.items()}
@@ -55,7 +63,7 @@ def dion_reference(params, grads, q0):
     for k, xk in x.items():
       gk = np.asarray(g[k], np.float64)
       if xk.ndim != 2:
-        x[k], adam[k] = adamw_step(xk, gk, adam[k], t, LR)
+        x[k], adam[k] = scalar(xk, gk, adam[k], t, LR)
         continue
       flip = xk.shape[0] < xk.shape[1]
       b = mom[k] + (gk.T if flip else gk)
@@ -96,17 +104,19 @@ def _dion(**kw):
   return sync.dion(LR, mu=MU, weight_decay=WD, **kw)
 
 
-@pytest.mark.parametrize("kw", [dict(rank=2), dict(rank_fraction=1.0)])
+@pytest.mark.parametrize("kw", [dict(rank=2), dict(rank_fraction=1.0),
+                                dict(rank=1, scalar_optimizer="lion")])
 def test_one_device_equals_the_papers_rule(kw):
-  """Low rank (factors) and full rank (the authors all-reduce the gradient there): 3 steps of
-  sync.dion equal the float64 reference, and every leaf moved. A zero gradient then moves no
-  matrix and keeps Q (the warm start)."""
+  """Low rank (factors), full rank (the authors all-reduce the gradient there) and Lion for
+  the vector: 3 steps of sync.dion equal the float64 reference, and every leaf moved. A zero
+  gradient then moves no matrix and keeps Q (the warm start)."""
   params = _params()
   grads = [_grads(params, t) for t in range(STEPS)]
   tx = _dion(**kw)
   got, _ = _run_one_device(tx, params, grads)
   want = dion_reference(_flat(params), [_flat(g) for g in grads],
-                        _first_q(params, kw.get("rank", 4)))
+                        _first_q(params, kw.get("rank", 4)),
+                        lion_step if kw.get("scalar_optimizer") == "lion" else adamw_step)
   chex.assert_trees_all_close(_flat(host(got)), want, rtol=1e-5, atol=1e-5)
   assert all(np.max(np.abs(want[k] - np.asarray(_flat(params)[k]))) > 1e-2 for k in want)
   first = tx.init(params)
