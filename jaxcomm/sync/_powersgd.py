@@ -197,7 +197,12 @@ def orthonormalize(p: jax.Array, epsilon: float = 0.0) -> jax.Array:
   column stays zero.
   """
   if epsilon == 0:
-    q, r = jnp.linalg.qr(p)
+    # One QR per matrix: XLA:CPU's LAPACK QR splits a batch over the intra-op thread pool
+    # and waits for it on a pool thread, which deadlocked once such QRs held every thread
+    # (the comparison's one-device Dion step compiled beside an 8-device run on 2 cores).
+    mats = p.reshape(-1, *p.shape[-2:])
+    q, r = (jnp.stack(x) for x in zip(*(jnp.linalg.qr(m) for m in mats)))
+    q, r = q.reshape(p.shape), r.reshape(*p.shape[:-2], *r.shape[-2:])
     d = jnp.diagonal(r, axis1=-2, axis2=-1)
     return q * jnp.where(d < 0, -1.0, 1.0)[..., None, :]
   cols = [p[..., i] for i in range(p.shape[-1])]
