@@ -11,7 +11,7 @@ WORKDIR ?= runs/compare
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,docs]'
@@ -41,7 +41,7 @@ test-fast: $(STAMP)
 # pyflakes, the pycodestyle errors and warnings, 100-character lines ([tool.ruff] in
 # pyproject.toml).
 lint: $(STAMP)
-	$(PY) -m ruff check jaxcomm experiments benchmarks tests colab docs
+	$(PY) -m ruff check jaxcomm experiments benchmarks tests colab docs setup.py
 
 # The documentation site, warnings as errors: docs/_build/html/index.html.
 docs: $(STAMP)

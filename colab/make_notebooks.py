@@ -146,10 +146,10 @@ for name, r in runs.items():
     md("The same run from an experiment config (`experiments/configs/`): every setting in one "
        "typed tree, each method's defaults read from its library factory, and one function, "
        "`build`, from the config to the model, batches, optimiser and mesh. "
-       "`python -m experiments.train --config=experiments/configs/compressed.py` runs it from "
-       "the command line."),
+       "`jaxcomm train --config=compressed` runs it from the command line (in a checkout, "
+       "`python -m experiments.train --config=experiments/configs/compressed.py`)."),
     code('''\
-from experiments import build, config
+from jaxcomm.experiments import build, config   # experiments/ of the repository, installed
 c = config.base_config("compressed", codec="top_k:fraction=0.01", memory="ef")
 c.model.name, c.data.name, c.steps = "mlp", "digits", STEPS
 print(c.method)                         # the method's settings, defaults from sync.compressed

@@ -4,13 +4,18 @@
   sections, split into pages, their links rewritten to the site's pages;
 * results.md, contributing.md, changelog.md: experiments/RESULTS.md, CONTRIBUTING.md and
   CHANGELOG.md, links rewritten;
-* notebooks/*.ipynb: colab/'s notebooks with a note that the site shows them unexecuted;
+* notebooks/*.ipynb: colab/'s notebooks with a note that the build runs them with small
+  settings;
+* _method_hooks.md, _method_context.md: the tables of a method module's hooks and of its
+  `ctx`, from `experiments.methods.Hooks` and `experiments.build.Context` (own_method.md
+  includes them);
 * api/*.md: one page per public module, an autosummary table and an autodoc entry for every
   name of the module's `__all__` (so a new public name is documented without editing here).
 
 Generated files are not committed (docs/.gitignore); the README stays the one source.
 """
 
+import functools
 import importlib
 import inspect
 import json
@@ -52,15 +57,19 @@ SITE = {
 SITE.update({f"colab/{p.name}": f"notebooks/{p.name}" for p in (ROOT / "colab").glob("*.ipynb")})
 
 NOTEBOOK_NOTE = (
-    "```{note}\nThis page shows the notebook's code as written; the documentation build does "
-    "not run it (`nb_execution_mode = \"off\"`), so there are no outputs. Run it on Colab "
-    "(setup cell below) or locally: `tests/test_notebooks.py` runs every notebook in CI.\n```")
+    "```{note}\nThe outputs on this page are those of the documentation build, which runs the "
+    "notebook with small settings (`JAXCOMM_NB_STEPS=8` steps, 8 emulated CPU devices): "
+    "losses are those of a few steps, timings those of a CPU. Run it on Colab (setup cell "
+    "below) or locally for the full settings.\n```")
 
 
 def generate(docs=DOCS):
   """Writes every derived page under `docs` (a directory laid out like docs/)."""
   docs = pathlib.Path(docs)
   _write_guide(docs)
+  hooks, context = method_contract()
+  _write(docs / "_method_hooks.md", hooks)  # included by own_method.md
+  _write(docs / "_method_context.md", context)
   for source in ("experiments/RESULTS.md", "CONTRIBUTING.md", "CHANGELOG.md"):
     page = SITE[source]
     _write(docs / page, _rewrite_links((ROOT / source).read_text(), source, page))
@@ -152,12 +161,85 @@ def _write_notebooks(out):
     _write(out / path.name, json.dumps(nb, indent=1) + "\n")
   links = "\n".join(sorted(p.stem for p in (ROOT / "colab").glob("*.ipynb")))
   _write(out / "index.md",
-         "# Notebooks\n\nThe Colab notebooks of `colab/`, rendered without running them: "
-         "the pages show the code, not its outputs (the build sets "
-         "`nb_execution_mode = \"off\"` to stay fast). Each notebook runs top to bottom on "
+         "# Notebooks\n\nThe Colab notebooks of `colab/`, run when the site is built with "
+         "small settings (8 steps on 8 emulated CPU devices), their outputs shown. Each "
+         "notebook runs top to bottom on "
          "Colab (CPU, GPU or TPU runtime) or locally on 8 emulated CPU devices; its first "
          "cells say how to install jaxcomm there and which cells need how many devices.\n\n"
          f"```{{toctree}}\n:maxdepth: 1\n\n{links}\n```\n")
+
+
+# --- a method's contract ---------------------------------------------------------------------
+
+
+def _attributes(doc):
+  """{name: text} of the `Attributes:` section of a Google-style docstring."""
+  lines = inspect.cleandoc(doc).splitlines()
+  out, name = {}, None
+  for line in lines[lines.index("Attributes:") + 1:]:
+    entry = re.match(r"  (\w+): (.*)", line)
+    if entry:
+      name = entry.group(1)
+      out[name] = entry.group(2)
+    elif line.startswith("    ") and name:
+      out[name] += " " + line.strip()
+    else:
+      break
+  return out
+
+
+def _cell(text):
+  """Text for a Markdown table cell: pipes escaped, and `<` and `>` outside code spans
+  (`optimizer.<name>` is no HTML tag)."""
+  parts = re.split(r"(`[^`]*`)", text.replace("|", "\\|"))
+  return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;")
+                 for p in parts)
+
+
+def _default_of(fn):
+  """What a hook's default returns, called with stand-ins for its arguments."""
+  names = list(inspect.signature(fn).parameters)
+  args = [object() for _ in names]
+  out = fn(*args)
+  given = [n for n, a in zip(names, args) if out is a]
+  return f"`{given[0]}` itself" if given else f"`{out!r}`"
+
+
+def method_contract():
+  """(the table of `experiments.methods.Hooks`, the table of `experiments.build.Context`) as
+  Markdown, from the record and its docstring: the page "Your own method" includes both."""
+  import dataclasses
+
+  from experiments import build
+  from experiments import methods
+  text = _attributes(methods.Hooks.__doc__)
+  rows = ["| hook | takes, returns | what it is for | default |", "|---|---|---|---|"]
+  for field in dataclasses.fields(methods.Hooks):
+    signature, _, rest = text[field.name].partition("`")[2].partition("`")
+    required = field.default is dataclasses.MISSING
+    what = re.sub(r"^(, required)?: ", "", rest)
+    default = "required"
+    if not required:  # the record's default, and what the docstring says it means
+      what, _, said = what.partition(" Default")
+      why = said.split(": ", 1)[1] if ": " in said else ""
+      default = _default_of(field.default)
+      if why and not why.startswith(default):
+        default += f": {why}"
+    rows.append(f"| `{field.name}` | {_cell(f'`{signature}`')} | {_cell(what)} | "
+                f"{_cell(default)} |")
+  hooks = "\n".join(rows) + "\n"
+  text = _attributes(build.Context.__doc__)
+  rows = ["| field | type | what it holds |", "|---|---|---|"]
+  for field in dataclasses.fields(build.Context):
+    default = "" if field.default is dataclasses.MISSING else f" (default `{field.default!r}`)"
+    rows.append(f"| `ctx.{field.name}` | {_cell(f'`{field.type}`')} | "
+                f"{_cell(text[field.name])}{default} |")
+  for name, fn in inspect.getmembers(build.Context, inspect.isfunction):
+    if not name.startswith("_"):
+      summary = " ".join(inspect.getdoc(fn).split("\n\n")[0].split())
+      signature = str(inspect.signature(fn, eval_str=True)).replace("self, ", "")
+      rows.append(f"| {_cell(f'`ctx.{name}{signature}`')} | method | {_cell(summary)} |")
+  return hooks, "\n".join(rows) + "\n"
 
 
 # --- API reference -----------------------------------------------------------------------------
@@ -167,6 +249,34 @@ def public_modules():
   """The documented modules: every subpackage named in `jaxcomm.__all__`."""
   import jaxcomm
   return [f"jaxcomm.{sub}" for sub in jaxcomm.__all__]
+
+
+def constant_doc(fullname):
+  """The description of a public constant (`jaxcomm.sync.GRAPHS`): the `#:` comment above
+  its assignment in the module of its package that assigns it (Sphinx's attribute docs; a
+  re-exported constant has no docstring of its own). [] when there is none."""
+  import pkgutil
+
+  modname, _, name = fullname.rpartition(".")
+  package = importlib.import_module(modname)
+  modules = [modname] + [f"{modname}.{m.name}"
+                         for m in pkgutil.iter_modules(getattr(package, "__path__", []))]
+  for module in modules:
+    lines = [line for line in _attr_docs(module).get(("", name), []) if line.strip()]
+    if lines:
+      return lines
+  return []
+
+
+@functools.lru_cache(maxsize=None)
+def _attr_docs(module):
+  """Sphinx's attribute docs (`#:` comments) of a module, parsed once."""
+  from sphinx.pycode import ModuleAnalyzer
+  from sphinx.pycode import PycodeError
+  try:
+    return ModuleAnalyzer.for_module(module).find_attr_docs()
+  except PycodeError:
+    return {}
 
 
 def _directive(obj):

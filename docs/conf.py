@@ -31,12 +31,20 @@ extensions = [
     "sphinx.ext.napoleon",  # Google-style docstrings
     "sphinx.ext.viewcode",
 ]
-exclude_patterns = ["_build", "_opening.md", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_opening.md", "_method_*.md", "**/.ipynb_checkpoints"]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb", ".rst": "restructuredtext"}
 
-# Notebooks are shown as written, not run: the build stays fast and needs no devices
-# (tests/test_notebooks.py runs them). The notebook pages say so.
-nb_execution_mode = "off"
+# Notebooks are run when the site is built, with the small settings tests/test_notebooks.py
+# uses (8 steps, 8 emulated CPU devices; on Colab they run longer), so their pages show the
+# outputs; jupyter-cache keeps them until a notebook's code changes (docs/_build/.jupyter_cache).
+# A notebook that fails fails the build.
+os.environ.setdefault("JAXCOMM_NB_STEPS", "8")
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(DOCS.parent), os.environ.get("PYTHONPATH")) if p)
+nb_execution_mode = "cache"
+nb_execution_timeout = 600  # seconds per cell
+nb_execution_raise_on_error = True
 myst_enable_extensions = ["colon_fence", "dollarmath"]
 myst_heading_anchors = 4  # README links such as results.md#make-run
 # RESULTS.md goes from `##` to `####` under some tables: a style, not an error. A short
@@ -71,7 +79,10 @@ html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
 }
-html_static_path = []
+# jaxcomm.css: a reading column as wide as the window, tables and code blocks that wrap
+# (tests/test_docs_layout.py measures them in headless Chromium).
+html_static_path = ["_static"]
+html_css_files = ["jaxcomm.css"]
 
 
 def _resolve_short_names(app, env, node, contnode):
@@ -109,11 +120,12 @@ def _as_rest(line):
 
 def _docstring_as_rest(app, what, name, obj, options, lines):
   """Docstrings are plain text with backticks; this keeps their notation from being markup."""
-  del app, name, options
-  if what == "data" and lines and inspect.getdoc(type(obj)) and (
-      "\n".join(lines).strip() == inspect.getdoc(type(obj)).strip()):
-    lines[:] = []  # a constant without a docstring of its own, not dict's or tuple's
-    return
+  del app, options
+  if what == "data" and (not lines or inspect.getdoc(type(obj)) and (
+      "\n".join(lines).strip() == inspect.getdoc(type(obj)).strip())):
+    # A re-exported constant has no docstring of its own (not dict's or tuple's): its `#:`
+    # comment where it is assigned.
+    lines[:] = _generate.constant_doc(name)
   example = False
   for i, line in enumerate(lines):
     stripped = line.strip()

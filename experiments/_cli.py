@@ -32,8 +32,10 @@ VERBOSE = flags.DEFINE_bool(
     "verbose", False, "Log at INFO level (Orbax checkpointing, absl) and show tracebacks of "
     "errors; otherwise warnings and errors only, and a mistake is one line.")
 OVERRIDES = ("Override any setting of the config with --config.<path>=<value>, typed, e.g. "
-             "--config.steps=500 --config.method.sync_every=50 --config.mesh=replica=2,fsdp=4 "
-             "(a path that names no setting is an error).")
+             "--config.steps=500 --config.method.name=diloco --config.method.sync_every=50 "
+             "--config.mesh=replica=2,fsdp=4 (a path that names no setting is an error; "
+             "--config.method.name selects a method and brings its settings). --config is a "
+             "file, or a shipped config by name: diloco, default.py:NAME, reproduce/diloco.")
 SETTING_OVERRIDES = ("Override a setting with --config.<path>=<value>, typed; a tuple as "
                      "--config.<path>=1,2 (a path that names no setting is an error).")
 _TRACEBACK = "Traceback (most recent call last)"
@@ -63,13 +65,26 @@ def fail(message: object) -> NoReturn:
 
 
 def config_flag(default: str, help_text: str, flag_values=flags.FLAGS,
-                overrides: str = OVERRIDES):
+                overrides: str = OVERRIDES, *, several: bool | tuple = False):
   """`--config` (`ml_collections.config_flags`, locked: an override must name an existing
-  setting), listed by `--help` with how overrides are written. config_flags reads the
-  command line's `--config.<path>` overrides when the flag is defined: a path that names no
-  setting ends the program here, as one line (with ml_collections' "Did you mean")."""
-  return _define(config_flags.DEFINE_config_file, default, f"{help_text} {overrides}",
-                 flag_values)
+  setting), listed by `--help` with how overrides are written. Its value is a config file's
+  path or a shipped config's name, and `--config.method.name` selects the method whose
+  settings the other `--config.method.<setting>` overrides set (experiments/_config_file.py;
+  `several`: a program that runs several methods takes the settings of all of them, of
+  every method (True) or of those named).
+  config_flags reads the command line's `--config.<path>` overrides when the flag is
+  defined: a path that names no setting ends the program here, as one line (with
+  ml_collections' "Did you mean")."""
+  from . import _config_file  # lazy: it loads the methods (jax, optax) for --config only
+
+  def define(name, default, help_string, flag_values, lock_config):
+    # DEFINE_config_file with this package's parser: config_flags builds its flag so.
+    flag = _config_file.config_flags._ConfigFlag(
+        parser=_config_file.ConfigFile(name, lock_config, several),
+        serializer=flags.ArgumentSerializer(), name=name, default=default,
+        help_string=help_string, flag_values=flag_values)
+    return flags.DEFINE_flag(flag, flag_values)
+  return _define(define, default, f"{help_text} {overrides}", flag_values)
 
 
 def settings_flag(defaults: ml_collections.ConfigDict, help_text: str,
@@ -92,10 +107,19 @@ def program_flags(defaults: ml_collections.ConfigDict, help_text: str = "The pro
   if workdir is not None:
     flags.DEFINE_string("workdir", workdir, "Where the results go.", flag_values=flag_values)
   if devices is not None:
-    flags.DEFINE_integer("devices", devices, "Emulated CPU devices.", flag_values=flag_values)
+    flags.DEFINE_integer("devices", devices, "Emulated CPU devices.", lower_bound=1,
+                         flag_values=flag_values)
   if out:
     flags.DEFINE_string("out", None, "Optional JSON output path.", flag_values=flag_values)
   return holder
+
+
+def method_settings(config: ml_collections.ConfigDict, argv: list | None = None) -> dict:
+  """{setting: value} of config.method that the command line (`argv`, default sys.argv) set,
+  `name` left out: what a program running several methods sets in each of them that has
+  the setting."""
+  from . import _config_file  # lazy, as in config_flag
+  return _config_file.method_settings(config, argv)
 
 
 def write_json(path: str | None, value) -> None:
@@ -111,6 +135,8 @@ def _define(define: Callable, default, help_text: str, flag_values):
     return define("config", default, help_text, flag_values=flag_values, lock_config=True)
   except (AttributeError, KeyError) as e:
     _no_such_setting(e)
+  except flags.Error as e:  # the default config, loaded here when --config is not given
+    fail(e)
 
 
 def settings(c: ml_collections.ConfigDict, prefix: str = "") -> str:
@@ -136,7 +162,20 @@ def _no_such_setting(e: Exception) -> NoReturn:
   why = str(e.args[0] if e.args else e).replace("\\n", " ").replace("\\'", "'")
   name, _, hint = why.strip("'\"").partition("'")
   wrong = [a for a in overrides if re.search(rf"\.{re.escape(name)}(=|$)", a)] or overrides
-  fail(f"{' '.join(wrong)}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}")
+  fail(f"{' '.join(wrong)}: no such setting {name!r}.{' ' + hint.strip() if hint else ''}"
+       f"{_method_hint(wrong, name)}")
+
+
+def _method_hint(wrong: list, name: str) -> str:
+  """For a `--config.method.<name>` override: how to select a method that has the setting."""
+  if not any(a.startswith("--config.method.") for a in wrong):
+    return ""
+  from . import _config_file  # lazy, as in config_flag
+  having = _config_file.methods_with(name)
+  if not having:
+    return ""
+  return (f" A method's settings come with its name: select it with --config.method.name=NAME "
+          f"(NAME with setting {name!r}: {', '.join(having)}).")
 
 
 def parse_flags(argv: list, flag_values=flags.FLAGS) -> list:

@@ -21,15 +21,16 @@ from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import _cli, config
+from . import _cli, config, toolkit
 from jaxcomm import codecs, comm, models, sync, train
 
 MODELS = ("resnet18", "lm")
 
 
 def get_config() -> ml_collections.ConfigDict:
-  """The table's settings (`--config.<name>=<value>`): the models compiled."""
-  return ml_collections.ConfigDict(dict(models=MODELS))
+  """The table's settings (`--config.<name>=<value>`): the models compiled, comma-separated
+  names out of MODELS."""
+  return ml_collections.ConfigDict(dict(models=",".join(MODELS)))
 
 
 def methods():
@@ -97,10 +98,7 @@ def sync_bytes(tx, params, mesh, axis_name="data"):
 
 def main(argv):
   del argv
-  names = flags.FLAGS.config.models
-  if not names or set(names) - set(MODELS):
-    raise ValueError(f"config.models must name models out of {', '.join(MODELS)}, got "
-                     f"{names!r}.")
+  names = toolkit.names_in(flags.FLAGS.config, "models", MODELS)
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   mesh = train.make_mesh({"data": jax.device_count()})
   w = jax.device_count()

@@ -29,6 +29,7 @@ setting (`check`).
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
@@ -72,7 +73,7 @@ def base_config(method: str = "dp", **method_settings: Any) -> ml_collections.Co
       pipeline="numpy",
       label_skew=0.0))       # MLP: Dirichlet alpha of a label-skewed split (0: iid)
   c.optimizer = ml_collections.ConfigDict(dict(name="adamw", lr=3e-3, weight_decay=0.0))
-  c.method = _method_settings(method, **method_settings)
+  c.method = methods.settings(method, **method_settings)
   c.elastic = elastic_defaults()
   return c
 
@@ -89,22 +90,6 @@ def elastic_defaults() -> ml_collections.ConfigDict:
       shrink_only=False,          # joiners admitted only at checkpoint steps
       join_window_s=0.0,          # joiners wait this long so a burst forms one quorum
       quorum_timeout_s=60.0))     # below quorum this long: stop (exit status 69)
-
-
-def _method_settings(method: str, **settings: Any) -> ml_collections.ConfigDict:
-  """`method`'s settings subtree (its defaults, then `settings`), with its name.
-
-  A setting the method does not have is an error naming it (a misspelt setting would
-  otherwise be ignored).
-  """
-  c = methods.method_defaults(method)
-  unknown = sorted(set(settings) - set(c.keys()))
-  if unknown:
-    raise ValueError(f"method {method!r} has no setting {', '.join(map(repr, unknown))}; its "
-                     f"settings: {', '.join(sorted(c.keys()))}.")
-  c.name = method
-  c.update(settings)
-  return c
 
 
 def with_method(config: ml_collections.ConfigDict, entry: dict) -> ml_collections.ConfigDict:
@@ -128,7 +113,7 @@ def with_method(config: ml_collections.ConfigDict, entry: dict) -> ml_collection
     raise ValueError(f"config.optimizer has no setting {', '.join(map(repr, unknown))}; its "
                      f"settings: {', '.join(sorted(c.optimizer.keys()))}.")
   with c.unlocked():
-    c.method = _method_settings(entry.pop("method"), **entry)
+    c.method = methods.settings(entry.pop("method"), **entry)
     c.optimizer.update(optimizer)
     if mesh is not None:
       c.mesh = mesh
@@ -177,6 +162,32 @@ def resolve_methods(names: list | None, catalog: dict, *, first: str, known: dic
       raise ValueError(f"{setting}: two methods are labelled {label!r}.")
     chosen[label] = entry
   return chosen
+
+
+def with_settings(entries: dict, given: dict | None) -> dict:
+  """`entries` ({label: entry}, as `resolve_methods` gives) with the method settings `given`
+  on the command line (`--config.method.<setting>`) set in every entry whose method has
+  them: how a program that runs several methods takes method settings. A setting that none
+  of the methods has is an error naming it (with the closest setting they have).
+
+  >>> with_settings({"dp": {"method": "dp"}, "h10": {"method": "diloco", "sync_every": 10}},
+  ...               {"sync_every": 50})
+  {'dp': {'method': 'dp'}, 'h10': {'method': 'diloco', 'sync_every': 50}}
+  """
+  if not given:
+    return entries
+  out, known = {}, set()
+  for label, entry in entries.items():
+    own = methods.method_defaults(entry["method"]).keys()
+    known.update(own)
+    out[label] = {**entry, **{k: v for k, v in given.items() if k in own}}
+  unknown = sorted(set(given) - known)
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    raise ValueError(f"--config.method.{unknown[0]}: none of the methods run "
+                     f"({', '.join(entries)}) has this setting"
+                     f"{f'; did you mean {close[0]!r}?' if close else '.'}")
+  return out
 
 
 # ---------------------------------------------------------------- checks
@@ -243,9 +254,10 @@ def differences(saved: dict, now: dict, ignore: tuple = ()) -> dict:
           if k not in ignore and a.get(k) != b.get(k)}
 
 
-def define_config_flag(default: str, help_text: str):
+def define_config_flag(default: str, help_text: str, *, several: bool = False):
   """`--config` for a program: `experiments._cli.config_flag` (one line for an override that
-  names no setting; `--help` shows how overrides are written)."""
+  names no setting; `--help` shows how overrides are written; `several`: the program runs
+  several methods and takes the settings of all of them)."""
   # Lazy: _cli defines --verbose on import; only a program that takes --config wants it.
   from . import _cli
-  return _cli.config_flag(default, help_text)
+  return _cli.config_flag(default, help_text, several=several)

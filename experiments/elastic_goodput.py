@@ -84,7 +84,7 @@ def launch(c, workdir: str, schedule: list[str],
            checkpoint_every: int) -> tuple[float, int, str]:
   """One launch_local run of settings `c`: (wall seconds, exit status, stderr)."""
   n = c.processes
-  cmd = [sys.executable, "-m", "experiments.launch_local", f"--processes={n}",
+  cmd = [sys.executable, "-m", f"{__package__}.launch_local", f"--processes={n}",
          f"--devices={n}", f"--heartbeat_timeout={c.heartbeat_timeout}",
          f"--collective_timeout={c.collective_timeout}", "--grace=10", *schedule, "--",
          f"--config={CONFIGS}/default.py:{c.algo}",

@@ -55,8 +55,9 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
+
+from . import _cli
 
 EVICTED = 75  # exit status of a process the others evicted (jaxcomm.elastic.EVICTED)
 
@@ -64,8 +65,9 @@ EVICTED = 75  # exit status of a process the others evicted (jaxcomm.elastic.EVI
 # registers nothing that could clash with another program's flags.
 if __name__ == "__main__":
   _PROCESSES = flags.DEFINE_integer("processes", 2, "Number of processes.")
-  _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices in total (split evenly).")
-  _PROGRAM = flags.DEFINE_string("program", "experiments.train",
+  _DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices in total (split evenly).",
+                                  lower_bound=1)
+  _PROGRAM = flags.DEFINE_string("program", f"{__package__}.train",
                                  "Module (run with -m) or .py script to start.")
   _HEARTBEAT = flags.DEFINE_integer(
       "heartbeat_timeout", 30, "Seconds after which a silent process is declared dead.")
@@ -255,7 +257,7 @@ def main_elastic(cmds: list[list[str]], env: dict, port: int) -> None:
     restarts = schedule("restart", _RESTART.value, n)
     conts = schedule("cont", _CONT.value, n)
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
+    raise ValueError(str(e)) from None
   with tempfile.TemporaryDirectory(prefix="launch_local_") as progress_dir:
     live = [start_coordinator(port, n, _HEARTBEAT.value)]
 
@@ -291,7 +293,7 @@ def main(argv):
   program_flags = argv[1:]
   n = _PROCESSES.value
   if n < 1 or _DEVICES.value % n:
-    raise app.UsageError(f"--devices ({_DEVICES.value}) must be a positive multiple of "
+    raise ValueError(f"--devices ({_DEVICES.value}) must be a positive multiple of "
                          f"--processes ({n}).")
   port = free_port()
   cmds = commands(_PROGRAM.value, program_flags, n, _DEVICES.value, _HEARTBEAT.value, port)
@@ -304,9 +306,9 @@ def main(argv):
   try:
     kills = schedule("kill", _KILL.value, n)
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
+    raise ValueError(str(e)) from None
   if _RESTART.value or _STOP.value or _HANG.value or _PARTITION.value:
-    raise app.UsageError("--restart, --stop, --hang and --partition need an elastic run "
+    raise ValueError("--restart, --stop, --hang and --partition need an elastic run "
                          "(drop --noelastic).")
   procs = [subprocess.Popen(c + fault_flags(i, {"kill": kills}), env=env)
            for i, c in enumerate(cmds)]
@@ -332,4 +334,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)  # a mistake in a flag is one line, not the usage

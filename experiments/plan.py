@@ -4,6 +4,8 @@ r"""Plans communication methods at real model sizes, compiled but never allocate
       --links=internet,wan,ethernet_100g,infiniband
   python -m experiments.plan --model=gpt2_124m --mesh=data=8 --methods=dp,powersgd_r4,zero3
   python -m experiments.plan --model=llama_7b --mesh=replica=8,fsdp=8 --device=tpu_v5p
+  python -m experiments.plan --model=llama_1b --mesh=replica=2,fsdp=4 --remat=none,block \
+      --link=mydc:gbit=10,latency_ms=30 --link=office:gbit=1,latency_ms=40
   python -m experiments.plan --config=experiments/configs/default.py:/path/my_method.py \
       --methods=dp,config    # a method of your own, with its config's settings
 
@@ -16,14 +18,19 @@ the one that would run, nothing is derived from a smaller mesh. `jaxcomm.plan` r
   (`comm.parse_hlo`), with conditional syncs charged as often as the method's own byte
   counters say they run (its state machine run at the real size without the model);
 * the train state's bytes per device (parameters, optimiser and method state) and the peak
-  of the step, from XLA's memory analysis;
+  of the step, from XLA's memory analysis, against the device's memory: a step whose peak
+  exceeds it is flagged (`fits_hbm: false` and `hbm_over_bytes` in plan.json, "no: +X" in
+  the table). The peak is XLA:CPU's, an upper estimate where GPU and TPU compilers fuse
+  more; `--remat` plans the LM presets with each block rematerialised (`jax.checkpoint`:
+  `none`, `block`, `dots_saveable`), one row per method and policy, and says what fits;
 * compute per step: the compiled step's FLOPs (XLA's cost analysis) over the device's peak
   times `--mfu` (or `--compute_seconds` measured by you);
 * per link: the step time `jaxcomm.sim` predicts (communication costed with `comm.cost`, the
   method's overlap from its module's `overlap_steps`), and the crossover: the bandwidth below
   which the method is faster than exact data parallelism on a link of that latency.
 
-The outermost mesh axis crosses the link (`--links`); the others are inside a node
+The outermost mesh axis crosses the link (`--links`, presets, and `--link`, repeatable, a
+link of your own: `name:gbit=G,latency_ms=L`); the others are inside a node
 (`--inner_link`). Methods: `METHODS` labels (the form of experiments.compare's entries,
 `{"method": name, **settings, "optimizer": {...}, "mesh": spec}`), method names of
 experiments/methods/, dotted module paths or .py files of your own (their default settings),
@@ -47,8 +54,9 @@ import jax
 import numpy as np
 from absl import flags
 
-from . import _cli, _plugins, build, compare
+from . import _cli, _plugins, build, compare, specs
 from . import config as _config
+from .models import lm as lm_model
 from jaxcomm import comm, parallel, plan
 
 
@@ -99,7 +107,9 @@ if __name__ == "__main__":
   _CONFIG = _config.define_config_flag(
       os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py"),
       "Settings every method shares (optimizer, seed; model and data unless --model) and the "
-      "method planned as `config` in --methods; default.py:NAME for any method or plugin.")
+      "method planned as `config` in --methods; default.py:NAME for any method or plugin. "
+      "--config.method.<setting> sets that setting in every method planned that has it.",
+      several=True)
   _MODEL = flags.DEFINE_string("model", None, f"Model preset: {', '.join(MODELS)} (default: "
                                "--config's model).")
   _MESH = flags.DEFINE_string("mesh", "data=8", "The mesh, e.g. data=64 or replica=8,fsdp=8; "
@@ -108,6 +118,13 @@ if __name__ == "__main__":
                                "labels, method names, module paths, .py files or `config`.")
   _LINKS = flags.DEFINE_list("links", ["internet", "wan", "ethernet_100g", "infiniband"],
                              "Link presets (jaxcomm.comm.PRESETS) the outermost axis crosses.")
+  _LINK = flags.DEFINE_multi_string("link", [], "A link of your own the outermost axis "
+                                    "crosses, added to --links: name:gbit=G,latency_ms=L "
+                                    "(repeatable).")
+  _REMAT = flags.DEFINE_list("remat", None, "What each block of an LM preset keeps for the "
+                             "backward pass (jax.checkpoint): none, block, dots_saveable; "
+                             "several: each method planned with each (default: "
+                             "--config.model.remat, none).")
   _INNER_LINK = flags.DEFINE_string("inner_link", "nvlink", "Link preset of the other axes.")
   _DEVICE = flags.DEFINE_string("device", "h100", "Accelerator preset (jaxcomm.plan.DEVICES).")
   _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed (PaLM 540B reached "
@@ -189,23 +206,81 @@ def catalog(mesh_shape: dict, model_name: str) -> dict:
 def resolve_methods(names, labelled: dict, config) -> dict:
   """{label: entry}, DP (the reference of the crossover) first (`config.resolve_methods`);
   CONFIG_LABEL names the method of `config` with its settings, under its own label."""
-  mine = {"method": config.method.name,
-          **{k: v for k, v in config.method.items() if k != "name"}}
+  own = build.method_defaults(config.method.name).keys()  # not the other methods' settings
+  mine = {"method": config.method.name, **{k: config.method[k] for k in own}}
   chosen = _config.resolve_methods(names, labelled, first=REFERENCE, setting="methods",
                                    known={**labelled, CONFIG_LABEL: mine})
   label = _config.method_label(config.method.name)
   return {(label if k == CONFIG_LABEL else k): v for k, v in chosen.items()}
 
 
-def _links(names, inner: str) -> tuple[dict, object]:
-  if not names:
-    raise ValueError("links must name at least one link preset.")
-  for name in list(names) + [inner]:
+def _links(names, inner: str, own=()) -> tuple[dict, object]:
+  """({name: Link} of the presets `names` and the links of your own `own` (spec strings,
+  `specs.parse_link`), the inner link)."""
+  names, own = list(names or ()), list(own or ())
+  if not names and not own:
+    raise ValueError("links must name at least one link preset (or give --link).")
+  for name in names + [inner]:
     if name not in comm.PRESETS:
       what = "inner_link" if name == inner else "links"
+      hint = (" A link of your own goes in --link=name:gbit=G,latency_ms=L (--links is split "
+              "at commas)." if ":" in name or "=" in name else "")
       raise ValueError(f"{what}: {name!r} is not a link preset; allowed: "
-                       f"{', '.join(comm.PRESETS)}.")
-  return {n: comm.PRESETS[n] for n in names}, comm.PRESETS[inner]
+                       f"{', '.join(comm.PRESETS)}.{hint}")
+  out = {n: comm.PRESETS[n] for n in names}
+  for spec in own:
+    link = specs.parse_link(spec, "link")
+    if link.name in out:
+      raise ValueError(f"link {spec!r}: the name {link.name!r} is given twice.")
+    out[link.name] = link
+  return out, comm.PRESETS[inner]
+
+
+def remat_policies(remat, config) -> tuple:
+  """The rematerialisation policies to plan with (`remat`, default: config.model.remat):
+  names of experiments/models/lm.py's REMAT, for the LM only."""
+  policies = (config.model.get("remat", "none"),) if remat is None else tuple(remat)
+  allowed = lm_model.REMAT
+  if not policies or any(p not in allowed for p in policies) or \
+     len(set(policies)) != len(policies):
+    raise ValueError(f"remat must be distinct names out of {', '.join(allowed)}, got "
+                     f"{', '.join(map(repr, policies)) or 'none'}.")
+  if config.model.name != "lm" and policies != ("none",):
+    raise ValueError(f"remat applies to the LM (model 'lm'), not to model "
+                     f"{config.model.name!r}; leave it 'none'.")
+  return policies
+
+
+def with_remat(config, policy: str):
+  """`config` with the LM's blocks rematerialised by `policy` (a copy)."""
+  c = config.copy_and_resolve_references()
+  if "remat" in c.model:
+    with c.unlocked():
+      c.model.remat = policy
+  return c
+
+
+def memory_note(records: list, rows: dict, dev) -> str:
+  """What fits the device's memory, per method across the planned remat policies."""
+  over = [r for r in records if not r["fits_hbm"]]
+  where = (f"{dev.name or 'the device'}'s {_bytes(dev.hbm_bytes)} per device (XLA:CPU's "
+           "peak, an upper estimate where GPU and TPU compilers fuse more)")
+  if not over:
+    return f"\n\nmemory: every planned step fits {where}."
+  policies = list(dict.fromkeys(p for _, p in rows.values()))
+  lines = [f"\n\nmemory: steps over {where}:"]
+  for label in dict.fromkeys(k for k, _ in rows.values()):
+    mine = [r for r in records if rows[r["method"]][0] == label]
+    bad = [r for r in mine if not r["fits_hbm"]]
+    if not bad:
+      continue
+    good = [r["remat"] for r in mine if r["fits_hbm"]]
+    fit = f"fits with remat {', '.join(good)}" if good else (
+        "fits with none of the planned policies" if len(policies) > 1 else
+        "try --remat=block,dots_saveable (LM presets), a larger fsdp axis or a smaller batch")
+    lines.append(f"\n* {label}: " + ", ".join(
+        f"+{_bytes(r['hbm_over_bytes'])} with remat {r['remat']}" for r in bad) + f"; {fit}")
+  return "".join(lines)
 
 
 def topology(mesh_shape: dict, link, inner):
@@ -225,6 +300,7 @@ def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> d
   shape = step.mesh_shape
   record = {
       "method": label, "entry": entry, "mesh": c.mesh, "algo": c.method.name,
+      "remat": c.model.get("remat", "none"),
       "settings": c.method.to_dict(), "overlap_steps": overlap,
       "parameters": _param_count(run.params),
       "bytes_per_step": step.bytes_per_step(),
@@ -247,8 +323,10 @@ def _record(label, entry, c, run, step, compute, links, inner, dev, tokens) -> d
       # XLA:CPU's bytes accessed over HBM bandwidth: the memory side of a roofline, an
       # over-estimate where GPU/TPU compilers fuse more (not part of the step time).
       "hbm_seconds": step.bytes_accessed / dev.hbm_bandwidth,
-      "fits_hbm": (step.state_bytes["params"] + step.state_bytes["opt_state"]
-                   + step.state_bytes["model_state"]) <= dev.hbm_bytes,
+      # The step's peak (XLA:CPU's: an upper estimate) against the device's memory.
+      "fits_hbm": step.memory.peak <= dev.hbm_bytes,
+      "hbm_bytes": dev.hbm_bytes,
+      "hbm_over_bytes": max(0, step.memory.peak - dev.hbm_bytes),
       "links": {},
   }
   for name, link in links.items():
@@ -268,28 +346,43 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
         inner_link: str = "nvlink", device: str = "h100", mfu: float = 0.4,
         compute_seconds: float | None = None, batch_per_device: int | None = None,
         seq_len: int | None = None, steps: int = 1000, verbose: bool = True,
-        figure: bool = True) -> dict:
+        figure: bool = True, link=(), remat=None,
+        method_settings: dict | None = None) -> dict:
   """Plans every method; prints the table, writes plan.json and the figure into `workdir`.
 
+  `device` is a preset name (`jaxcomm.plan.DEVICES`) or a `plan.Device`; `link` holds links
+  of your own (`name:gbit=G,latency_ms=L`), crossed like `links`; `remat` the policies an LM
+  is planned with (default: the config's `model.remat`), each method once per policy, its
+  row labelled `method (policy)` when there are several.
+
   Every argument is checked, and every method's run built (abstract), before anything
-  compiles: a mistake is one ValueError naming the argument or setting.
+  compiles: a mistake is one ValueError naming the argument or setting. `method_settings`
+  (`--config.method.<setting>`) are set in every method that has them.
   """
 
   started = time.perf_counter()
   shape = mesh_devices(mesh, jax.device_count())
   devices = jax.devices()[:math.prod(shape.values())]
-  dev = plan.device(device)
+  dev = device if isinstance(device, plan.Device) else plan.device(device)
   mfu = plan.check_mfu(mfu)
   if compute_seconds is not None and (isinstance(compute_seconds, bool) or not isinstance(
       compute_seconds, (int, float)) or not 0 <= compute_seconds < math.inf):
     raise ValueError(f"compute_seconds must be a finite number >= 0, got {compute_seconds!r}.")
   steps = _positive_int(steps, "steps", allow_none=False)
-  link_of, inner = _links(links, inner_link)
+  link_of, inner = _links(links, inner_link, link)
   base = model_config(config, model, mesh, batch_per_device, seq_len)
   with base.unlocked():
     base.steps = steps  # participation masks and schedules cover the planned steps
-  entries = resolve_methods(methods, catalog(shape, base.model.name), base)
-  configs = {label: _config.with_method(base, e) for label, e in entries.items()}
+  policies = remat_policies(remat, base)
+  labels = _config.with_settings(resolve_methods(methods, catalog(shape, base.model.name),
+                                                 base), method_settings)
+  # One row per method and policy; each row's crossover is against DP with its policy.
+  rows = {(k if len(policies) == 1 else f"{k} ({p})"): (k, p) for p in policies for k in labels}
+  reference_of = {row: next(r for r, (k, p) in rows.items() if k == REFERENCE and p == policy)
+                  for row, (_, policy) in rows.items()}
+  entries = {row: labels[k] for row, (k, _) in rows.items()}
+  configs = {row: with_remat(_config.with_method(base, entries[row]), p)
+             for row, (_, p) in rows.items()}
   runs = {label: build.build(c, devices, abstract=True) for label, c in configs.items()}
   tokens = base.data.batch_size * (base.data.seq_len if base.model.name in ("lm", "nnx_lm")
                                    else 1)
@@ -298,8 +391,8 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
   for label, c in configs.items():
     step, seconds = compiled[label]
     if isinstance(step, str):
-      if label == REFERENCE:
-        raise RuntimeError(f"the reference {REFERENCE} could not be planned: {step}")
+      if reference_of[label] == label:
+        raise RuntimeError(f"the reference {label} could not be planned: {step}")
       failed[label] = step
       continue
     compute = compute_seconds if compute_seconds is not None else \
@@ -309,8 +402,9 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
     rec["plan_seconds"] = seconds
     records.append(rec)
     steps_of[label] = (step, compute, rec["overlap_steps"])
-  curves = _sweeps(steps_of, link_of, inner, records)
-  text = table(records, link_of) + CROSSOVER_NOTE + "".join(
+  curves = _sweeps(steps_of, link_of, inner, records, reference_of)
+  text = table(records, link_of, dev, reference_of) + CROSSOVER_NOTE + memory_note(
+      records, rows, dev) + "".join(
       f"\n\n{label}: not planned ({why})" for label, why in failed.items())
   os.makedirs(workdir, exist_ok=True)
   figure_path = plot(curves, link_of, os.path.join(workdir, "step_time_vs_bandwidth.png")) \
@@ -324,6 +418,7 @@ def run(config, workdir: str, *, model: str | None = None, mesh: str = "data=8",
       "device": dataclasses.asdict(dev), "mfu": mfu, "compute_seconds": compute_seconds,
       "links": {n: dataclasses.asdict(l) for n, l in link_of.items()},
       "inner_link": dataclasses.asdict(inner), "tokens_per_step": tokens, "steps": steps,
+      "remat": list(policies),
       "methods": records, "failed": failed, "header": head, "table": text, "figure": figure_path,
       "sweep": {"bandwidths": np.asarray(curves["bandwidths"]).tolist(),
                 "seconds": {k: {n: list(v) for n, v in per.items()}
@@ -363,9 +458,9 @@ def _compile_all(runs: dict, steps: int, verbose: bool) -> dict:
     return dict(zip(runs, pool.map(one, runs)))
 
 
-def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
+def _sweeps(steps_of: dict, links: dict, inner, records: list, reference_of: dict) -> dict:
   """Step seconds over the bandwidth grid per method and link, and each method's crossover
-  against DP (written into `records`)."""
+  against DP with its remat policy (`reference_of`; written into `records`)."""
   grid = np.geomspace(*_BANDWIDTHS, 49)
   seconds = {label: {} for label in steps_of}
   for name, link in links.items():
@@ -374,8 +469,8 @@ def _sweeps(steps_of: dict, links: dict, inner, records: list) -> dict:
     for rec in records:
       label = rec["method"]
       seconds[label][name] = [fns[label](b) for b in grid]
-      if label != REFERENCE:  # bytes/s, or "always" / "never" over the sweep
-        b = plan.crossover(fns[label], fns[REFERENCE], low=_BANDWIDTHS[0],
+      if label != reference_of[label]:  # bytes/s, or "always" / "never" over the sweep
+        b = plan.crossover(fns[label], fns[reference_of[label]], low=_BANDWIDTHS[0],
                            high=_BANDWIDTHS[1])
         rec.setdefault("crossover_bandwidth", {})[name] = \
             "never" if b is None else "always" if math.isinf(b) else b
@@ -418,23 +513,32 @@ def _header(c, model, mesh, dev, mfu, compute_seconds, records, tokens, steps) -
           f"conditional syncs charged as counted over {steps} steps")
 
 
-def table(records: list, links: dict) -> str:
-  """Markdown: bytes, memory and compute per method; step time and crossover per link."""
-  dp = next(r for r in records if r["method"] == REFERENCE)
+def table(records: list, links: dict, dev=None, reference_of=None) -> str:
+  """Markdown: bytes, memory (against `dev`'s) and compute per method; step time and
+  crossover per link. `reference_of`: each row's DP row (default: the row `dp`)."""
+  reference_of = reference_of or {r["method"]: REFERENCE for r in records}
+  by_label = {r["method"]: r for r in records}
   head = ["method", "mesh", "bytes/device, mean per step", "by axis, mean per step",
           "DP bytes / bytes (outer axis, mean per step)",
-          "state/device", "peak/device (XLA:CPU)", "compute/step"]
+          "state/device", "peak/device (XLA:CPU)"]
+  if dev is not None:
+    head.append(f"fits {dev.name or 'the device'} ({_bytes(dev.hbm_bytes)})")
+  head.append("compute/step")
   head += [f"step on {n}" for n in links] + [f"beats DP below ({n})" for n in links]
   rows = []
   for r in records:
+    dp = by_label[reference_of[r["method"]]]
     state = sum(r["state_bytes"][k] for k in ("params", "opt_state", "model_state"))
     outer = r["outer_bytes_per_step"]
     ratio = f"{dp['outer_bytes_per_step'] / outer:.3g}x" if outer else "nothing sent"
+    fits = [] if dev is None else [
+        "yes" if r["fits_hbm"] else f"no: +{_bytes(r['hbm_over_bytes'])}"]
     rows.append([r["method"], r["mesh"], _bytes(r["bytes_per_step"]),
                  ", ".join(f"{a} {_bytes(b)}" for a, b in r["bytes_per_axis"].items()) or "-",
-                 ratio, _bytes(state), _bytes(r["memory"]["peak"]), _seconds(r["compute_seconds"])]
+                 ratio, _bytes(state), _bytes(r["memory"]["peak"])] + fits
+                + [_seconds(r["compute_seconds"])]
                 + [_seconds(r["links"][n]["step"]) for n in links]
-                + ["-" if r["method"] == REFERENCE else
+                + ["-" if r["method"] == reference_of[r["method"]] else
                    _bandwidth(r["crossover_bandwidth"][n]) for n in links])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -483,7 +587,9 @@ def main(argv):
     run(_CONFIG.value, _WORKDIR.value, model=_MODEL.value, mesh=_MESH.value,
         methods=_METHODS.value, links=_LINKS.value, inner_link=_INNER_LINK.value,
         device=_DEVICE.value, mfu=_MFU.value, compute_seconds=_COMPUTE.value,
-        batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value)
+        batch_per_device=_BATCH.value, seq_len=_SEQ_LEN.value, steps=_STEPS.value,
+        link=_LINK.value, remat=_REMAT.value,
+        method_settings=_cli.method_settings(_CONFIG.value))
   except ValueError as e:  # a user's mistake: one line, no traceback
     _cli.fail(e)
 

@@ -1,7 +1,7 @@
 """Spec strings: one-line values of a setting or a flag that name a richer object.
 
-* codecs (`parse_codec`): a factory name of `jaxcomm.codecs` and its arguments,
-  `top_k:fraction=0.01`;
+* codecs (`parse_codec`, read by `jaxcomm.codecs.parse`): a factory name of `jaxcomm.codecs`,
+  a module path or a `.py` file, and its arguments, `top_k:fraction=0.01`;
 * links (`parse_link`): a preset of `jaxcomm.comm.PRESETS` or `name:gbit=G,latency_ms=L`;
 * participation masks (`participation_mask`): `drop:W@K` or `random:RATE`;
 * elastic quorum rules (`min_workers`): `N` or `N@T,...`.
@@ -11,7 +11,6 @@ Each parser raises a one-line ValueError naming the setting (`setting`) and what
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -19,65 +18,22 @@ import numpy as np
 from jaxcomm import _validate, codecs, comm
 
 
-def _literal(text: str) -> Any:
-  """'8' -> 8, '0.5' -> 0.5, 'true' -> True, 'none' -> None, anything else stays text."""
-  low = text.strip().lower()
-  if low in ("none", "null"):
-    return None
-  if low in ("true", "false"):
-    return low == "true"
-  for kind in (int, float):
-    try:
-      return kind(text)
-    except ValueError:
-      pass
-  return text.strip()
-
-
 def parse_codec(spec: str | None, setting: str = "codec") -> Any:
-  """A codec from its spec: `name` or `name:arg,key=value,...` with `name` a factory of
-  `jaxcomm.codecs`; `none` (or empty) is None and `auto` stays "auto" (the method's default).
+  """A codec from its spec (`jaxcomm.codecs.parse`): `name` or `name:arg,key=value,...` with
+  `name` a factory of `jaxcomm.codecs`, a module path or a `.py` file; `none` (or empty) is
+  None and `auto` stays "auto" (the method's default).
 
   >>> parse_codec("top_k:fraction=0.01").name
   'top_k(0.01, chunk=None)'
   >>> parse_codec("cast:bfloat16").name
   'cast(bfloat16)'
   """
-  if spec is None or str(spec).strip().lower() in ("", "none"):
-    return None
-  if spec == "auto":
-    return "auto"
-  name, _, rest = str(spec).partition(":")
-  allowed = codec_names()
-  if name not in allowed:
-    raise ValueError(f"{setting} {spec!r}: unknown codec {name!r}; allowed: "
-                     f"{', '.join(allowed)} (as name or name:arg,key=value).")
-  args, kwargs = [], {}
-  for part in filter(None, (p.strip() for p in rest.split(","))):
-    key, eq, value = part.partition("=")
-    if eq:
-      kwargs[key.strip()] = _literal(value)
-    else:
-      args.append(_literal(part))
-  factory = getattr(codecs, name)
-  try:
-    inspect.signature(factory).bind(*args, **kwargs)
-  except TypeError as e:
-    raise ValueError(f"{setting} {spec!r}: {e} (the arguments of codecs.{name}"
-                     f"{inspect.signature(factory)}).") from None
-  try:
-    return factory(*args, **kwargs)
-  except ValueError as e:
-    raise ValueError(f"{setting} {spec!r}: {e}") from None
+  return "auto" if spec == "auto" else codecs.parse(spec, setting)
 
 
 def codec_names() -> list[str]:
   """The codec factories of `jaxcomm.codecs`: its public functions that return a Codec."""
-  def returns_codec(fn) -> bool:
-    ret = inspect.signature(fn).return_annotation
-    return getattr(ret, "__name__", str(ret)).split(".")[-1].strip("'\"") == "Codec"
-  return sorted(n for n in codecs.__all__ if inspect.isfunction(getattr(codecs, n))
-                and returns_codec(getattr(codecs, n)))
+  return codecs.names()
 
 
 

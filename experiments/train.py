@@ -11,9 +11,11 @@ refused, except a larger `steps`). A setting out of range ends the program befor
 compiles with one line naming it (exit status 1).
 
 Writes `metrics.jsonl` and `summary.json` into --workdir and prints a summary: final loss,
-wire bytes (means per step), the ratio "DP bytes / bytes" against exact data parallelism on
-the same mesh over the axes the method synchronises (its compiled step), and, on meshes
-with more axes, the compiled step's bytes per mesh axis.
+wire bytes (means per step: every axis's, from the compiled step; and what the optimiser
+counts, on the axes the label names), the ratio "DP bytes / bytes" against exact data
+parallelism on the same mesh over the axes the method synchronises (its compiled step) in
+the steady state (whole periods of its syncs), with this run's own in brackets, and, on
+meshes with more axes, the compiled step's bytes per mesh axis.
 
 Checkpoints go to --workdir/checkpoints every `config.checkpoint_every` steps and at the end
 (the last `config.keep` are kept). Preemption: on SIGTERM (one process; on several, JAX's
@@ -47,7 +49,8 @@ _CONFIG = _config.define_config_flag(
     "any method); override fields with --config.<path>=<value>.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Where config, metrics, checkpoints "
                                "and the summary go.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (CPU runs only).")
+_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices (CPU runs only).",
+                                lower_bound=1)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator", None, "host:port of process 0 for a multi-process run.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a multi-process run.")
@@ -160,9 +163,14 @@ def train_run(run, workdir: str):
 def summarize(run, program, state, workdir: str) -> dict:
   """Writes summary.json (the whole run's record, across resumptions) and prints it.
 
-  The ratio is against exact DP on the same mesh over the axes the method synchronises
-  (experiments/_reference.py), both as means per step; the bytes by mesh axis are the
-  compiled step's, means per step too.
+  Bytes are means per device per step. Counted: what the optimiser's transforms count where
+  they send (the method, ZeRO-3's gathers, the mean inside a replica), over the mesh's axes
+  but the model's own (tensor-parallel activations, sequence-parallel attention, pipeline
+  sends, which only the compiled step shows). Every axis and by axis: the compiled step,
+  its syncs charged as the counters count them. The ratio is against exact DP on the same
+  mesh over the axes the method synchronises (experiments/_reference.py): in the steady
+  state (a whole number of the periods with which its counted bytes repeat), with this
+  run's own in brackets (which depends on where the run stopped in a period).
   """
   del program
   c = run.config
@@ -173,24 +181,39 @@ def summarize(run, program, state, workdir: str) -> dict:
   axes = comm.axis_names(run.method_axes)
   devices = list(run.mesh.devices.flat)
   dp_bytes = _reference.dp_bytes(c, axes, devices)
-  by_axis = None
-  if set(run.mesh.axis_names) <= set(axes):
-    own = per_step  # every counted byte crosses the method's axes
-  else:  # read the method's axes out of its compiled step (and every axis, for the record)
-    step, _ = _reference.step_plan(c, devices, steps=steps_done)
-    own = _reference.axis_bytes(step, axes)
-    by_axis = {",".join(k) or "?": v for k, v in step.bytes_per_axis().items()}
+  model_axes = [a for a in run.mesh.axis_names if a in build.MODEL_AXES]
+  counted_axes = [a for a in run.mesh.axis_names if a not in build.MODEL_AXES]
+  by_axis, period, own_steady, every_axis = None, 1, None, per_step
+  only_method_axes = set(run.mesh.axis_names) <= set(axes)
+  if c.method.name == "dp" and only_method_axes:
+    own = own_steady = per_step  # every step sends the same, and every byte is counted
+  else:  # read the method's axes out of its compiled step, planned past the run's steps
+    step, _ = _reference.step_plan(c, devices, steps=_reference.horizon(c, steps_done))
+    mine, steady, period = _reference.steady_state(step, steps_done)
+    own = per_step if only_method_axes else _reference.axis_bytes(mine, axes)
+    own_steady = None if steady is None else _reference.axis_bytes(steady, axes)
+    if not only_method_axes:
+      by_axis = {",".join(k) or "?": v for k, v in mine.bytes_per_axis().items()}
+      every_axis = sum(by_axis.values())
   over = ",".join(axes)
+  ratio = dp_bytes / own if own else None
+  steady_ratio = dp_bytes / own_steady if own_steady else None
   summary = {
       "method": c.method.name, "model": c.model.name, "dataset": c.data.name,
       "mesh": dict(run.mesh.shape), "steps": steps_done, "workers": run.num_workers,
       "processes": jax.process_count(), "final_loss": last.get("loss"),
       "skipped_steps": last.get("skipped_steps", 0),
-      "wire_bytes_per_step": per_step,              # counted, every axis, mean per step
+      "wire_bytes_per_step": per_step,              # counted, over counted_axes, per step
+      "counted_axes": counted_axes,                 # the model's own (tensor...) are not
+      "step_wire_bytes_per_step": every_axis,       # the compiled step, every axis, per step
       "method_axes": list(axes),
       "method_wire_bytes_per_step": own,            # over the method's axes, mean per step
       "dp_wire_bytes_per_step": dp_bytes,           # DP on this mesh, same axes, per step
-      "compression_ratio": dp_bytes / own if own else float("inf"),
+      "compression_ratio": ratio,                   # this run's; None: nothing sent
+      # Over whole periods of the counted bytes (None: they do not repeat within the plan).
+      "steady_state": None if own_steady is None else {
+          "period_steps": period, "method_wire_bytes_per_step": own_steady,
+          "compression_ratio": steady_ratio},
   }
   if by_axis is not None:
     summary["step_wire_bytes_by_axis"] = by_axis  # compiled step, mean per step
@@ -201,17 +224,39 @@ def summarize(run, program, state, workdir: str) -> dict:
   lines = []
   if summary["final_loss"] is not None:
     lines.append(("final loss", f"{summary['final_loss']:.4f}"))
-  lines.append(("wire bytes, mean per step", f"{per_step:,.0f} (counted, every axis)"))
-  if by_axis is not None:
+  if by_axis is None:
+    lines.append(("wire bytes, mean per step", f"{per_step:,.0f} (counted, every axis: "
+                                                f"{', '.join(counted_axes)})"))
+  else:
+    lines.append(("wire bytes, mean per step", f"{every_axis:,.0f} (compiled step, every "
+                                                "axis)"))
+    lines.append(("counted by the optimiser", f"{per_step:,.0f} (over "
+                  f"{', '.join(counted_axes)}" + (f"; not the model's own on "
+                                                  f"{', '.join(model_axes)})" if model_axes
+                                                  else ")")))
     lines.append((f"over {over}, mean per step", f"{own:,.0f}"))
     lines.append(("compiled step by axis, mean per step",
                   ", ".join(f"{k} {v:,.0f}" for k, v in by_axis.items())))
   lines.append((f"exact DP over {over}, this mesh", f"{dp_bytes:,.0f} per step"))
-  lines.append((f"DP bytes / bytes (over {over})", f"{summary['compression_ratio']:.2f}x"))
+  lines.append((f"DP bytes / bytes (over {over})", _ratio_text(ratio, steady_ratio, period,
+                                                               steps_done, over)))
   width = max(len(k) for k, _ in lines)
   for k, value in lines:
     print(f"  {k.ljust(width)}  {value}")
   return summary
+
+
+def _ratio_text(ratio, steady, period, steps: int, over: str) -> str:
+  """The steady-state ratio with this run's own in brackets; never `inf`."""
+  run = (f"{ratio:.2f}x" if ratio is not None else f"nothing sent over {over}")
+  if steady is None:
+    return (f"{ratio:.2f}x over" if ratio is not None else f"nothing sent over {over} in") + \
+        f" this run's {steps} steps (no steady state: the counted bytes do not repeat " \
+        "within the plan)"
+  if period == 1 and ratio is not None and abs(steady - ratio) <= 1e-9 * steady:
+    return f"{steady:.2f}x (every step sends the same)"
+  return (f"{steady:.2f}x steady state, whole periods of {period} step{'s' * (period > 1)} "
+          f"(this run's {steps} steps: {run})")
 
 
 def record_config(workdir: str, config) -> None:

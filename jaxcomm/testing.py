@@ -10,7 +10,8 @@ Codecs (the contract is `help(jaxcomm.codecs)`):
   (or against the identity codec when there is none), that the codec tells x apart from
   zero, and every flag against the codec's behaviour (`linear`, `stochastic`, `shared_key`,
   `unbiased`, `variance_bound`), on several lengths.
-* `codec_zoo()`: one instance of every built-in codec.
+* `codec_zoo()`: one instance of every built-in codec per setting of `CODEC_EXAMPLES` (the
+  example arguments of every factory of `jaxcomm.codecs`, held complete).
 
 Transforms (optax `GradientTransformation`s, usually a chain ending in an optimiser):
 
@@ -36,6 +37,7 @@ from jax import lax
 from jaxcomm import codecs, comm, train
 
 __all__ = (
+    "CODEC_EXAMPLES",
     "check_codec",
     "check_converges_on_quadratic",
     "check_jit_state_and_dtypes",
@@ -51,24 +53,50 @@ _WIRE_DTYPES = tuple(jnp.dtype(d) for d in (
     jnp.uint8, jnp.uint16, jnp.uint32, jnp.int8, jnp.int16, jnp.int32))
 
 
-def codec_zoo() -> dict:
-  """One instance of every built-in codec that takes any length (all but `tiled_dct_top_k`,
-  which is built for given shapes), with blocks small enough to matter on ~1000 values.
+# Example arguments of every codec factory of `jaxcomm.codecs` (`codecs.names()`): one line
+# per factory, a list of keyword-argument settings, blocks and chunks small enough to matter
+# on ~1000 values. `codec_zoo` builds them, and a factory without a line fails every test
+# that uses the zoo, so a new codec cannot escape the codec suites. Add a codec: one line here.
+CODEC_EXAMPLES = {
+    "identity": [{}],
+    "cast": [dict(dtype="float32"), dict(dtype="bfloat16"), dict(dtype="float8_e4m3fn")],
+    "uniform": [dict(bits=4, block=64, symmetric=False), dict(bits=3, stochastic=True, block=100)],
+    "qsgd": [dict(levels=7, bucket=128)],
+    "sign": [dict(block=128)],
+    "top_k": [dict(fraction=0.05), dict(k=4, chunk=64)],
+    "random_k": [dict(fraction=0.1), dict(fraction=0.1, shared_key=False)],
+    "rtop_k": [dict(r=0.2, k=0.05)],
+    "dct_top_k": [dict(chunk=64, k=8)],
+    "log_quant": [dict(bits=5, alpha=10.0, block=256)],
+    "fp4": [{}, dict(stochastic=True)],
+    "fp8": [dict(block=128), dict(fmt="e5m2")],
+    # Built for given shapes (one length): in the zoo with whole=True only.
+    "tiled_dct_top_k": [dict(shapes=[(24, 20), (20,), (2, 3, 5), ()], chunk=10, k=3)],
+}
+
+
+def codec_zoo(whole: bool = False) -> dict:
+  """One instance of every built-in codec per setting of `CODEC_EXAMPLES`, by name.
+
+  Built from `jaxcomm.codecs.names()`, so a codec factory without examples is an error here.
+
+  Args:
+    whole: include the codecs that need the whole vector (built for one length, as
+      `tiled_dct_top_k` is for given shapes); by default only those that take any length.
+
+  Returns:
+    A dict from each codec's name to the codec.
 
   >>> "top_k(k=4, chunk=64)" in codec_zoo()
   True
   """
-  zoo = [
-      codecs.identity(), codecs.cast("float32"), codecs.cast("bfloat16"),
-      codecs.cast("float8_e4m3fn"),
-      codecs.uniform(4, block=64, symmetric=False), codecs.uniform(3, stochastic=True, block=100),
-      codecs.qsgd(7, bucket=128), codecs.sign(block=128),
-      codecs.top_k(0.05), codecs.top_k(k=4, chunk=64),
-      codecs.random_k(0.1), codecs.random_k(0.1, shared_key=False), codecs.rtop_k(0.2, 0.05),
-      codecs.dct_top_k(64, 8), codecs.log_quant(5, 10.0, block=256), codecs.fp4(),
-      codecs.fp4(stochastic=True), codecs.fp8(block=128), codecs.fp8("e5m2"),
-  ]
-  return {c.name: c for c in zoo}
+  missing = sorted(set(codecs.names()) - set(CODEC_EXAMPLES))
+  if missing:
+    raise AssertionError(f"codec factories without examples: {missing}; add a line to "
+                         "jaxcomm.testing.CODEC_EXAMPLES.")
+  zoo = [codecs.load(name)(**kwargs) for name in codecs.names()
+         for kwargs in CODEC_EXAMPLES[name]]
+  return {c.name: c for c in zoo if whole or c.length is None}
 
 
 # ---------------------------------------------------------------------------- codecs

@@ -40,13 +40,15 @@ def _tiny_lm(c):
 
 @pytest.mark.slow
 def test_ratios_on_a_replica_mesh_are_against_dp_on_that_mesh(tmp_path):
-  """On replica=2,fsdp=2,tensor=2 DP's printed ratio is 1.00x and DiLoCo H = 10's 10.00x:
-  both against DP's compiled step over `replica` on the same mesh (a replica's gradient is
-  reduce-scattered over fsdp first, so DP sends a quarter of the parameters over replica);
-  DiLoCo sends the same all-reduce once in 10 steps."""
+  """On replica=2,fsdp=2,tensor=2 DP's printed ratio is 1.00x and DiLoCo H = 4's 4.00x in
+  the steady state: both against DP's compiled step over `replica` on the same mesh (a
+  replica's gradient is reduce-scattered over fsdp first, so DP sends a quarter of the
+  parameters over replica); DiLoCo sends the same all-reduce once in 4 steps, and once in
+  this run's 6 steps (6.00x, in brackets). The headline bytes are every axis's: the
+  tensor axis's activations (which no optimiser counts) included."""
   from experiments import train
   printed = {}
-  for method, settings, steps in (("dp", {}, 1), ("diloco", {"sync_every": 10}, 10)):
+  for method, settings, steps in (("dp", {}, 1), ("diloco", {"sync_every": 4}, 6)):
     c = _tiny_lm(config.base_config(method, **settings))
     c.mesh, c.steps = "replica=2,fsdp=2,tensor=2", steps
     out = io.StringIO()
@@ -55,12 +57,42 @@ def test_ratios_on_a_replica_mesh_are_against_dp_on_that_mesh(tmp_path):
     printed[method] = out.getvalue()
     summary = json.loads((tmp_path / method / "summary.json").read_text())
     assert summary["method_axes"] == ["replica"]
-  assert re.search(r"DP bytes / bytes \(over replica\)\s+1\.00x", printed["dp"]), printed["dp"]
-  assert re.search(r"DP bytes / bytes \(over replica\)\s+10\.00x", printed["diloco"]), \
+  assert re.search(r"DP bytes / bytes \(over replica\)\s+1\.00x \(every step sends the same\)",
+                   printed["dp"]), printed["dp"]
+  assert re.search(r"DP bytes / bytes \(over replica\)\s+4\.00x steady state, whole periods "
+                   r"of 4 steps \(this run's 6 steps: 6\.00x\)", printed["diloco"]), \
       printed["diloco"]
   # DP's own ratio is its compiled replica bytes over themselves, not over a formula.
   dp = json.loads((tmp_path / "dp" / "summary.json").read_text())
   assert dp["dp_wire_bytes_per_step"] == dp["method_wire_bytes_per_step"] > 0
+  diloco = json.loads((tmp_path / "diloco" / "summary.json").read_text())
+  assert diloco["compression_ratio"] == pytest.approx(6.0)
+  assert diloco["steady_state"]["period_steps"] == 4
+  assert diloco["steady_state"]["compression_ratio"] == pytest.approx(4.0)
+  # Every axis: per block, 5 all-reduces over tensor (T = 2) of the activations
+  # f32[B / (R F), seq, d] = 2 x 16 x 16 x 4 bytes (Megatron's forward and backward, and the
+  # attention's again in FSDP's recomputation), 2 (T-1)/T x 2,048 each; no optimiser counts
+  # them, so the counted bytes are the other axes' and the label says so.
+  by_axis = diloco["step_wire_bytes_by_axis"]
+  assert by_axis["tensor"] == 5 * 2 * 16 * 16 * 4 == 10_240
+  assert diloco["step_wire_bytes_per_step"] == pytest.approx(sum(by_axis.values()))
+  assert diloco["wire_bytes_per_step"] == pytest.approx(by_axis["replica"] + by_axis["fsdp"])
+  assert diloco["counted_axes"] == ["replica", "fsdp"]
+  every = f"{diloco['step_wire_bytes_per_step']:,.0f}"
+  assert re.search(rf"wire bytes, mean per step\s+{every} \(compiled step, every axis\)",
+                   printed["diloco"]), printed["diloco"]
+  assert "(over replica, fsdp; not the model's own on tensor)" in printed["diloco"]
+
+
+def test_a_run_without_a_sync_prints_no_infinite_ratio():
+  """A run shorter than its sync period sent nothing over the method's axes: the ratio says
+  so (and summary.json holds None), next to the steady state's."""
+  from experiments import train
+  text = train._ratio_text(None, 4.0, 4, 3, "data")
+  assert text == "4.00x steady state, whole periods of 4 steps (this run's 3 steps: nothing " \
+      "sent over data)"
+  text = train._ratio_text(None, None, None, 3, "data")
+  assert "inf" not in text and text.startswith("nothing sent over data in this run's 3 steps")
 
 
 def test_the_dp_reference_compiles_the_global_batch_of_a_multi_process_run(monkeypatch):
@@ -271,8 +303,9 @@ def test_reproduction_overrides_reach_the_runs_and_a_bad_sweep_is_refused(tmp_pa
 SETTINGS_PROGRAMS = (
     *(f"experiments.reproduce.{name}" for name in REPRODUCTIONS),
     "experiments.replica_periods", "experiments.heterogeneous", "experiments.compression_table",
-    "experiments.elastic_goodput", "benchmarks.codec_table", "benchmarks.fit_speed",
-    "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
+    "experiments.elastic_goodput", "experiments.failure_replay", "experiments.failure_scale",
+    "benchmarks.codec_table",
+    "benchmarks.fit_speed", "benchmarks.layouts", "benchmarks.overhead", "benchmarks.population",
     "benchmarks.profile_step", "benchmarks.replicas")
 
 

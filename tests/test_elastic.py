@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import subprocess
 import sys
 
@@ -291,6 +292,32 @@ def test_candidate_orders_keep_islands_contiguous_and_count_n_factorial_times_d(
 def test_failure_schedules_are_checked(spec, match):
   with pytest.raises(ValueError, match=match):
     launch_local.schedule("kill", spec, 3)
+
+
+def _readme_elastic_command() -> list:
+  """The README's elastic example: the launcher's command line with a --restart."""
+  text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+  (block,) = [b for b in blocks if "launch_local" in b and "--restart=" in b]
+  return shlex.split(block.replace("\\\n", " "))
+
+
+def test_the_readme_elastic_example_cannot_end_before_the_restarted_process_rejoins():
+  """Whatever the machine's speed: after the restart's step and before the last, a round
+  needs every process (config.elastic.min_workers), so the survivors wait for the restarted
+  one (at most quorum_timeout_s, which leaves it minutes to start) and it joins there.
+  (tests/test_elastic.py's DiLoCo run checks that a joiner is waited for and healed.)"""
+  argv = _readme_elastic_command()
+  flag = lambda name: [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+  processes = int(flag("processes")[0])
+  restarts = launch_local.schedule("restart", flag("restart"), processes)
+  steps = int(flag("config.steps")[0])
+  need = specs.min_workers((flag("config.elastic.min_workers") or ["1"])[0])
+  assert restarts
+  for _, after in restarts:
+    assert any(need(t) == processes for t in range(after + 1, steps)), argv
+  timeout = float((flag("config.elastic.quorum_timeout_s") or [60])[0])
+  assert timeout >= 120, timeout
 
 
 def test_faults_and_elastic_mode_reach_the_program_as_flags(tmp_path):

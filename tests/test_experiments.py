@@ -4,7 +4,6 @@ ValueError that names it."""
 
 import ast
 import glob
-import importlib.util
 import inspect
 import json
 import os
@@ -18,30 +17,23 @@ import numpy as np
 import pytest
 
 from experiments.compare import settings as compare_settings
+from experiments import _config_file
 from experiments import build
 from experiments import config
 from experiments import specs
-from jaxcomm import local, parallel, sync, train
+from jaxcomm import sync, train
+from tests import contract
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.py")))
 CONFIGS = [p for p in CONFIGS if not p.endswith("__init__.py")]
 W = 8
 
-# Each method module and the library factory its settings mirror. Written here, independently
-# of the modules, so that a module that stops reading its factory's defaults fails.
-FACTORIES = {
-    "dp": sync.mean, "compressed": sync.compressed, "powersgd": sync.powersgd,
-    "lq_sgd": sync.lq_sgd, "onebit_adam": sync.onebit_adam, "demo": sync.demo,
-    "local_sgd": local.local_sgd, "diloco": local.diloco,
-    "streaming_diloco": local.streaming_diloco, "sparseloco": local.sparseloco,
-    "dreamddp": local.dreamddp, "scaffold": local.scaffold, "hierarchical": local.hierarchical,
-    "delayed": local.delayed, "acco": local.acco, "stale": local.stale, "dpsgd": sync.dpsgd,
-    "choco": sync.choco, "zero": parallel.zero, "muon": sync.muon, "muloco": local.muloco,
-    "des_loc": local.des_loc, "noloco": local.noloco, "dion": sync.dion, "dion2": sync.dion2,
-    "muonbp": sync.muonbp, "factored_gossip_diloco": local.factored_gossip_diloco,
-    "gasloc": local.gasloc, "pier": local.pier,
-}
+# Each method module and the library factory its settings mirror: the `plugin` column of the
+# one table of transforms (tests/contract.py), written independently of the modules, so that a
+# module that stops reading its factory's defaults fails.
+FACTORIES = {method.plugin: contract.factory(name) for name, method in contract.METHODS.items()
+             if method.plugin}
 
 
 # Factory arguments the run supplies (experiments.build.Context), not settings.
@@ -52,10 +44,8 @@ BUILT = {"muon_weight_dimension_numbers", "outer"}
 
 
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  spec = importlib.util.spec_from_file_location("experiment_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  """The config of a file as `--config=path[:arg]` loads it (a shipped one as a module)."""
+  return _config_file.load(f"{path}:{arg}" if arg else path)
 
 
 def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -269,7 +259,7 @@ def test_shared_settings_fail_early_naming_the_setting(setting, value, words):
 
 @pytest.mark.parametrize("method,settings,words", [
     ("diloco", {"sync_every": 0}, "config.method .diloco.: sync_every"),
-    ("diloco", {"codec": "zip"}, "unknown codec 'zip'"),
+    ("diloco", {"codec": "zip"}, "codec must be one of .*; got 'zip'"),
     ("diloco", {"outer_lr": -0.7}, "outer_lr"),
     ("diloco", {"participation": "sometimes"}, "participation 'sometimes' is unknown"),
     ("compressed", {"codec": "top_k:fractoin=0.1"}, "unexpected keyword argument 'fractoin'"),

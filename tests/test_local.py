@@ -618,52 +618,6 @@ def test_topk_chunks_codec_against_numpy():
     assert np.all(np.abs(got - out) <= step / 2 + 1e-6)
 
 
-# ------------------------------------------------------------------ contract (one device)
-FACTORIES = {
-    "local_sgd": lambda: local.local_sgd(optax.sgd(0.1), 3, None),
-    "diloco": lambda: local.diloco(optax.sgd(0.1), NESTEROV, 3, None),
-    "diloco_ef": lambda: local.diloco(optax.sgd(0.1), optax.sgd(1.0), 3, None,
-                                      codec=codecs.cast("float8_e4m3fn"), memory="ef"),
-    "streaming": lambda: local.streaming_diloco(optax.sgd(0.1), NESTEROV, 4, 2, 1, 0.5, None),
-    "sparseloco": lambda: local.sparseloco(optax.sgd(0.1), 3, 0.5, 8, None),
-    "dreamddp": lambda: local.dreamddp(optax.sgd(0.1), 3, None),
-    "scaffold": lambda: local.scaffold(optax.sgd(0.1), 3, None),
-    "hierarchical": lambda: local.hierarchical(optax.sgd(0.1), 3, None, None),
-}
-
-
-@pytest.mark.parametrize("name", sorted(FACTORIES))
-def test_contract(name):
-  tx = FACTORIES[name]()
-  target = {"a": jnp.arange(4.0), "b": jnp.ones((2, 3))}
-  params = jax.tree.map(jnp.zeros_like, target)
-  abstract = jax.eval_shape(tx.init, jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
-  state = tx.init(params)
-  chex.assert_trees_all_equal_shapes_and_dtypes(abstract, state)
-  traces = []
-
-  @jax.jit
-  def step(p, s):
-    traces.append(1)
-    g = jax.tree.map(jnp.subtract, p, target)  # quadratic 0.5 |p - target|^2
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
-  p1, s1 = step(params, state)
-  p2, s2 = step(p1, s1)
-  assert len(traces) == 1  # no recompilation
-  chex.assert_trees_all_equal_shapes_and_dtypes(s2, state)
-  # bf16 parameters stay bf16.
-  p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-  u16, _ = jax.eval_shape(lambda p: tx.update(p, tx.init(p), p), p16)
-  assert {x.dtype for x in jax.tree.leaves(u16)} == {jnp.dtype(jnp.bfloat16)}
-  # Converges on the quadratic inside lax.scan.
-  (p, _), _ = jax.lax.scan(lambda c, _: (step.__wrapped__(*c), None), (params, state), None,
-                           length=240)
-  close(p, target, atol=1e-2)
-
-
 # ------------------------------------------------------------------ bad input
 def test_bad_input_fails_at_build_time(task):
   inner = optax.sgd(0.1)

@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, local, parallel, sync
+from tests import contract
 
 W = 8
 TRANSFORMS = {
@@ -46,6 +47,28 @@ def test_summed_gradients_are_refused_local_ones_are_averaged(mesh8, name):
   # gradients would have given 36.
   want = 4.5 if name.startswith("sync") else -4.5
   np.testing.assert_allclose(out, np.full((W, 2), want), rtol=1e-6)  # on every worker
+
+
+@pytest.mark.parametrize("name", sorted(contract.METHODS))
+def test_every_transform_refuses_summed_gradients(mesh8, name):
+  """Every row of the one table (tests/contract.py), on the data axis, refuses the summed
+  gradients when the step is traced; a wrapper that hands them on, through its inner
+  optimiser (a mean here; the others' inner SGD does not look)."""
+  method = contract.METHODS[name]
+  inner = optax.chain(sync.mean("data"), optax.sgd(1.0)) if method.hands_on else optax.sgd(1.0)
+  tx = method.build(inner, "data")
+  params = contract.example_params()
+
+  def body(params, x):  # jax.grad with respect to the replicated parameters: a psum
+    grads = jax.grad(lambda p: sum(jnp.sum(q * x) for q in jax.tree.leaves(p)))(params)
+    return jax.tree.map(lambda u: comm.varying(u, "data")[None],
+                        tx.update(grads, tx.init(params), params)[0])
+
+  step = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=(P(), P("data")),
+                               out_specs=P("data")))
+  with pytest.raises(ValueError, match=r"same on every worker of \('data',\).*"
+                                       r"jaxcomm.comm.varying\(params, 'data'\)"):
+    step.trace(params, jnp.arange(W, dtype=jnp.float32))
 
 
 def test_decode_gradient_refuses_summed_gradients(mesh8):

@@ -150,8 +150,9 @@ def test_sync_fn_sees_slot_index_key_and_its_own_state():
   np.testing.assert_array_equal(state.key, keys)  # split once per sync
 
 
-def test_grad_fn_sees_params_and_counts_bytes_every_step():
-  """A proximal term μ (θ_w − θ_anchor) added by grad_fn (FedProx), one device: by hand."""
+def test_grad_fn_and_after_fn_by_hand():
+  """A proximal term μ (θ_w − θ_anchor) added by grad_fn (FedProx) and a step after the sync
+  (after_fn), one device: by hand."""
 
   class ProxState(NamedTuple):
     count: jax.Array
@@ -166,15 +167,18 @@ def test_grad_fn_sees_params_and_counts_bytes_every_step():
   def reanchor(params, state, info):
     return params, state._replace(anchor=params), 0
 
+  def nudge(params, state):  # after the sync, with count = t: + 0.01 at update 3 only
+    return jax.tree.map(lambda x: jnp.where(state.count == 3, x + 0.01, x), params), state
+
   tx = local.periodic(optax.sgd(LR), 2, reanchor, init_fn=lambda p: {"anchor": p},
-                      state_type=ProxState, grad_fn=proximal, axis_name=None)
+                      state_type=ProxState, grad_fn=proximal, after_fn=nudge, axis_name=None)
   params = {"w": jnp.ones(())}
   state = tx.init(params)
   for _ in range(3):
     updates, state = tx.update({"w": jnp.ones(())}, state, params)
     params = optax.apply_updates(params, updates)
-  # 1 − 0.1 = 0.9; 0.9 − 0.1 (1 + 0.5 (0.9 − 1)) = 0.805, the new anchor; 0.805 − 0.1.
-  np.testing.assert_allclose([params["w"], state.anchor["w"]], [0.705, 0.805], rtol=1e-6)
+  # 1 − 0.1 = 0.9; 0.9 − 0.1 (1 + 0.5 (0.9 − 1)) = 0.805, the new anchor; 0.805 − 0.1 + 0.01.
+  np.testing.assert_allclose([params["w"], state.anchor["w"]], [0.715, 0.805], rtol=1e-6)
   assert int(state.wire_bytes) == 30
 
 
@@ -184,6 +188,10 @@ def test_contract_breaches_fail_clearly():
   tx = local.periodic(optax.sgd(LR), 1, lambda p, s, i: (p, s._replace(count=s.count + 1), 0),
                       axis_name=None)
   with pytest.raises(ValueError, match=r"sync_fn changed \['count'\]"):
+    tx.update(grads, tx.init(params), params)
+  tx = local.periodic(optax.sgd(LR), 1, average(None), axis_name=None,
+                      after_fn=lambda p, s: (p, s._replace(inner_state=())))
+  with pytest.raises(ValueError, match=r"after_fn changed \['inner_state'\]"):
     tx.update(grads, tx.init(params), params)
   tx = local.periodic(optax.sgd(LR), 1, lambda p, s, i: (p, tuple(s), 0), axis_name=None)
   with pytest.raises(ValueError, match="must return its state as a PeriodicState"):

@@ -7,8 +7,11 @@
   PowerSGD rank 4's and ZeRO-3's bytes and memory against literals derived by hand from the
   parameter shapes.
 * Bad input is a ValueError naming the argument before anything compiles.
+* Memory: a step whose peak is over the device's memory is flagged with its excess; every
+  remat policy keeps the LM's loss and gradient, and rematerialised blocks lower the peak.
 * A llama_1b plan on 64 emulated devices (a subprocess): DP's bytes follow the all-reduce
-  law at W = 64 and the process's peak memory stays far below the model's size.
+  law at W = 64, the process's peak memory stays far below the model's size, and the step's
+  peak is flagged over the h100's memory.
 """
 
 import json
@@ -18,6 +21,7 @@ import re
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +32,7 @@ from experiments import build
 from experiments import config
 from experiments import plan as plan_cli
 from experiments.configs import compare as compare_config
-from jaxcomm import comm, parallel, plan, sim, train
+from jaxcomm import comm, models, parallel, plan, sim, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
@@ -58,7 +62,9 @@ def test_plan_equals_a_real_step_at_the_make_run_size(method, settings, mesh):
   trainer = real.trainer()
   state = trainer.init(real.params)
   batch = trainer.shard_batch(real.batches(0))
-  compiled = trainer.step_fn(state, batch).lower(state, batch).compile()
+  # Compiled as the planner compiles (optimisation barriers kept, `plan.compile_step`).
+  compiled = trainer.step_fn(state, batch).lower(state, batch).compile(
+      compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"})
   real_report = comm.parse_hlo(compiled.as_text(), mesh=trainer.mesh)
   counted = []
   for t in range(STEPS):  # the compiled step itself (train.fit would compile it again)
@@ -197,6 +203,14 @@ def test_gpt2_zero3_holds_one_eighth_of_dp_parameters(gpt2):
     (dict(batch_per_device=0), "batch_per_device must be an integer >= 1"),
     (dict(steps=0), "steps must be an integer >= 1"),
     (dict(model="resnet18", mesh="data=2,tensor=4"), "lays out"),
+    # absl splits --links=mydc:gbit=10,latency_ms=30 at the comma: the error says where to go.
+    (dict(links=["mydc:gbit=10", "latency_ms=30"]),
+     "A link of your own goes in --link=name:gbit=G,latency_ms=L"),
+    (dict(links=["wan"], link=["a:gbit=1,latency_ms=1", "a:gbit=2,latency_ms=5"]),
+     "the name 'a' is given twice"),
+    (dict(link=["mydc:gbit=ten,latency_ms=30"]), "gbit must be a number"),
+    (dict(remat=["blocks"]), "remat must be distinct names out of none, block, dots_saveable"),
+    (dict(model="resnet18", remat=["block"]), "remat applies to the LM"),
 ])
 def test_bad_input_names_the_argument_before_anything_compiles(kwargs, words, tmp_path,
                                                                monkeypatch):
@@ -214,6 +228,59 @@ def test_a_misspelt_method_setting_is_named():
   with pytest.raises(ValueError, match="config.optimizer has no setting 'learning_rate'"):
     config.with_method(config.base_config(), {"method": "dp",
                                               "optimizer": {"learning_rate": 1.0}})
+
+
+# ---------------------------------------------------------------- memory and remat
+TINY_LM = dict(d_model=64, num_layers=4, num_heads=4, d_ff=256)
+
+
+@pytest.mark.slow
+def test_remat_keeps_the_lm_s_loss_and_gradient():
+  """Every policy computes the same loss and gradient; what it keeps differs (below)."""
+  tokens = jnp.arange(2 * 9).reshape(2, 9) % 11
+  sizes = dict(d_model=16, num_layers=2, num_heads=2, d_ff=32, max_len=8)
+  params = models.TransformerLM(**sizes).init(jax.random.key(0), tokens[:, :-1])
+  out = {}
+  for policy in ("none", "block", "dots_saveable"):
+    lm = models.TransformerLM(**sizes, remat=policy)
+    out[policy] = jax.jit(jax.value_and_grad(models.lm_loss(lm)))(params, {"tokens": tokens})
+  for policy in ("block", "dots_saveable"):
+    chex.assert_trees_all_close(out[policy], out["none"], rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="remat must be one of 'none', 'block'"):
+    models.TransformerLM(remat="layer")
+
+
+@pytest.mark.slow
+def test_a_step_over_the_device_memory_is_flagged_with_the_remat_that_fits(tmp_path):
+  """DP on the LM (4 blocks, 8 x 128 tokens) planned without and with each block
+  rematerialised, on a device of 38 MB: XLA:CPU's peak is about 57 MB without (every
+  block's attention probabilities, 8 x 4 x 128 x 128 floats = 2 MB each, are kept for the
+  backward pass) and about 19 MB with (only each block's input): the first is flagged with
+  its excess, the note says which policy fits. Links of one's own are planned too."""
+  c = config.base_config("dp")
+  with c.unlocked():
+    c.model.update(TINY_LM)
+    c.data.seq_len, c.data.batch_size = 128, 8
+  device = plan.Device(1e12, 1e12, 38e6, name="small")
+  summary = plan_cli.run(c, str(tmp_path), mesh="data=1", methods=["dp"], links=["wan"],
+                         link=["mydc:gbit=10,latency_ms=30"], device=device,
+                         remat=["none", "block"], steps=2, verbose=False, figure=False)
+  rows = {r["method"]: r for r in summary["methods"]}
+  assert list(rows) == ["dp (none)", "dp (block)"] and summary["remat"] == ["none", "block"]
+  for r in rows.values():
+    peak = r["memory"]["peak"]
+    assert r["fits_hbm"] == (peak <= 38e6) and r["hbm_over_bytes"] == max(0, peak - 38e6)
+  none, block = rows["dp (none)"], rows["dp (block)"]
+  assert not none["fits_hbm"] and block["fits_hbm"]
+  assert none["memory"]["peak"] > 2 * block["memory"]["peak"]
+  assert block["flops"] > none["flops"]  # the blocks' forward passes, computed twice
+  assert f"| no: +{plan_cli._bytes(none['hbm_over_bytes'])} |" in summary["table"]
+  assert (f"* dp: +{plan_cli._bytes(none['hbm_over_bytes'])} with remat none; fits with "
+          "remat block") in summary["table"]
+  # 10 Gbit/s = 1.25e9 bytes/s per direction, 30 ms per message.
+  assert summary["links"]["mydc"]["bandwidth"] == 1.25e9
+  assert summary["links"]["mydc"]["latency"] == 0.03
+  assert set(none["links"]) == {"wan", "mydc"}
 
 
 # ---------------------------------------------------------------- the counter machine
@@ -357,5 +424,8 @@ def test_a_1b_plan_on_64_emulated_devices_allocates_nothing_of_its_size(tmp_path
   state = dp["state_bytes"]["params"] + dp["state_bytes"]["opt_state"]
   assert state > 3 * 4 * params  # parameters and AdamW's two moments, on every device
   assert peak_rss < state / 8, (peak_rss, state)
+  # The step's peak (XLA:CPU's) is over the h100's 80 GB: flagged, with its excess.
+  assert not dp["fits_hbm"] and dp["hbm_over_bytes"] == dp["memory"]["peak"] - 80e9 > 0
+  assert f"| no: +{plan_cli._bytes(dp['hbm_over_bytes'])} |" in proc.stdout
   assert os.path.exists(summary["figure"])
   assert "| dp | data=64 |" in proc.stdout

@@ -126,3 +126,17 @@ def test_make_step_traces_the_loss_once_and_checks_that_trace(mesh8):
     step(train.make_init(unsynced, layout)(params, None), batch)
   with pytest.raises(ValueError, match="program must be a jaxcomm.train.Program"):
     train.fit(step, state, lambda t: batch, 1)
+
+
+def test_a_batch_is_placed_before_any_parameters_are_seen():
+  # A loop may shard its first batch before `init` (tests/grain_runner.py does): the batch's
+  # placement needs only the mesh and the batch axes, not the program.
+  mesh = train.make_mesh({"data": W})
+  trainer = train.Trainer(lambda p, b: 0.0, sync.mean("data"), mesh)
+  batch = _batches()[0]
+  placed = trainer.shard_batch(batch)
+  for name, x in placed.items():
+    np.testing.assert_array_equal(np.asarray(x), batch[name])
+    assert x.sharding.spec == jax.sharding.PartitionSpec("data")
+  assert trainer.batch_spec(batch) == {"x": jax.sharding.PartitionSpec("data"),
+                                       "y": jax.sharding.PartitionSpec("data")}

@@ -473,7 +473,7 @@ def test_zeropp_slow_axis_carries_quantised_gradients_and_parameters(setup):
 # ------------------------------------------------------------ every method on the mesh
 # Every method module of experiments/methods/, as the programs build it (`build.make_optimizer`
 # and `build.task_loss` with the module's `wrap_loss`), with settings small enough that each
-# syncs within 3 steps: {bundle: {label: experiments/compare.py-style entry}}.
+# syncs within 3 steps: {bundle: {label: experiments.compare-style entry}}.
 PROGRAM_METHODS = {
     "every_step": {
         "dp": {}, "compressed": {"codec": "top_k:fraction=0.25", "memory": "ef"},
@@ -488,6 +488,7 @@ PROGRAM_METHODS = {
         "diloco_int8_ef": {"method": "diloco", "sync_every": 2, "codec": "uniform:bits=8",
                            "memory": "ef"},
         "streaming_diloco": {"sync_every": 2, "fragments": 2, "overlap": 1},
+        "decoupled_diloco": {"sync_every": 2, "fragments": 2, "speeds": (1.0, 2.0)},
         "sparseloco": {"sync_every": 2, "density": 0.25, "chunk": 16},
         "dreamddp": {"sync_every": 2}, "scaffold": {"sync_every": 2},
         "hierarchical": {"sync_every": 2, "slow_axis": "replica", "fast_axis": None},

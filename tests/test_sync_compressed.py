@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import codecs, comm, sync, testing, train
+from tests import contract
 
 W = 8
 ZOO = testing.codec_zoo()
@@ -22,29 +23,6 @@ def test_contract_every_codec_with_error_feedback(name):
   # EF is stable for lr below about the codec's contraction (top-1 of 16 here): small lr.
   codec = ZOO[name]
   tx = optax.chain(sync.compressed(codec, memory="ef", axis_name=None, key=KEY), optax.sgd(0.02))
-  testing.check_transform(tx, steps=300)
-
-
-@pytest.mark.parametrize("memory", [None, "ef21", "loco"])
-def test_contract_memories(memory):
-  codec = codecs.top_k(0.25) if memory else codecs.qsgd(15, bucket=None)
-  tx = optax.chain(sync.compressed(codec, memory=memory, axis_name=None, key=KEY),
-                   optax.sgd(0.05 if memory else 0.3))
-  testing.check_transform(tx, steps=300)
-
-
-def _damped_memory():
-  """A memory of one's own, a few lines: EF that sends only half of its error, and a second
-  buffer (bfloat16) that keeps the last message this worker sent."""
-  return sync.ErrorMemory(
-      init=lambda n: {"e": jnp.zeros(n), "own": jnp.zeros(n, jnp.bfloat16)},
-      send=lambda m, x: x + 0.5 * m["e"],
-      keep=lambda m, sent, own: {"e": sent - own, "own": own})
-
-
-def test_contract_a_memory_of_your_own():
-  tx = optax.chain(sync.compressed(codecs.top_k(0.25), memory=_damped_memory(), axis_name=None),
-                   optax.sgd(0.05))
   testing.check_transform(tx, steps=300)
 
 
@@ -157,7 +135,8 @@ def test_memories_and_updates_match_numpy_reference(mesh8, grads, memory, collec
 def test_a_memory_of_your_own_composes_and_matches_a_hand_reference(mesh8, grads):
   """A user-written `ErrorMemory` plugs into the compressing stage as the named ones do: two
   steps of top-8 per chunk of 64 against numpy, the updates and both of its buffers."""
-  tx = sync.compressed(codecs.top_k(k=8, chunk=64), memory=_damped_memory(), collective="gather")
+  tx = sync.compressed(codecs.top_k(k=8, chunk=64), memory=contract.DAMPED_MEMORY,
+                       collective="gather")
   out, state = _updates(mesh8, tx, grads, steps=2)
   e = np.zeros((W, N), np.float32)
   for t in range(2):

@@ -30,16 +30,6 @@ def _n(params):
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-# ---------------------------------------------------------------------------- contract suite
-@pytest.mark.parametrize("name", ["onebit_adam", "demo", "lq_sgd"])
-def test_contract(name):
-  tx = {"onebit_adam": lambda: sync.onebit_adam(0.05, freeze_step=20, axis_name=None),
-        "demo": lambda: sync.demo(0.02, beta=0.9, chunk=8, k=4, axis_name=None),
-        "lq_sgd": lambda: optax.chain(sync.lq_sgd(1, bits=6, min_compression_rate=0,
-                                                  axis_name=None), optax.sgd(0.2))}[name]()
-  testing.check_transform(tx, steps=300)
-
-
 # ---------------------------------------------------------------------------- bytes
 # Bytes worked out by hand (docs/algorithms.md) for testing.example_params: w f32[3, 4],
 # b f32[4], n = 16 elements, W = 8.

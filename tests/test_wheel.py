@@ -2,17 +2,21 @@
 
 The wheel is built from a copy of the source tree, installed into a fresh venv by the
 quickstart notebook's setup cell (`JAXCOMM_PIP=<wheel>`, as a Colab user would), and then
-the README's quickstart, `python -m experiments.train` and `python -m experiments.plan --help`
-run from a directory that is not the source tree, with no PYTHONPATH: a module, config or
-method file missing from the wheel fails here. jax and the other dependencies are not
-downloaded again: the new venv sees this interpreter's site-packages through a .pth file
-(appended after its own, so the wheel's jaxcomm comes first).
+the README's quickstart, `jaxcomm train` and `jaxcomm plan --help` (the console script) and
+every `python -m experiments.<program>` command of the README (as `jaxcomm <program>`, parsed
+and checked up to its first build, tests/programs.py) run from a directory that is not the
+source tree and holds a folder `experiments/` of its own, with no PYTHONPATH: a module, config
+or method file missing from the wheel, or a package name a local folder hides, fails here.
+jax and the other dependencies are not downloaded again: the new venv sees this
+interpreter's site-packages through a .pth file (appended after its own, so the wheel's
+jaxcomm comes first).
 """
 
 import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,7 +60,7 @@ def venv(tmp_path_factory):
   deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
   pathlib.Path(site, "_jaxcomm_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
   work = tmp / "elsewhere"
-  work.mkdir()
+  (work / "experiments").mkdir(parents=True)  # a user's own folder: it must hide nothing
   return python, wheel, env, work
 
 
@@ -87,12 +91,15 @@ def test_the_notebook_installs_the_wheel_and_runs(venv, installed):
 def test_installed_package_is_the_wheel_with_its_version(venv, installed):
   del installed
   python, wheel, env, work = venv
-  out = _run([str(python), "-c", "import json, experiments, jaxcomm; print(json.dumps("
-              "[jaxcomm.__file__, experiments.__file__, jaxcomm.__version__]))"], work, env)
+  out = _run([str(python), "-c", "import json, jaxcomm, jaxcomm.experiments as e; print(json."
+              "dumps([jaxcomm.__file__, e.__file__, jaxcomm.__version__]))"], work, env)
   files = json.loads(out.splitlines()[-1])
   venv_dir = python.parent.parent
   assert all(pathlib.Path(f).is_relative_to(venv_dir) for f in files[:2]), files
   assert wheel.name.startswith(f"jaxcomm-{files[2]}-"), (wheel.name, files[2])
+  site = pathlib.Path(files[0]).parent.parent
+  assert not (site / "experiments").exists()  # no generic top-level package
+  assert (site / f"jaxcomm-{files[2]}.dist-info" / "licenses" / "LICENSE").is_file()
 
 
 def test_readme_quickstart_runs_from_the_wheel(venv, installed):
@@ -107,18 +114,56 @@ def test_readme_quickstart_runs_from_the_wheel(venv, installed):
   assert counted == int(total.replace(",", "")) > 0, out  # counted == read from the HLO
 
 
-def test_experiment_programs_run_from_the_wheel(venv, installed):
-  """train.py finds its default config file and the method modules inside the wheel."""
+def test_experiment_programs_run_from_the_wheel(venv, installed, tmp_path):
+  """`jaxcomm train` finds its config and the method modules inside the wheel, and trains the
+  README's model of your own, from a directory whose own `experiments/` folder hides
+  nothing."""
   del installed
   python, _, env, work = venv
-  _run([str(python), "-m", "experiments.train", "--config.steps=3", "--config.log_every=1",
-        "--config.model.name=mlp", "--config.data.name=digits", "--workdir=runs/t"],
-       work, env)
+  jaxcomm = str(python.parent / "jaxcomm")
+  _readme_commands(tmp_path)  # writes the README's my_model.py
+  _run([jaxcomm, "train", "--config=experiments/configs/default.py:diloco",
+        "--config.method.sync_every=2", "--config.steps=3", "--config.log_every=1",
+        f"--config.model.name={tmp_path}/my_model.py", "--config.data.name=digits",
+        "--workdir=runs/t"], work, env)
   rows = [json.loads(line) for line in (work / "runs/t/metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows][-1] == 3 and rows[-1]["wire_bytes"] > 0, rows
-  assert json.loads((work / "runs/t/config.json").read_text())["method"]["name"] == "dp"
+  assert [r["step"] for r in rows][-1] == 3 and rows[-1]["total_wire_bytes"] > 0, rows
+  saved = json.loads((work / "runs/t/config.json").read_text())["method"]
+  assert (saved["name"], saved["sync_every"]) == ("diloco", 2), saved
   # absl ends --help with status 1, after the flags of the program (a failed import ends
   # before printing any).
-  out = _run([str(python), "-m", "experiments.plan", "--help"], work, env, returncode=1)
+  out = _run([jaxcomm, "plan", "--help"], work, env, returncode=1)
   assert "--model" in out and "--mesh" in out and "Try --helpfull" in out, out[-2000:]
 
+
+def _readme_commands(folder: pathlib.Path) -> list:
+  """(program, argv) of every `python -m experiments.<program> ...` in the README, its
+  placeholder files made real in `folder` (the README's own method and model)."""
+  text = (ROOT / "README.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  (folder / "my_method.py").write_text(next(b for b in blocks if "my_method.py" in b))
+  (folder / "my_model.py").write_text(next(b for b in blocks if "my_model.py:" in b))
+  (folder / "texts").mkdir(exist_ok=True)
+  found = []
+  for m in re.finditer(r"python -m experiments\.([\w.]+)([^\n`]*)", text.replace("\\\n", " ")):
+    argv = shlex.split(m.group(2), comments=True)
+    argv = [re.sub(r"/path/to/(my_method|my_model)\.py", rf"{folder}/\1.py", a)
+            .replace("/path/to/your/texts", str(folder / "texts")) for a in argv]
+    found.append((m.group(1), argv))
+  return found
+
+
+def test_every_readme_command_works_from_the_wheel(venv, installed, tmp_path):
+  """Each README command, as `jaxcomm <program> ...` with the installed package, parses and
+  passes its program's checks up to its first build or compile (nothing trains)."""
+  del installed
+  python, _, env, work = venv
+  commands = _readme_commands(tmp_path)
+  assert len(commands) > 15 and {p for p, _ in commands} >= {"train", "compare", "plan"}
+  script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import programs; "
+            "print(json.dumps(programs.check_commands('jaxcomm.experiments', "
+            "json.loads(sys.argv[2]))))")
+  out = _run([str(python), "-c", script, str(ROOT / "tests"), json.dumps(commands)], work,
+             dict(env, JAX_PLATFORMS="cpu"))
+  wrong = json.loads(out.strip().splitlines()[-1])
+  assert not wrong, "\n".join(map(str, wrong))

@@ -177,7 +177,8 @@ def _compile_cache():
 
 
 def run(config, workdir: str, methods: list | None = None, *,
-        verbose: bool = True, catalog: dict | None = None, command: str | None = None) -> dict:
+        verbose: bool = True, catalog: dict | None = None, command: str | None = None,
+        method_settings: dict | None = None) -> dict:
   """Runs the comparison (module docstring), prints the tables and verdicts, writes the
   report, results.json and the figures.
 
@@ -190,17 +191,20 @@ def run(config, workdir: str, methods: list | None = None, *,
     verbose: print progress, the tables and the verdicts.
     catalog: label -> METHODS-style entry; default `METHODS`.
     command: the command line, for the report.
+    method_settings: method settings (`--config.method.<setting>`) set in every method that
+      has them (`config.with_settings`).
   """
   settings_.check(config)
+  entries = _config.with_settings(resolve_methods(methods, catalog, config.compare.reference),
+                                  method_settings)
   with _compile_cache():
-    return _run(config, workdir, methods, verbose, catalog, command)
+    return _run(config, workdir, entries, verbose, command)
 
 
-def _run(config, workdir, methods, verbose, catalog, command) -> dict:
-  """`run` inside its compilation cache."""
+def _run(config, workdir, entries, verbose, command) -> dict:
+  """`run` inside its compilation cache, on the resolved `entries`."""
   links_ = settings_.links(config)
   c = config.compare
-  entries = resolve_methods(methods, catalog, c.reference)
   settings = {label: settings_.settings_list(label, e, c.ruleset)
               for label, e in entries.items()}
   configs = {(label, k): settings_.method_config(config, e) for label, es in settings.items()

@@ -41,8 +41,10 @@ _CONFIG = _config.define_config_flag(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                  "compare.py"),
     "What every method shares (model, data, optimizer, the reference's steps) and how "
-    "results are read (config.compare); `configs/compare.py:long` for the longer run.")
-_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.")
+    "results are read (config.compare); `configs/compare.py:long` for the longer run. "
+    "--config.method.<setting> sets that setting in every method compared that has it.",
+    several=True)
+_DEVICES = flags.DEFINE_integer("devices", 8, "Emulated CPU devices.", lower_bound=1)
 
 
 def main(argv):
@@ -52,7 +54,8 @@ def main(argv):
                                 _MAX_STEPS.value, ruleset=_RULESET.value, seeds=_SEEDS.value,
                                 target_loss=_TARGET.value)
   compare.run(config, _WORKDIR.value, _METHODS.value,
-      command=" ".join(["python -m experiments.compare"] + sys.argv[1:]))
+              command=" ".join(["python -m experiments.compare"] + sys.argv[1:]),
+              method_settings=_cli.method_settings(config))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """ACCO (arXiv 2406.02613): estimate and real rounds over a ZeRO-1 sharded AdamW."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """CHOCO-SGD (arXiv 1902.00340) on a ring, bfloat16 gossip, the MLP on digits."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -11,7 +11,7 @@ the budget on every link, up to `max_steps`."""
 import ml_collections
 from ml_collections import config_dict
 
-from experiments import config
+from .. import config
 
 
 def get_config(arg: str | None = None):

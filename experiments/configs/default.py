@@ -7,7 +7,7 @@ NAME is a method of experiments/methods/ (`dp` when omitted), a dotted module pa
       --config.method.my_setting=3
 """
 
-from experiments import config
+from .. import config
 
 
 def get_config(method: str | None = None):

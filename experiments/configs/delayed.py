@@ -1,6 +1,6 @@
 """One-step delayed update (DPU): the all-reduce of step t overlaps step t + 1."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

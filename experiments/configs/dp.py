@@ -1,7 +1,7 @@
 """Exact data parallelism on the byte-level LM (`--config.method.dtype=bfloat16`: gradients
 travel in bfloat16)."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

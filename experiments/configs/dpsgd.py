@@ -1,6 +1,6 @@
 """D-PSGD (arXiv 1705.09056) on a ring of 8 workers, the MLP on digits."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """DreamDDP (arXiv 2502.11058): one layer group synced per step, each layer every 10 steps."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -1,7 +1,7 @@
 """DASO-style hierarchy (arXiv 2104.05588): exact all-reduce inside each of 2 groups of 4
 devices every step, local SGD across the groups every 10 steps."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

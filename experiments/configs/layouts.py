@@ -3,7 +3,7 @@
 --config.mesh=data=2,sequence=4 --config.model.attention=ulysses, or
 --config.mesh=data=2,pipeline=4 --config.model.schedule=gpipe."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """Local SGD / FedAvg: parameters averaged every 10 steps."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """LQ-SGD: PowerSGD rank 4 with log-quantised factors (arXiv 2506.17974)."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

@@ -1,7 +1,7 @@
 """NoLoCo (arXiv 2506.10911): inner AdamW, every H = 50 steps an outer momentum step averaged
 with one random partner; no all-reduce."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

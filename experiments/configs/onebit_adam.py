@@ -1,6 +1,6 @@
 """1-bit Adam (arXiv 2102.02888): exact Adam for the first 100 steps, then 1-bit momentum."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

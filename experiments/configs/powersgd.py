@@ -1,6 +1,6 @@
 """PowerSGD rank 4 with error feedback (arXiv 1905.13727)."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

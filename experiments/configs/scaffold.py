@@ -1,6 +1,6 @@
 """SCAFFOLD (arXiv 1910.06378) on label-skewed digits, where control variates matter."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

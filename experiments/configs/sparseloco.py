@@ -1,6 +1,6 @@
 """SparseLoCo (arXiv 2508.15706): top-k 2 % per chunk, 2-bit values, error feedback."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

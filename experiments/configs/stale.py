@@ -1,6 +1,6 @@
 """Asynchronous SGD with a delay of 2 updates, DC-ASGD compensated (arXiv 1609.08326)."""
 
-from experiments import config
+from .. import config
 
 
 def get_config():

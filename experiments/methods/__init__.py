@@ -9,6 +9,7 @@ such file anywhere (`config.method.name = "/path/to/my_method.py"`).
 
 from __future__ import annotations
 
+import difflib
 import functools
 from types import ModuleType
 
@@ -45,4 +46,26 @@ def method_defaults(name: str) -> ml_collections.ConfigDict:
   return load_method(name).defaults()
 
 
-__all__ = ["Hooks", "available_methods", "hooks", "load_method", "method_defaults"]
+def settings(name: str, **given) -> ml_collections.ConfigDict:
+  """config.method for method `name`: its defaults, then `given`, and its `name`.
+
+  A setting the method does not have is an error naming it (a misspelt setting would
+  otherwise be ignored).
+
+  >>> s = settings("diloco", sync_every=5)
+  >>> s.name, s.sync_every, s.outer_lr
+  ('diloco', 5, 0.7)
+  """
+  c = method_defaults(name)
+  unknown = sorted(set(given) - set(c.keys()))
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], list(c.keys()), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"method {name!r} has no setting {', '.join(map(repr, unknown))}; its "
+                     f"settings: {', '.join(sorted(c.keys()))}.{hint}")
+  c.name = name
+  c.update(given)
+  return c
+
+
+__all__ = ["Hooks", "available_methods", "hooks", "load_method", "method_defaults", "settings"]

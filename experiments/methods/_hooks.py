@@ -14,6 +14,8 @@ import inspect
 from types import ModuleType
 from typing import Callable
 
+from jaxcomm import sim
+
 
 @dataclasses.dataclass(frozen=True)
 class Hooks:
@@ -48,6 +50,11 @@ class Hooks:
     tuning: `() -> list[dict]`: the settings of the comparison's tuned ruleset, 1 to 5
       items, each setting method settings by name and the optimiser's as
       "optimizer.<name>". Default `[{}]`: the method's own settings only.
+    failure_semantics: `(settings) -> jaxcomm.sim.Semantics`: what a run of the method does
+      when a device fails, on the simulated clock (`sim.simulate_failures`; the comparison's
+      `--failures`): "elastic" (rounds of its period under `jaxcomm.elastic`'s quorum rules)
+      or "decoupled" (learners that never wait); the caller sets the replicas. Default
+      `sim.Semantics()`: synchronous, the job restarts from its last checkpoint.
   """
   defaults: Callable
   build: Callable
@@ -57,6 +64,7 @@ class Hooks:
   overlap_backward: Callable = lambda settings: False
   local_step: Callable = lambda settings: None
   tuning: Callable = lambda: [{}]
+  failure_semantics: Callable = lambda settings: sim.Semantics()
 
 
 NAMES = tuple(f.name for f in dataclasses.fields(Hooks))

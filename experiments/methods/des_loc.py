@@ -5,6 +5,7 @@ period, `state_every` = "mu=48,nu=96" (unset: the factory's K_u = 3 K_x, K_v = 6
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -37,3 +38,9 @@ def period(settings) -> int:
   """The parameters are averaged every `sync_every` = K_x steps (the optimiser
   states on their own multiples of it)."""
   return settings.sync_every
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

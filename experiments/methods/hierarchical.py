@@ -6,6 +6,7 @@ the exact reduction inside a replica is the layout's (ZeRO-3 over fsdp)."""
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -29,3 +30,9 @@ def build(settings, ctx):
 def period(settings) -> int:
   """The slow axis syncs every `sync_every` steps (the fast axis every step)."""
   return settings.sync_every
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

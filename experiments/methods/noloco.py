@@ -3,6 +3,7 @@ outer step with one random partner (one ppermute of |θ|); no all-reduce."""
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -18,3 +19,9 @@ def build(settings, ctx):
 def period(settings) -> int:
   """Each worker averages with a partner every `sync_every` inner steps."""
   return settings.sync_every
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

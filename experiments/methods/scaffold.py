@@ -2,6 +2,7 @@
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -17,3 +18,9 @@ def build(settings, ctx):
 def period(settings) -> int:
   """The parameters and control variates are averaged every `sync_every` steps."""
   return settings.sync_every
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

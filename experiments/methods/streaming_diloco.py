@@ -5,6 +5,7 @@ all-reduce overlaps H inner steps instead of `overlap`."""
 
 from .. import toolkit
 from jaxcomm import local
+from jaxcomm import sim
 
 
 def defaults():
@@ -42,3 +43,9 @@ def local_step(settings) -> str:
 def tuning() -> list:
   """The tuned ruleset's settings (experiments.compare --ruleset=tuned)."""
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]
+
+
+def failure_semantics(settings) -> sim.Semantics:
+  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
+  is healed, and a failure costs every survivor the round in flight (its period)."""
+  return sim.Semantics("elastic", round_steps=period(settings))

@@ -15,6 +15,8 @@ from ..toolkit import MODEL_AXES, Task
 from jaxcomm import data, models, parallel
 
 SCHEDULES = {"gpipe": parallel.schedule_gpipe, "1f1b": parallel.schedule_1f1b}
+# What each block keeps for the backward pass (`jaxcomm.models.TransformerLM(remat=...)`).
+REMAT = ("none", "block", "dots_saveable")
 
 
 def defaults():
@@ -23,7 +25,8 @@ def defaults():
       vocab_size=256,        # the vocabulary (>= the byte-level corpora's 256)
       # Layouts on a mesh with tensor / sequence / pipeline axes.
       sequence_parallel=False, collective_matmul=False, attention="ring", schedule="1f1b",
-      microbatches=0))       # pipeline micro-batches per worker (0: one per stage)
+      microbatches=0,        # pipeline micro-batches per worker (0: one per stage)
+      remat="none"))         # none | block | dots_saveable: recomputed in the backward pass
 
 
 def check(s) -> None:
@@ -31,6 +34,9 @@ def check(s) -> None:
   check_sizes(s)
   toolkit.int_at_least({"model": s}, "model.vocab_size", 1)
   toolkit.int_at_least({"model": s}, "model.microbatches", 0)
+  if s.remat not in REMAT:
+    raise ValueError(f"config.model.remat must be one of {', '.join(REMAT)} (what a block "
+                     f"keeps for the backward pass), got {s.remat!r}.")
 
 
 def check_sizes(s) -> None:
@@ -77,7 +83,7 @@ def build(s, ctx) -> Task:
     raise ValueError(f"config.model.vocab_size ({s.vocab_size}) must hold the "
                      f"dataset's {vocab} tokens (config.data.name {c.data.name!r}).")
   sizes = dict(vocab_size=s.vocab_size, d_model=s.d_model, num_layers=s.num_layers,
-               num_heads=s.num_heads, d_ff=s.d_ff, max_len=c.data.seq_len)
+               num_heads=s.num_heads, d_ff=s.d_ff, max_len=c.data.seq_len, remat=s.remat)
   tokens = jnp.zeros((1, c.data.seq_len), jnp.int32)
   if "sequence" in shape:
     return _sequence(s, ctx, sizes, tokens)

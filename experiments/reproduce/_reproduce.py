@@ -42,7 +42,11 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # What a run reads from config.reproduce; the rest of that section is the program's own
 # settings (its sweeps), which no single run depends on: a run two programs share (DP at
 # the same sizes) has one config and trains once per process.
-RUN_SETTINGS = ("eval_batch", "smooth", "warm_start_steps", "warm_start_batch")
+RUN_SETTINGS = ("eval_batch", "smooth", "warm_start_steps", "warm_start_batch",
+                "method_settings")
+METHOD_OVERRIDES = (" --config.method.<setting> sets a setting of the methods the "
+                    "reproduction runs (not one it sweeps) in each run of a method that has "
+                    "it.")
 # The shared settings `--help` lists beside the program's own (any path of the tree works).
 LISTED = ("steps", "seed", "model.d_model", "model.num_layers", "data.seq_len",
           "data.batch_size", "optimizer.name", "optimizer.lr")
@@ -83,12 +87,14 @@ def load(name: str):
   return module.get_config().copy_and_resolve_references()
 
 
-def define_flags(name: str, flag_values=flags.FLAGS):
+def define_flags(name: str, flag_values=None, methods: tuple = ()):
   """`--config` (experiments/configs/reproduce/<name>.py; `--help` lists its settings),
   `--workdir` (default runs/reproduce_<name>) and `--devices`, as train.py takes them;
-  returns the config's flag holder. Defined only when a program runs (under `if __name__ ==
-  "__main__"`), so that importing the reproductions in tests registers nothing that could
-  clash with another program's flags."""
+  returns the config's flag holder; `--config.method.<setting>` takes the settings of
+  `methods` (the methods the program runs). Defined only when a program runs (under `if
+  __name__ == "__main__"`), so that importing the reproductions in tests registers nothing
+  that could clash with another program's flags."""
+  flag_values = flags.FLAGS if flag_values is None else flag_values
   c = load(name)
   value = lambda path: functools.reduce(lambda tree, key: tree[key], path.split("."), c)
   shared = ", ".join(f"{path}={value(path)}" for path in LISTED)
@@ -97,21 +103,23 @@ def define_flags(name: str, flag_values=flags.FLAGS):
       f"The reproduction's config (experiments/configs/reproduce/{name}.py): experiments/"
       f"config.py's tree, the program's own settings under `reproduce`. Settings: {shared}, "
       f"{_cli.settings(c.reproduce, 'reproduce.')}.",
-      flag_values, overrides=_cli.SETTING_OVERRIDES)
+      flag_values, overrides=_cli.SETTING_OVERRIDES + METHOD_OVERRIDES, several=tuple(methods))
   flags.DEFINE_string("workdir", f"runs/reproduce_{name}", "Where results.md, results.json and the "
                       "figure go.", flag_values=flag_values)
-  flags.DEFINE_integer("devices", 8, "Emulated CPU devices.", flag_values=flag_values)
+  flags.DEFINE_integer("devices", 8, "Emulated CPU devices.", lower_bound=1,
+                       flag_values=flag_values)
   return holder
 
 
-def main(name: str, run: Callable[[ml_collections.ConfigDict, str], Any]) -> None:
+def main(name: str, run: Callable[[ml_collections.ConfigDict, str], Any],
+         methods: tuple = ()) -> None:
   """The program `python -m experiments.reproduce.<name>`: its command line
   (`define_flags`), then `run(config, workdir)` (`start`) through `_cli.run`."""
   def program(argv):
     del argv
     run(*start())  # its summary is in the workdir; app.run would exit with it as a status
 
-  define_flags(name)
+  define_flags(name, methods=methods)
   _cli.run(program)
 
 
@@ -120,18 +128,27 @@ def start() -> tuple[ml_collections.ConfigDict, str]:
   emulated devices (--devices) set before JAX starts a backend."""
   jax.config.update("jax_num_cpu_devices", flags.FLAGS.devices)
   c = flags.FLAGS.config.copy_and_resolve_references()
+  given = _cli.method_settings(c)
+  if given:  # each run takes those its method has (`config`)
+    c.reproduce.method_settings = ml_collections.ConfigDict(given)
   check(c)
   return c, flags.FLAGS.workdir
 
 
 def config(base, method: str, *, lr: float | None = None, batch_size: int | None = None,
            **settings):
-  """One run of `base` (its model, data and optimizer): `method` with its `settings`, and
-  the run's own learning rate and global batch where given. The program's own settings are
-  left out of `reproduce` (see RUN_SETTINGS)."""
+  """One run of `base` (its model, data and optimizer): `method` with the method settings
+  the command line gave (`reproduce.method_settings`, those the method has), then its
+  `settings` (what the reproduction sweeps), and the run's own learning rate and global
+  batch where given. The program's own settings are left out of `reproduce` (see
+  RUN_SETTINGS)."""
   c = base.copy_and_resolve_references()
+  given = dict(c.reproduce.get("method_settings") or {})
+  own = build.method_defaults(method).keys()
+  settings = {**{k: v for k, v in given.items() if k in own}, **settings}
   with c.unlocked():
-    c.reproduce = ml_collections.ConfigDict({k: c.reproduce[k] for k in RUN_SETTINGS})
+    c.reproduce = ml_collections.ConfigDict({k: c.reproduce[k] for k in RUN_SETTINGS
+                                             if k in c.reproduce})
   if lr is not None:
     c.optimizer.lr = lr
   if batch_size is not None:

@@ -52,4 +52,4 @@ def run(base, workdir: str, workers: int = 8) -> dict:
 
 
 if __name__ == "__main__":
-  rep.main("demo", run)
+  rep.main("demo", run, methods=('dp', 'demo'))

@@ -101,4 +101,4 @@ def run(base, workdir: str) -> dict:
 
 
 if __name__ == "__main__":
-  rep.main("diloco", run)
+  rep.main("diloco", run, methods=('dp', 'diloco'))

@@ -83,4 +83,4 @@ def run(base, workdir: str, workers: int = 8) -> dict:
 
 
 if __name__ == "__main__":
-  rep.main("powersgd", run)
+  rep.main("powersgd", run, methods=('dp', 'powersgd'))

@@ -57,4 +57,4 @@ def run(base, workdir: str, workers: int = 8) -> dict:
 
 
 if __name__ == "__main__":
-  rep.main("streaming", run)
+  rep.main("streaming", run, methods=('dp', 'diloco', 'streaming_diloco'))

@@ -57,4 +57,4 @@ def _cumsum(values):
 
 
 if __name__ == "__main__":
-  rep.main("topk", run)
+  rep.main("topk", run, methods=('dp', 'compressed'))

@@ -42,6 +42,10 @@ Codec`, called with the parameter tree's leaf shapes in flat-vector order (`for_
 `functools.partial(codecs.tiled_dct_top_k, chunk=64, k=32)` for DeMo's per-tensor tiles. A
 codec made by a factory needs the whole vector.
 
+Codecs by name (`load`, `parse`, `names`): a spec string `name:arg,key=value` names a factory
+here (`top_k:fraction=0.01`), a module path or a `.py` file of your own that defines
+`codec(...)`, as experiments load methods and models.
+
 Helpers for writing codecs: `blocks`, `unblock`, `num_blocks` (per-block scales over a
 vector whose length need not divide the block), `pack_bits`, `unpack_bits`,
 `packed_bytes`, `index_dtype`, and `F32_SLACK` (a few float32 ulps, relative to max |x|,
@@ -64,6 +68,9 @@ from jaxcomm.codecs._dct import dct_matrix
 from jaxcomm.codecs._dct import dct_top_k
 from jaxcomm.codecs._dct import largest_divisor
 from jaxcomm.codecs._dct import tiled_dct_top_k
+from jaxcomm.codecs._load import load
+from jaxcomm.codecs._load import names
+from jaxcomm.codecs._load import parse
 from jaxcomm.codecs._quantize import fp4
 from jaxcomm.codecs._quantize import fp8
 from jaxcomm.codecs._quantize import log_quant
@@ -94,10 +101,13 @@ __all__ = (
     "identity",
     "index_dtype",
     "largest_divisor",
+    "load",
     "log_quant",
+    "names",
     "num_blocks",
     "pack_bits",
     "packed_bytes",
+    "parse",
     "payload_spec",
     "qsgd",
     "random_k",

@@ -164,6 +164,6 @@ def check_block(block, name: str = "block") -> int | None:
   return v.integer(name, block, low=1, allow_none=True)
 
 
-# Slack for float32 arithmetic in the error bounds: a few ulps of the largest magnitude
-# (a bound computed in float32 adds F32_SLACK * max |x|).
+#: Slack for float32 arithmetic in the error bounds: a few ulps of the largest magnitude
+#: (a bound computed in float32 adds F32_SLACK * max |x|).
 F32_SLACK = 64 * float(np.finfo(np.float32).eps)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxcomm.codecs._base import Codec
 
-# What a transform's `codec` argument may be: a codec, or a factory from the leaf shapes.
+#: What a transform's `codec` argument may be: a codec, or a factory from the leaf shapes.
 CodecLike = Union[Codec, Callable[[list], Codec]]
 
 

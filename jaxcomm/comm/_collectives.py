@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from jax import lax
 
 
+#: A mesh axis name, a tuple of them (reduced over together), or None (one device: no
+#: communication).
 AxisName = str | tuple[str, ...] | None
 
 

@@ -41,6 +41,9 @@ from jaxcomm.comm._collectives import (AxisName, all_gather, all_gather_bytes, a
                                        all_to_all_bytes, allreduce_bytes, axis_names, axis_size,
                                        from_bits, psum_tree, to_bits)
 
+#: How a codec's payloads are summed: "psum" (a linear codec's payloads added in their wire
+#: type), "gather" (every payload to every worker, decoded one by one) or "two_phase" (a
+#: compressed reduce-scatter, then a compressed all-gather of the sums).
 COLLECTIVES = ("psum", "gather", "two_phase")
 
 

@@ -40,7 +40,10 @@ from jaxcomm.comm._collectives import axis_names
 from jaxcomm.comm._inspect import Collective
 from jaxcomm.comm._inspect import CollectiveReport
 
+#: The collectives `cost` prices (HLO op names, as `Collective.op` holds them).
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+#: How a collective is priced: ring, tree, recursive halving and doubling, or "auto" (the
+#: cheapest of the three for each collective's size and link).
 ALGORITHMS = ("ring", "tree", "halving_doubling", "auto")
 _CONCRETE = ALGORITHMS[:-1]
 
@@ -86,10 +89,10 @@ class Link:
     return cls(rate * 1e9 / 8, latency, **kwargs)
 
 
-# Presets a user would pick. Bandwidth is per device and per direction; where a vendor quotes
-# a bidirectional figure it is halved. Latencies are end-to-end per message of a collective
-# library on that fabric (not the bare wire); they are order-of-magnitude assumptions and
-# marked so where no vendor figure exists.
+#: Links by name (`Link`, with its source). Bandwidth is per device and per direction;
+#: where a vendor quotes a bidirectional figure it is halved. Latencies are end-to-end per
+#: message of a collective library on that fabric (not the bare wire); they are
+#: order-of-magnitude assumptions and marked so where no vendor figure exists.
 PRESETS: dict[str, Link] = {
     "tpu_ici": Link(
         100e9, 1e-6, name="tpu_ici",

@@ -28,9 +28,11 @@ import numpy as np
 from jaxcomm import _validate as v
 from jaxcomm.data import _validate
 
-# name -> (image shape, classes) of the synthetic image datasets.
+#: name -> (image shape, classes) of the synthetic image datasets.
 SYNTHETIC_IMAGES = {"synthetic:imagenet": ((224, 224, 3), 1000),
                     "synthetic:cifar10": ((32, 32, 3), 10)}
+#: The dataset names `load` takes: the embedded ones, a text file of one's own and the
+#: synthetic images.
 DATASETS = ("digits", "pydoc", "stdlib", "text:<path>", *SYNTHETIC_IMAGES)
 
 

@@ -29,7 +29,8 @@ from typing import Callable
 
 import jax
 
-EVICTED = 75   # exit status of an evicted process (EX_TEMPFAIL: it may be started again)
+#: The exit status of an evicted process (EX_TEMPFAIL: it may be started again).
+EVICTED = 75
 TICK_S = 0.05  # how often the thread wakes (its reaction time after a SIGCONT)
 POLL_S = 0.2   # how often it reads its eviction key
 

@@ -8,13 +8,11 @@ Every local-update schedule accepts a participation mask (which workers are live
 sync).
 
 `periodic(inner, sync_every, sync_fn, ...)` is the skeleton local SGD, DiLoCo, SCAFFOLD,
-NoLoCo and the hierarchical schedule are written on: it owns the count, the inner step, idle
-workers, participation, the conditional sync and the byte counter, and a method supplies its
-sync rule and its state (`help(periodic)`: the contract; `SyncInfo`, `masked_average`,
-`masked_sum` and `worker_index` are what a sync rule works with).
-
-Float tolerance: the Trainer applies updates as p + u, so after a sync a worker holds the
-synchronised value θ up to one rounding of p + (θ − p), an ulp of the larger of |p|, |θ|.
+NoLoCo, DreamDDP, Streaming DiLoCo, CoCoDC and the hierarchical schedule are written on: it
+owns the count, the inner step, idle workers, participation, the conditional sync and the byte
+counter, and a method supplies its sync rule and its state (`help(periodic)`: the contract;
+`SyncInfo`, `masked_average`, `masked_sum` and `worker_index` are what a sync rule works
+with).
 """
 
 from jaxcomm.local._acco import AccoState
@@ -24,6 +22,9 @@ from jaxcomm.local._cocodc import cocodc
 from jaxcomm.local._core import masked_average
 from jaxcomm.local._core import masked_sum
 from jaxcomm.local._core import worker_index
+from jaxcomm.local._decoupled import DecoupledDilocoState
+from jaxcomm.local._decoupled import DecoupledSchedule
+from jaxcomm.local._decoupled import decoupled_diloco
 from jaxcomm.local._delayed import DelayedState
 from jaxcomm.local._delayed import delayed
 from jaxcomm.local._des_loc import DesLocState
@@ -55,11 +56,13 @@ from jaxcomm.local._sparseloco import topk_chunks
 from jaxcomm.local._stale import StaleState
 from jaxcomm.local._stale import delay_compensation
 from jaxcomm.local._stale import stale
-from jaxcomm.local._streaming import StreamingDilocoState
+from jaxcomm.local._fragments import StreamingDilocoState
 from jaxcomm.local._streaming import streaming_diloco
 
 __all__ = (
     "AccoState",
+    "DecoupledDilocoState",
+    "DecoupledSchedule",
     "DelayedState",
     "DesLocState",
     "DilocoState",
@@ -75,6 +78,7 @@ __all__ = (
     "SyncInfo",
     "acco",
     "cocodc",
+    "decoupled_diloco",
     "delay_compensation",
     "delayed",
     "des_loc",

@@ -11,7 +11,6 @@ from jaxcomm import codecs, comm
 from jaxcomm.local import _core
 from jaxcomm.local import _fragments
 from jaxcomm.local import _stale
-from jaxcomm.local._fragments import StreamingDilocoState
 
 
 def cocodc(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
@@ -73,19 +72,15 @@ def cocodc(inner: optax.GradientTransformation, outer: optax.GradientTransformat
   f = _fragments.Fragments("cocodc", inner, outer, sync_every, fragments, overlap,
                            alpha, axis_name, codec, collective, participation, key)
 
-  def keep(*ops):
-    return ops
+  def store(local, state, sync):
+    """Sends fragment p's outer gradient; its outer step waits for the arrival."""
+    p, grad, frag_local, nbytes = f.send(sync, local, state.outer_params)
+    return local, state._replace(in_flight=state.in_flight.at[p].set(grad),
+                                 sent_params=state.sent_params.at[p].set(frag_local)), nbytes
 
-  def step(t, local, state):
-    """The outer step waits for arrival, when each worker also steps a compensated copy."""
-
-    def store(key, wire, in_flight, sent):
-      p, grad, frag_local, key, wire = f.send(t, local, state.outer_params, key, wire)
-      return key, wire, in_flight.at[p].set(grad), sent.at[p].set(frag_local)
-
-    key, wire, in_flight, sent = comm.cond(f.phases.slot(t) >= 0, store, keep, state.key,
-                                            state.wire_bytes, state.in_flight,
-                                            state.sent_params)
+  def arrival(local, state):
+    """τ updates after its send, each worker also steps a compensated copy and merges it."""
+    t, in_flight, sent = state.count, state.in_flight, state.sent_params
 
     def arrive(x, outer_params, outer_state):
       q = f.phases.slot(t - f.overlap)
@@ -100,9 +95,8 @@ def cocodc(inner: optax.GradientTransformation, outer: optax.GradientTransformat
 
       return f.merge(t, x, target), new_params, new_state
 
-    local, outer_params, outer_state = comm.cond(f.merging(t), arrive, keep, local,
-                                                 state.outer_params, state.outer_state)
-    return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire,
-                                       in_flight, sent)
+    local, outer_params, outer_state = comm.cond(f.merging(t), arrive, lambda *ops: ops,
+                                                 local, state.outer_params, state.outer_state)
+    return local, state._replace(outer_params=outer_params, outer_state=outer_state)
 
-  return f.transform(step, in_flight=jnp.zeros_like, sent_params=lambda x: x)
+  return f.transform(store, arrival, in_flight=jnp.zeros_like, sent_params=lambda x: x)

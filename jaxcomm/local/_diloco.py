@@ -15,7 +15,6 @@ from jaxcomm.local import _core
 from jaxcomm.local import _periodic
 from jaxcomm.local import _transport
 
-MEMORIES = (None, "ef")
 WEIGHTINGS = ("uniform", "tokens")
 
 
@@ -84,7 +83,7 @@ def eager_gradient(mean: Any, outer_params: Any, local: Any, mine: jax.Array,
 
 def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
            sync_every: int, axis_name: comm.AxisName = "data", *,
-           codec: codecs.CodecLike | None = None, memory: str | None = None,
+           codec: codecs.CodecLike | None = None, memory: str | sync.ErrorMemory | None = None,
            collective: str | None = None, participation: _core.Participation = None,
            key: jax.Array | None = None, eager: bool = False,
            worker_steps: Sequence[int] | None = None, weighting: str = "uniform",
@@ -115,7 +114,8 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     codec: optional `jaxcomm.codecs.Codec` for the outer gradient, or a factory `shapes ->
       Codec` of the parameters' leaf shapes (`jaxcomm.codecs.for_tree`). Linear codecs
       (identity, cast) are summed in their wire type; others travel by gather.
-    memory: None or "ef" (error feedback on the encoded outer gradient; needs a codec).
+    memory: the error memory of the encoded outer gradient (needs a codec): None, a
+      `sync.ErrorMemory` or a name of `sync.resolve_memory` but "ef21" (nothing accumulates).
     collective: how the codec's payloads travel: None (as above), "gather" (every worker
       receives the W-1 other payloads: (W-1) P bytes, each payload decoded exactly) or
       "two_phase" (all-to-all of encoded chunks, each chunk's owner sums and re-encodes it,
@@ -162,8 +162,8 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
                                                               participation)
   outer = v.transform("outer", outer)
   codec = _transport.check_codec(codec)
-  memory = v.one_of("memory", memory, MEMORIES)
-  if memory is not None and codec is None:
+  error = sync.resolve_memory(memory, accumulate=False, one_buffer=True, stage="local.diloco")
+  if error is not None and codec is None:
     raise ValueError(f"memory={memory!r} needs a codec (error feedback of what?).")
   collective = _transport.check_collective(collective, codec)
   key = v.key("key", key)
@@ -184,7 +184,7 @@ def diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     if tokens is not None:
       weights = weights * tokens
   return build(inner, outer, sync_every, axis_name, codec=codec,
-               memory=None if memory is None else sync.error_feedback(), live_fn=live_fn,
+               memory=error, live_fn=live_fn,
                key=key, name="diloco", collective=collective, eager=eager,
                steps=steps, weights=weights)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from jaxcomm import comm
 from jaxcomm.local import _core
+from jaxcomm.local import _periodic
 
 
 class DreamddpState(NamedTuple):
@@ -71,34 +71,35 @@ def dreamddp(inner: optax.GradientTransformation, sync_every: int,
   inner, sync_every, axis_name, live_fn = _core.schedule_args(inner, sync_every, axis_name,
                                                               participation)
 
-  def init_fn(params):
-    return DreamddpState(count=jnp.zeros((), jnp.int32), inner_state=inner.init(params),
-                         wire_bytes=comm.zero_bytes())
+  def schedule(params) -> optax.GradientTransformationExtraArgs:
+    """The skeleton for these parameters: one slot per group of leaves."""
+    sizes = [x.size for x in jax.tree.leaves(params)]
+    groups = layer_groups(sizes, min(sync_every, len(sizes))) or [[]]
+
+    def average_group(local, state, sync):
+      def branch(group):  # group's own all-reduce, counted in its own branch
+        def run(leaves, wire):
+          avg, nbytes = _core.masked_average([leaves[i] for i in group], sync.mine,
+                                             sync.total, axis_name)
+          leaves = list(leaves)
+          for i, x in zip(group, avg):
+            leaves[i] = x
+          return leaves, comm.add_bytes(wire, nbytes)
+        return run
+
+      leaves, treedef = jax.tree.flatten(local)
+      leaves, wire = comm.switch(sync.slot, [branch(g) for g in groups], leaves,
+                                 state.wire_bytes)
+      return jax.tree.unflatten(treedef, leaves), state._replace(wire_bytes=wire), 0
+
+    return _periodic.periodic(
+        inner, sync_every, average_group, state_type=DreamddpState, axis_name=axis_name,
+        participation=live_fn, offsets=[g * sync_every // len(groups)
+                                        for g in range(len(groups))], name="dreamddp")
 
   def update_fn(updates, state, params=None, **extra_args):
-    comm.require_varying(updates, axis_name, "local.dreamddp")
     _core.require_params(params, "dreamddp")
-    inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
-    local = optax.apply_updates(params, inner_updates)
-    leaves, treedef = jax.tree.flatten(local)
-    groups = layer_groups([x.size for x in leaves], min(sync_every, len(leaves)))
-    phases = _core.Phases(sync_every, [g * sync_every // len(groups)
-                                       for g in range(len(groups))])
-    t = state.count + 1
+    return schedule(params).update(updates, state, params, **extra_args)
 
-    def sync_group(group):
-      def sync(leaves, wire):
-        mine, _, n_live = _core.live_weights(live_fn, phases.sync_index(t), axis_name)
-        avg, nbytes = _core.masked_average([leaves[i] for i in group], mine, n_live, axis_name)
-        leaves = list(leaves)
-        for i, x in zip(group, avg):
-          leaves[i] = x
-        return leaves, comm.add_bytes(wire, nbytes)
-      return sync
-
-    branches = [lambda *ops: ops] + [sync_group(g) for g in groups]
-    leaves, wire = comm.switch(phases.slot(t) + 1, branches, leaves, state.wire_bytes)
-    local = jax.tree.unflatten(treedef, leaves)
-    return _core.updates_to(local, params), DreamddpState(t, inner_state, wire)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(lambda params: schedule(params).init(params),
+                                               update_fn)

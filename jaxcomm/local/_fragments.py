@@ -1,4 +1,8 @@
-"""What Streaming DiLoCo and CoCoDC share: the state, fragments, sends, outer steps, merges."""
+"""What Streaming DiLoCo and CoCoDC share: the state, fragments, sends, outer steps, merges.
+
+Both are `local.periodic` schedules with one slot per fragment: the fragment's send and
+outer step in `sync_fn`, its merge `overlap` updates later in `after_fn`.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomm import _validate as v
-from jaxcomm import codecs, comm
+from jaxcomm import codecs
 from jaxcomm.local import _core
 from jaxcomm.local import _diloco
+from jaxcomm.local import _periodic
 from jaxcomm.local import _transport
 
 
@@ -68,10 +73,11 @@ class Fragments:
     self.codec = _transport.check_codec(codec)
     self.collective = _transport.check_collective(collective, self.codec)
     self.key = v.key("key", key)
-    self.phases = _core.Phases(self.sync_every, [p * self.sync_every // self.fragments
-                                                 for p in range(self.fragments)])
+    self.offsets = [p * self.sync_every // self.fragments for p in range(self.fragments)]
+    self.phases = _core.Phases(self.sync_every, self.offsets)
 
-  def init(self, params, **extra_fn) -> StreamingDilocoState:
+  def init_fields(self, params) -> dict:
+    """The outer parameters dealt into fragments and one outer state per fragment."""
     leaves = jax.tree.leaves(params)
     if self.fragments > len(leaves):
       raise ValueError(f"fragments ({self.fragments}) must be <= the number of parameter "
@@ -79,26 +85,17 @@ class Fragments:
     outer_params = _deal(codecs.flatten(params)[0], self.fragments)
     if self.codec is not None:  # a fragment travels as one flat vector: a factory sees [(m,)]
       codecs.for_tree(self.codec, outer_params[0])
-    return StreamingDilocoState(
-        count=jnp.zeros((), jnp.int32), inner_state=self.inner.init(params),
-        outer_params=outer_params, outer_state=jax.vmap(self.outer.init)(outer_params),
-        key=self.key, wire_bytes=comm.zero_bytes(),
-        **{k: fn(outer_params) for k, fn in extra_fn.items()})
+    return dict(outer_params=outer_params, outer_state=jax.vmap(self.outer.init)(outer_params))
 
-  def send(self, t, local, outer_params, key, wire):
-    """All-reduces fragment p's outer gradient: (p, Δ_p, this worker's θ_w,p, key, wire)."""
-    p = self.phases.slot(t)
-    mine, row, n_live = self.live(t)
+  def send(self, sync, local, outer_params):
+    """All-reduces fragment p = sync.slot's outer gradient: (p, Δ_p, θ_w,p, wire bytes)."""
+    p = sync.slot
     frag_local = _deal(codecs.flatten(local)[0], self.fragments)[p]
-    key, sub = jax.random.split(key)
-    grad, _, nbytes = _diloco.outer_gradient(outer_params[p], frag_local, mine, row, n_live,
-                                             None, sub, self.codec, self.axis_name,
+    grad, _, nbytes = _diloco.outer_gradient(outer_params[p], frag_local, sync.mine,
+                                             sync.weights, sync.total, None, sync.key,
+                                             self.codec, self.axis_name,
                                              collective=self.collective)
-    return p, grad, frag_local, key, comm.add_bytes(wire, nbytes)
-
-  def live(self, t):
-    """(this worker's weight, all weights, live count) of the fragment sync at update t."""
-    return _core.live_weights(self.live_fn, self.phases.sync_index(t), self.axis_name)
+    return p, grad, frag_local, nbytes
 
   def outer_step(self, p, grad, outer_params, outer_state):
     """Steps fragment p's outer parameters with the outer gradient `grad`."""
@@ -126,18 +123,18 @@ class Fragments:
     """bool[]: a fragment is merged at update t."""
     return self.phases.slot(t - self.overlap) >= 0
 
-  def transform(self, step, **extra_fn) -> optax.GradientTransformationExtraArgs:
-    """The transform whose update runs the inner step, then `step(t, local, state)`."""
+  def transform(self, sync_fn, after_fn, **extra_fn) -> optax.GradientTransformationExtraArgs:
+    """`local.periodic` with a slot per fragment, `sync_fn` at its sync, `after_fn` after.
 
-    def update_fn(updates, state, params=None, **extra_args):
-      comm.require_varying(updates, self.axis_name, f"local.{self.name}")
-      _core.require_params(params, self.name)
-      inner_updates, inner_state = self.inner.update(updates, state.inner_state, params,
-                                                     **extra_args)
-      local, new_state = step(state.count + 1, optax.apply_updates(params, inner_updates),
-                              state)
-      return (_core.updates_to(local, params),
-              new_state._replace(inner_state=inner_state))
+    `extra_fn`: state fields of `StreamingDilocoState` beyond the outer parameters and
+    state, each `fn(outer_params f32[P, m])` of its initial value.
+    """
 
-    return optax.GradientTransformationExtraArgs(
-        lambda params: self.init(params, **extra_fn), update_fn)
+    def init_fn(params):
+      fields = self.init_fields(params)
+      return {**fields, **{k: fn(fields["outer_params"]) for k, fn in extra_fn.items()}}
+
+    return _periodic.periodic(self.inner, self.sync_every, sync_fn, init_fn=init_fn,
+                              state_type=StreamingDilocoState, axis_name=self.axis_name,
+                              participation=self.live_fn, offsets=self.offsets,
+                              key=self.key, after_fn=after_fn, name=self.name)

@@ -17,8 +17,8 @@ def muloco(learning_rate: optax.ScalarOrSchedule, sync_every: int = 30,
            axis_name: comm.AxisName = "replica", *, param_specs: Any = None,
            strategy: str = "owner", weight_decay: float = 0.0,
            outer: optax.GradientTransformation | None = None, bits: int | None = None,
-           block: int = 256, memory: str | None = None, collective: str | None = None,
-           participation: _core.Participation = None,
+           block: int = 256, memory: str | sync.ErrorMemory | None = None,
+           collective: str | None = None, participation: _core.Participation = None,
            key: jax.Array | None = None) -> optax.GradientTransformationExtraArgs:
   """MuLoCo: DiLoCo (`local.diloco`) with `sync.muon` as each worker's inner optimiser.
 
@@ -44,7 +44,8 @@ def muloco(learning_rate: optax.ScalarOrSchedule, sync_every: int = 30,
     bits: None (float32 outer gradient) or the code width 2..16 (the paper: 4, or 2 with
       error feedback).
     block: elements per float32 scale of the quantised outer gradient.
-    memory: None or "ef" (error feedback of the quantised outer gradient; needs `bits`).
+    memory: the error memory of the quantised outer gradient (needs `bits`): as in
+      `local.diloco` (None, "ef", "loco" or a `sync.ErrorMemory`).
     collective: how quantised payloads travel (`local.diloco`): None, "gather" or
       "two_phase".
     participation: live-worker mask per sync (`local.diloco`).

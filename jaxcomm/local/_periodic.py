@@ -63,12 +63,14 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
              worker_weights: Sequence[float] | None = None,
              offsets: Sequence[int] = (0,), key: jax.Array | None = None,
              grad_fn: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None,
+             after_fn: Callable[[Any, Any], tuple[Any, Any]] | None = None,
              name: str = "periodic") -> optax.GradientTransformationExtraArgs:
   """A local-update schedule from its sync rule: inner steps, a sync every `sync_every`.
 
   `periodic` owns what every such schedule shares; a method supplies its sync rule
-  (`sync_fn`), its own state (`init_fn` and `state_type`) and, if it needs one, a gradient
-  hook (`grad_fn`). Update t = count + 1 (1-based) runs, on every worker:
+  (`sync_fn`), its own state (`init_fn` and `state_type`) and, if it needs them, a gradient
+  hook (`grad_fn`) and a hook after the sync (`after_fn`). Update t = count + 1 (1-based)
+  runs, on every worker:
 
   1. `grad_fn(updates, state, params) -> (updates, state)`, if given, on every update: the
      gradient the inner optimiser sees (e.g. with a proximal or control-variate term), and
@@ -80,8 +82,11 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
   3. If slot s syncs at t (t mod H == offsets[s]), one conditional branch (`comm.cond`) runs
      `sync_fn(local, state, sync) -> (new_local, state, nbytes)` and adds `nbytes` to
      `state.wire_bytes`; otherwise nothing travels.
-  4. The returned updates move every worker to `new_local` (`local` without a sync); the
-     state has count = t.
+  4. `after_fn(local, state) -> (local, state)`, if given, on every update (state: count = t,
+     after this update's sync): e.g. the merge of a fragment that synced τ updates ago
+     (Streaming DiLoCo's overlap), in a conditional of its own.
+  5. The returned updates move every worker to its final `local` (`local` of step 2 when
+     nothing changed it); the state has count = t.
 
   The contract of `sync_fn(local, state, sync)`:
 
@@ -133,14 +138,17 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
       `SyncInfo.key`); None: no key.
     grad_fn: optional `(updates, state, params) -> (updates, state)`, run on every update
       before the inner step (a correction of the gradient; an exact mean over a fast axis).
+    after_fn: optional `(local, state) -> (local, state)`, run on every update after the
+      sync; like `grad_fn`, it may replace the method's own fields and `wire_bytes` only.
     name: the method's name in error messages ("local.<name> needs ...").
 
   Returns:
     An `optax.GradientTransformationExtraArgs` that needs `params` in `update`; extra
     arguments go to `inner`.
 
-  Local SGD, DiLoCo (so SparseLoCo and MuLoCo), SCAFFOLD, NoLoCo and the hierarchical
-  schedule are written on it. Local SGD, averaging every 2 updates, on one device:
+  Local SGD, DiLoCo (so SparseLoCo and MuLoCo), SCAFFOLD, NoLoCo, DreamDDP, Streaming
+  DiLoCo, CoCoDC and the hierarchical schedule are written on it. Local SGD, averaging every
+  2 updates, on one device:
 
   >>> import jax, jax.numpy as jnp, optax
   >>> from jaxcomm import local
@@ -185,6 +193,7 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
   sync_fn = v.callable_("sync_fn", sync_fn)
   init_fn = v.callable_("init_fn", init_fn, allow_none=True)
   grad_fn = v.callable_("grad_fn", grad_fn, allow_none=True)
+  after_fn = v.callable_("after_fn", after_fn, allow_none=True)
   steps = _core.check_worker_steps(worker_steps, sync_every)
   weights = _core.check_worker_weights(worker_weights)
   phases = _core.Phases(sync_every, _core.check_offsets(offsets, sync_every))
@@ -261,7 +270,11 @@ def periodic(inner: optax.GradientTransformation, sync_every: int,
 
     local, *values = comm.cond(phases.slot(t) >= 0, sync, lambda *ops: ops, local,
                                *(getattr(state, f) for f in carried))
-    return (_core.updates_to(local, params),
-            state._replace(**dict(zip(carried, values))))
+    state = state._replace(**dict(zip(carried, values)))
+    if after_fn is not None:
+      before = state
+      local, state = after_fn(local, state)
+      check_owned("after_fn", before, state)
+    return _core.updates_to(local, params), state
 
   return optax.GradientTransformationExtraArgs(init, update_fn)

@@ -13,7 +13,6 @@ from jaxcomm.local import _core
 from jaxcomm.local import _diloco
 from jaxcomm.local import _fragments
 from jaxcomm.local import _stale
-from jaxcomm.local._fragments import StreamingDilocoState
 
 
 def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientTransformation,
@@ -94,25 +93,24 @@ def streaming_diloco(inner: optax.GradientTransformation, outer: optax.GradientT
   f = _fragments.Fragments("streaming_diloco", inner, outer, sync_every, fragments, overlap, alpha,
                 axis_name, codec, collective, participation, key)
 
-  def sync(t, local, outer_params, outer_state, key, wire, in_flight, sent):
+  def sync(local, state, sync):
     """Sends fragment p's outer gradient and steps its outer parameters."""
-    p, grad, frag_local, key, wire = f.send(t, local, outer_params, key, wire)
+    p, grad, frag_local, nbytes = f.send(sync, local, state.outer_params)
+    in_flight, sent = state.in_flight, state.sent
     if eager:  # DiLoCo's eager rule on row p
-      mine, _, n_live = f.live(t)
-      grad, mean, share = _diloco.eager_gradient(grad, outer_params[p], frag_local, mine,
-                                                 n_live, in_flight[p], sent[p])
+      grad, mean, share = _diloco.eager_gradient(grad, state.outer_params[p], frag_local,
+                                                 sync.mine, sync.total, in_flight[p], sent[p])
       in_flight, sent = in_flight.at[p].set(mean), sent.at[p].set(share)
-    return (*f.outer_step(p, grad, outer_params, outer_state), key, wire, in_flight, sent)
+    outer_params, outer_state = f.outer_step(p, grad, state.outer_params, state.outer_state)
+    return local, state._replace(outer_params=outer_params, outer_state=outer_state,
+                                 in_flight=in_flight, sent=sent), nbytes
 
-  def step(t, local, state):
-    outer_params, outer_state, key, wire, in_flight, sent = comm.cond(
-        f.phases.slot(t) >= 0, lambda *ops: sync(t, local, *ops), lambda *ops: ops,
-        state.outer_params, state.outer_state, state.key, state.wire_bytes, state.in_flight,
-        state.sent)
-    local = comm.cond(f.merging(t), lambda x: f.merge(t, x, lambda q, *_: outer_params[q]),
-                      lambda x: x, local)
-    return local, StreamingDilocoState(t, None, outer_params, outer_state, key, wire,
-                                       in_flight=in_flight, sent=sent)
+  def merge(local, state):
+    """Fragment q, synced τ updates ago, mixed into the worker's parameters."""
+    t = state.count
+    local = comm.cond(f.merging(t), lambda x: f.merge(
+        t, x, lambda q, *_: state.outer_params[q]), lambda x: x, local)
+    return local, state
 
-  return f.transform(step, **({"in_flight": jnp.zeros_like, "sent": jnp.zeros_like}
-                              if eager else {}))
+  return f.transform(sync, merge, **({"in_flight": jnp.zeros_like, "sent": jnp.zeros_like}
+                                     if eager else {}))

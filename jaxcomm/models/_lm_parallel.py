@@ -29,6 +29,7 @@ from jaxcomm.models._transformer import causal_attention
 from jaxcomm.models._transformer import embed_forward
 from jaxcomm.models._transformer import head_forward
 
+#: The sequence-parallel attention kernels `sequence_attention` builds, by name.
 SEQUENCE_ATTENTION = ("ring", "ring_zigzag", "ulysses", "linear_lasp2", "linear_allscan",
                       "linear_lasp_ring")
 
@@ -205,7 +206,7 @@ def lm_loss_pipeline(model: TransformerLM, schedule: parallel.PipelineSchedule,
     raise ValueError(f"num_layers ({model.num_layers}) must be divisible by the number of "
                      f"pipeline stages ({schedule.num_stages}).")
   per = model.num_layers // schedule.num_stages
-  block = Block(model.d_model, model.num_heads, model.d_ff, model.attention_fn)
+  block = Block(model.d_model, model.num_heads, model.d_ff, model.attention_fn, remat=model.remat)
 
   def first_fn(params, tokens):  # tokens: i32[B/M, T+1]
     return embed_forward(params["shared"], tokens[:, :-1])

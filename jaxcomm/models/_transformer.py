@@ -30,11 +30,18 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm import parallel
 
 
 causal_attention = parallel.causal_attention  # the single-device reference attention
+
+# `TransformerLM(remat=...)`: what a block keeps for its backward pass (`jax.checkpoint`).
+# none: every intermediate (no recomputation); block: only the block's input, the rest is
+# recomputed; dots_saveable: the matrix products' outputs, the elementwise rest recomputed.
+_REMAT = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
+          "dots_saveable": jax.checkpoint_policies.dots_saveable}
 
 
 def layer_norm(x, scale, bias, eps: float = 1e-6):
@@ -149,6 +156,7 @@ class Block(nn.Module):
   d_ff: int
   attention_fn: Callable = causal_attention
   layout: Any = None
+  remat: str = "none"
 
   def table(self) -> dict:
     dh = self.d_model // self.num_heads
@@ -159,6 +167,8 @@ class Block(nn.Module):
     table = self.table()
     params = _declare(self, table, self.layout)
     fn = functools.partial(block_forward, attention_fn=self.attention_fn, layout=self.layout)
+    if _REMAT[self.remat] is not None:
+      fn = jax.checkpoint(fn, policy=_REMAT[self.remat])
     return _run(self.layout, table, fn, params, x)
 
 
@@ -177,6 +187,12 @@ def head_forward(p: dict, x: jax.Array) -> jax.Array:
 class TransformerLM(nn.Module):
   """Decoder-only LM over a byte vocabulary, laid out by an optional `parallel.Layout`.
 
+  `remat` is what each block keeps for the backward pass (`jax.checkpoint`): "none" (every
+  intermediate), "block" (only its input; the block is recomputed) or "dots_saveable" (the
+  matrix products' outputs; the elementwise rest is recomputed). The values and gradients
+  are the same; the peak memory and the FLOPs are not. Under an FSDP layout each block's
+  layer is recomputed in the backward pass anyway (`parallel.fsdp`).
+
   >>> import jax, jax.numpy as jnp
   >>> lm = TransformerLM(d_model=32, num_layers=1, num_heads=2, d_ff=64, max_len=16)
   >>> params = lm.init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
@@ -191,8 +207,10 @@ class TransformerLM(nn.Module):
   max_len: int = 128
   attention_fn: Callable = causal_attention
   layout: Any = None
+  remat: str = "none"
 
   def __post_init__(self):
+    v.one_of("remat", self.remat, tuple(_REMAT))
     if self.d_model % self.num_heads:
       raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads "
                        f"({self.num_heads}).")
@@ -244,7 +262,7 @@ class TransformerLM(nn.Module):
                          "with sequence_parallel.")
       x = lax.dynamic_slice_in_dim(x, lax.axis_index(tp) * (t // n), t // n, axis=1)
     for i in range(self.num_layers):
-      x = Block(self.d_model, self.num_heads, self.d_ff, self.attention_fn, layout,
+      x = Block(self.d_model, self.num_heads, self.d_ff, self.attention_fn, layout, self.remat,
                 name=f"block{i}")(x)
     if sp:  # Invariant gather: the head then runs once per tensor group, not T times.
       x, _ = comm.all_gather(x, tp, axis=1, tiled=True)

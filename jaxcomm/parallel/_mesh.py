@@ -6,6 +6,7 @@ from typing import Mapping, Sequence
 
 import jax
 
+from jaxcomm import _validate as v
 from jaxcomm.parallel import _validate
 
 # What each axis means to jaxcomm's layouts:
@@ -17,7 +18,9 @@ from jaxcomm.parallel import _validate
 #   tensor    Megatron tensor parallelism: heads and MLP columns split over it
 #   sequence  the sequence is split over it (sequence-parallel attention)
 #   pipeline  layers are split over it (pipeline stages)
+#: The mesh axis names jaxcomm's layouts know, outermost first (see the comment above).
 AXES = ("replica", "data", "fsdp", "tensor", "sequence", "pipeline")
+#: The axes that split the batch.
 BATCH_AXES = ("replica", "data", "fsdp")
 
 
@@ -37,7 +40,7 @@ def parse_mesh(text: str) -> dict:
       raise ValueError(f"mesh entry {part!r} must read axis=size, e.g. 'data=2,tensor=4'.")
     if name in shape:
       raise ValueError(f"mesh axis {name!r} appears twice in {text!r}.")
-    shape[name] = int(size)
+    shape[name] = v.integer(f"the size of mesh axis {name!r}", int(size), low=1)
   if not shape:
     raise ValueError(f"mesh {text!r} names no axis; allowed axes: {', '.join(AXES)}.")
   return shape

@@ -27,6 +27,7 @@ from jax import lax
 from jaxcomm import _validate as v
 from jaxcomm import comm
 
+#: What a pipeline stage does at a tick of a schedule: nothing, a forward or a backward pass.
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
 

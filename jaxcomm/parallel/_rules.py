@@ -23,8 +23,9 @@ from jaxcomm.parallel._mesh import BATCH_AXES
 
 Rules = tuple  # ((logical name, mesh axis | tuple of mesh axes | None), ...)
 
-# Megatron tensor parallelism over `tensor` and ZeRO-3 / FSDP over `fsdp`. Embedding and
-# vocabulary dimensions stay whole over `tensor` (no vocab-parallel softmax here).
+#: (logical dimension name, mesh axes) pairs: Megatron tensor parallelism over `tensor` and
+#: ZeRO-3 / FSDP over `fsdp`. Embedding and vocabulary dimensions stay whole over `tensor`
+#: (no vocab-parallel softmax here).
 DEFAULT_RULES: Rules = (
     ("batch", ("replica", "data", "fsdp")),
     ("embed", "fsdp"),

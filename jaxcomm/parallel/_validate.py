@@ -10,8 +10,7 @@ import numpy as np
 from jaxcomm import _validate as v
 from jaxcomm import codecs
 from jaxcomm import comm
-
-MEMORIES = (None, "ef")
+from jaxcomm import sync
 
 
 def mesh_axes(name: str, value: Any, allowed: tuple) -> tuple:
@@ -65,7 +64,7 @@ def mesh_shape(shape: Any, axis_names: Any, num_devices: int) -> tuple[tuple, tu
 
 
 def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
-  """The static choices of `zero`, normalised."""
+  """The static choices of `zero`, normalised (`memory`: the resolved `sync.ErrorMemory`)."""
   v.transform("inner", inner)
   stage = v.integer("stage", stage, low=1, high=3)
   axis_name = v.axis_name("axis_name", axis_name)
@@ -76,7 +75,7 @@ def zero_args(inner, stage, axis_name, codec, memory, accumulate_steps, key):
                      f"built for one length or for the parameters' shapes), but ZeRO's "
                      f"reduce-scatter encodes 1/W chunks of it; use a codec that works on "
                      f"any length (e.g. codecs.top_k(0.01)) or None.")
-  memory = v.one_of("memory", memory, MEMORIES)
+  memory = sync.resolve_memory(memory, accumulate=False, stage="parallel.zero")
   if memory is not None and codec is None:
     raise ValueError("memory needs a codec (without compression nothing is dropped).")
   accumulate_steps = v.integer("accumulate_steps", accumulate_steps, low=1)

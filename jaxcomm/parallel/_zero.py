@@ -61,15 +61,13 @@ from jaxcomm import sync
 from jaxcomm.parallel import _validate
 from jaxcomm.parallel._fsdp import gather_dims
 
-MEMORIES = _validate.MEMORIES
-
-
 class ZeroState(NamedTuple):
   """State of `zero`. N: parameter elements padded to a multiple of W."""
   inner_state: Any        # stages 1/2: inner state of this device's f32[N/W] chunk (per
                           # worker); stage 3: inner state of the parameter shards
   # Unused buffers are `optax.EmptyState()` (no leaves: checkpoints hold no empty arrays).
-  error: Any              # f32[N] per worker: error memory of the encoded reduce-scatter
+  error: Any              # [N] buffers per worker: the error memory of the encoded
+                          # reduce-scatter (memory="ef": f32[N])
   accumulated: Any        # stage 1: f32[N] local gradient sum; stage 2: f32[N/W] reduced
                           # chunk sum; both per worker (when accumulate_steps > 1)
   count: jax.Array        # i32[]: micro-batches seen
@@ -87,8 +85,8 @@ def _flat_padded(tree, w):
 
 def zero(inner: optax.GradientTransformation, stage: int = 1,
          axis_name: comm.AxisName = "data", codec: codecs.Codec | None = None,
-         memory: str | None = None, *, param_specs: Any = None, regather: Any = None,
-         accumulate_steps: int = 1, key: jax.Array | None = None,
+         memory: str | sync.ErrorMemory | None = None, *, param_specs: Any = None,
+         regather: Any = None, accumulate_steps: int = 1, key: jax.Array | None = None,
          gather_codec: codecs.Codec | None = None) -> optax.GradientTransformationExtraArgs:
   """ZeRO stage 1, 2 or 3 data parallelism around an inner optimiser.
 
@@ -103,8 +101,9 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
       exact float32 `psum_scatter`). Any codec that works on any length: chunks are decoded
       before they are summed. Codecs that need the whole vector (a `length`, or made by a
       factory from the parameters' shapes) are refused.
-    memory: None or "ef" (error feedback: each worker keeps what its codec dropped and adds
-      it to the next gradient). Needs a codec.
+    memory: the error memory of the encoded reduce-scatter (needs a codec): None, a
+      `sync.ErrorMemory` or a name of `sync.resolve_memory` but "ef21" (nothing accumulates
+      here). "ef": each worker keeps what its codec dropped and adds it to the next gradient.
     param_specs: stage 3: the PartitionSpecs the parameters are stored with (a tree like
       the parameters, e.g. `Layout.param_specs`); leaves sharded over `axis_name` arrive
       already reduce-scattered by the model's backward pass.
@@ -134,13 +133,11 @@ def zero(inner: optax.GradientTransformation, stage: int = 1,
   >>> updates["w"]
   Array([-0.1, -0.1, -0.1], dtype=float32)
   """
-  stage, axis_name, memory, accumulate_steps = _validate.zero_args(
+  stage, axis_name, error_memory, accumulate_steps = _validate.zero_args(
       inner, stage, axis_name, codec, memory, accumulate_steps, key)
   # Extra arguments of `update` (other than params) are handed on to `inner` as they are.
   inner = optax.with_extra_args_support(inner)
   stochastic = codec is not None and codec.stochastic
-  # memory="ef": the shared error-feedback memory (float32 buffer of the padded vector).
-  error_memory = sync.error_feedback() if memory else None
   if stage == 3:
     if param_specs is None:
       raise ValueError("stage 3 needs param_specs: the PartitionSpecs the parameters are "

@@ -44,6 +44,8 @@ class Device:
                                                 low_open=True))
 
 
+#: Accelerators by name (`device`): dense bf16 peak, HBM bandwidth and capacity, each with
+#: its datasheet.
 DEVICES: dict[str, Device] = {
     "a100": Device(
         312e12, 2039 * _GB, 80 * _GB, name="a100",

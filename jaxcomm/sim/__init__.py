@@ -1,6 +1,7 @@
 """Simulated time: the wall clock of a run (measured or modelled compute plus exposed
 communication on a network topology, `jaxcomm.comm.cost`), time to a target loss from
-recorded runs, and heterogeneous workers, stragglers and pipeline staleness."""
+recorded runs, heterogeneous workers, stragglers and pipeline staleness, and failures: a
+failure model on the clock and each method's goodput under it."""
 
 from jaxcomm.sim._async import METHODS
 from jaxcomm.sim._async import Method
@@ -14,6 +15,20 @@ from jaxcomm.sim._clock import Timeline
 from jaxcomm.sim._clock import comm_seconds_per_step
 from jaxcomm.sim._clock import simulate
 from jaxcomm.sim._compute import measure_seconds
+from jaxcomm.sim._decoupled import decoupled_schedule
+from jaxcomm.sim._failures import PRESETS
+from jaxcomm.sim._failures import FailureModel
+from jaxcomm.sim._failures import checkpoint_goodput
+from jaxcomm.sim._failures import draw_failures
+from jaxcomm.sim._failures import expected_slowdown
+from jaxcomm.sim._failures import failure_model
+from jaxcomm.sim._failures import first_order_goodput
+from jaxcomm.sim._failures import step_slowdowns
+from jaxcomm.sim._failures import young_interval
+from jaxcomm.sim._goodput import FailureRun
+from jaxcomm.sim._goodput import Semantics
+from jaxcomm.sim._goodput import expected_goodput
+from jaxcomm.sim._goodput import simulate_failures
 from jaxcomm.sim._compute import seconds_from_flops
 from jaxcomm.sim._compute import step_flops
 from jaxcomm.sim._overlap import BackwardOverlap
@@ -34,15 +49,26 @@ from jaxcomm.sim._workers import lognormal
 __all__ = (
     "BackwardOverlap",
     "ComputeModel",
+    "FailureModel",
+    "FailureRun",
     "METHODS",
     "Method",
     "PipeMareResult",
+    "PRESETS",
     "PipeMareState",
+    "Semantics",
     "SimResult",
     "Timeline",
     "asynchronous_sgd",
     "backward_overlap",
+    "checkpoint_goodput",
     "comm_seconds_per_step",
+    "decoupled_schedule",
+    "draw_failures",
+    "expected_goodput",
+    "expected_slowdown",
+    "failure_model",
+    "first_order_goodput",
     "fixed",
     "heavy_tailed",
     "lognormal",
@@ -54,10 +80,13 @@ __all__ = (
     "round_seconds",
     "seconds_from_flops",
     "simulate",
+    "simulate_failures",
     "simulate_workers",
     "smooth",
     "step_flops",
+    "step_slowdowns",
     "steps_within",
     "synchronous_sgd",
     "time_to_target",
+    "young_interval",
 )

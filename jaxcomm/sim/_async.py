@@ -27,6 +27,8 @@ from jaxcomm import _validate as v
 from jaxcomm import comm
 from jaxcomm.sim._workers import ComputeModel
 
+#: The kinds of `Method` `simulate_workers` runs (synchronous_sgd, asynchronous_sgd,
+#: rennala_sgd, mindflayer_sgd).
 METHODS = ("synchronous", "asynchronous", "rennala", "mindflayer")
 
 

@@ -29,6 +29,7 @@ from jaxcomm.sync._memory import ErrorMemory
 from jaxcomm.sync._memory import ef21
 from jaxcomm.sync._memory import error_feedback
 from jaxcomm.sync._memory import loco
+from jaxcomm.sync._memory import resolve_memory
 from jaxcomm.sync._muon import MuonState
 from jaxcomm.sync._muon import muon
 from jaxcomm.sync._muonbp import muonbp
@@ -89,6 +90,7 @@ __all__ = (
     "powersgd",
     "powersgd_bytes",
     "random_matchings",
+    "resolve_memory",
     "skip_nonfinite",
     "skipped_steps",
     "stacked_consensus_distance",

@@ -130,15 +130,10 @@ def _error_memory(memory, beta, memory_dtype) -> _memory.ErrorMemory | None:
   beta = v.number("beta", beta, low=0.0, high=1.0, high_open=True)
   if memory_dtype is not None:
     memory_dtype = v.dtype("memory_dtype", memory_dtype)
-  if memory is None or isinstance(memory, _memory.ErrorMemory):
-    if memory is not None and memory_dtype is not None:
-      raise ValueError("memory_dtype sets a named memory's dtype; an ErrorMemory carries its "
-                       "own (e.g. sync.error_feedback(dtype)).")
-    return memory
-  if not (isinstance(memory, str) and memory in _memory.NAMED):
-    raise ValueError(f"memory must be None, a sync.ErrorMemory or one of "
-                     f"{', '.join(map(repr, _memory.NAMED))}; got {memory!r}.")
-  return _memory.NAMED[memory](beta, memory_dtype)
+  if isinstance(memory, _memory.ErrorMemory) and memory_dtype is not None:
+    raise ValueError("memory_dtype sets a named memory's dtype; an ErrorMemory carries its "
+                     "own (e.g. sync.error_feedback(dtype)).")
+  return _memory.resolve_memory(memory, beta=beta, dtype=memory_dtype, stage="sync.compressed")
 
 
 def compressed(codec: codecs.CodecLike, memory: str | _memory.ErrorMemory | None = None,

@@ -9,6 +9,7 @@ import optax
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
+from jaxcomm.sync import _memory
 from jaxcomm.sync import _powersgd
 
 LQ_COLLECTIVES = ("gather", "two_phase")
@@ -41,7 +42,8 @@ def lq_sgd_bytes(params: Any, rank: int, w: int, bits: int = 8, alpha: float = 1
 
 
 def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 256,
-           collective: str = "two_phase", warm_start: bool = True, memory: str | None = "ef",
+           collective: str = "two_phase", warm_start: bool = True,
+           memory: str | _memory.ErrorMemory | None = "ef",
            start_iter: int = 0, min_compression_rate: float = 2,
            orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
            axis_name: comm.AxisName = "data", key: jax.Array | None = None, *,
@@ -79,8 +81,8 @@ def lq_sgd(rank: int, bits: int = 8, alpha: float = 10.0, block: int | None = 25
   True
   """
   _powersgd.check_rank(rank)
-  key = _powersgd.check_common(memory, start_iter, min_compression_rate,
-                               orthogonalization_epsilon, key)
+  memory, key = _powersgd.check_common(memory, start_iter, min_compression_rate,
+                                       orthogonalization_epsilon, key, "sync.lq_sgd")
   bits = v.integer("bits", bits, low=2, high=16)
   collective = v.one_of("collective", collective, LQ_COLLECTIVES)  # log codes do not sum
   codec = codecs.log_quant(bits, alpha, block=block)

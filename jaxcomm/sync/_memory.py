@@ -3,7 +3,9 @@
 A memory is a record of three pure functions on float32 vectors (`ErrorMemory`); the
 compressing stage (`sync.compressed`) owns flattening, hierarchy, the key and the collective,
 and calls the memory around its exchange. EF, EF21 and LoCo are three such records, and a
-memory of your own is a fourth, written the same way.
+memory of your own is a fourth, written the same way. Every `memory=` of jaxcomm (`compressed`,
+`powersgd`, `lq_sgd`, `local.diloco`, `local.muloco`, `parallel.zero`) reads its argument with
+`resolve_memory`, so the names and the records mean the same thing in each.
 """
 
 from __future__ import annotations
@@ -136,7 +138,82 @@ def loco(beta: float = 0.9, dtype: Any = jnp.bfloat16) -> ErrorMemory:
                      keep=lambda e, sent, own: beta * e + (1 - beta) * (sent - own))
 
 
-# memory="ef" | "ef21" | "loco" of `sync.compressed`: name -> (beta, dtype) -> ErrorMemory.
+# The named memories every `memory=` accepts: name -> (beta, dtype) -> ErrorMemory.
 NAMED = {"ef": lambda beta, dtype: error_feedback(dtype or jnp.float32),
          "ef21": lambda beta, dtype: ef21(dtype or jnp.float32),
          "loco": lambda beta, dtype: loco(beta, dtype or jnp.bfloat16)}
+
+
+def _as_f32(tree):
+  return jax.tree.map(lambda b: b.astype(jnp.float32), tree)
+
+
+def resolve_memory(memory: str | ErrorMemory | None, *, beta: float = 0.9, dtype: Any = None,
+                   accumulate: bool = True, one_buffer: bool = False,
+                   stage: str | None = None) -> ErrorMemory | None:
+  """The `ErrorMemory` of a stage's `memory` argument: None, a name, or an `ErrorMemory`.
+
+  Every `memory=` of jaxcomm reads its argument here, so the same names and the same records
+  mean the same thing wherever a memory is accepted: "ef" (`error_feedback`), "ef21"
+  (`ef21`) and "loco" (`loco(beta)`), in `dtype` (None: each one's default), or a record of
+  your own. The record returned hands `send` and `keep` float32 views of the buffers and
+  casts what `keep` returns to the buffers' dtypes, so a stage may store it as it comes back.
+  A stage of your own that takes `memory=` calls it too.
+
+  Args:
+    memory: None, an `ErrorMemory`, or one of the names "ef", "ef21", "loco".
+    beta: LoCo's moving-average factor (memory="loco").
+    dtype: the dtype of a named memory's buffers; None: its default.
+    accumulate: whether the stage keeps the running mean an accumulating memory (EF21)
+      needs; when False such memories are refused.
+    one_buffer: whether the stage keeps one buffer per worker; when True a record whose
+      `init` returns more than one array is refused.
+    stage: the stage's name, for the error message.
+
+  Returns:
+    None, or the resolved `ErrorMemory`.
+
+  Raises:
+    ValueError: naming `memory` and what the stage accepts.
+
+  >>> import jax.numpy as jnp
+  >>> from jaxcomm import sync
+  >>> ef = sync.resolve_memory("ef")
+  >>> ef.keep(ef.init(2), jnp.array([1., 2.]), jnp.array([1., 0.]))
+  Array([0., 2.], dtype=float32)
+  >>> sync.resolve_memory("ef21", accumulate=False, stage="local.diloco")
+  Traceback (most recent call last):
+  ...
+  ValueError: memory must be None, a sync.ErrorMemory (without accumulate) or one of 'ef', ...
+  """
+  names = tuple(n for n, make in NAMED.items() if accumulate or not make(0.9, None).accumulate)
+  limits = [text for text, on in (("without accumulate", not accumulate),
+                                  ("in one buffer", one_buffer)) if on]
+  record = "a sync.ErrorMemory" + (f" ({', '.join(limits)})" if limits else "")
+  where = f" for {stage}" if stage else ""
+  stage = stage or "this stage"
+
+  def refuse(why: str = ""):
+    got = "a sync.ErrorMemory" if isinstance(memory, ErrorMemory) else repr(memory)
+    raise ValueError(f"memory must be None, {record} or one of {', '.join(map(repr, names))}"
+                     f"{where}; got {got}{why}.")
+
+  if memory is None:
+    return None
+  if isinstance(memory, str) and memory in NAMED:
+    resolved = NAMED[memory](beta, dtype)
+  elif isinstance(memory, ErrorMemory):
+    if not all(callable(f) for f in (memory.init, memory.send, memory.keep)):
+      refuse(" (its init, send and keep must be functions)")
+    resolved = memory
+  else:
+    refuse()
+  if resolved.accumulate and not accumulate:
+    refuse(f" (it accumulates a running mean, which {stage} does not keep)")
+  if one_buffer and len(jax.tree.leaves(jax.eval_shape(lambda: resolved.init(1)))) != 1:
+    refuse(f" (its init returns several buffers; {stage} keeps one)")
+  return ErrorMemory(
+      init=resolved.init, send=lambda m, x: resolved.send(_as_f32(m), x),
+      keep=lambda m, sent, own: jax.tree.map(lambda new, old: new.astype(old.dtype),
+                                             resolved.keep(_as_f32(m), sent, own), m),
+      accumulate=resolved.accumulate)

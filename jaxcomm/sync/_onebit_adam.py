@@ -11,6 +11,7 @@ import optax
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
+from jaxcomm.sync import _memory
 
 
 class OnebitAdamState(NamedTuple):
@@ -80,13 +81,18 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
   b2 = v.number("b2", b2, low=0.0, high=1.0, high_open=True)
   eps = v.number("eps", eps, low=0.0, low_open=True)
   codec = codecs.sign(block=block)
+  # The worker's memory is error feedback on its momentum (the same record as memory="ef"
+  # elsewhere); the server's is the two-phase collective's own (comm.compressed_sum's
+  # server_memory), which lives below sync and is not an ErrorMemory.
+  worker = _memory.resolve_memory("ef", stage="sync.onebit_adam")
   lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 
   def init_fn(params):
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     zeros = jnp.zeros((n,), jnp.float32)
     return OnebitAdamState(count=jnp.zeros((), jnp.int32), mu=zeros, nu=zeros,
-                           worker_error=zeros, server_error=zeros, wire_bytes=comm.zero_bytes())
+                           worker_error=worker.init(n), server_error=zeros,
+                           wire_bytes=comm.zero_bytes())
 
   def adam_branch(g, state):
     mean, nbytes = comm.mean(g, axis_name)
@@ -95,11 +101,12 @@ def onebit_adam(learning_rate: float | optax.Schedule, freeze_step: int, b1: flo
     return mu, nu, state.worker_error, state.server_error, nbytes
 
   def onebit_branch(g, state):
-    sent = b1 * state.mu + (1 - b1) * g + state.worker_error
+    sent = worker.send(state.worker_error, b1 * state.mu + (1 - b1) * g)
     out, nbytes = comm.compressed_sum(sent, codec, axis_name, "two_phase",
                                       server_memory=state.server_error)
     mu = out.total / comm.axis_size(axis_name)
-    return mu, state.nu, sent - out.own, out.server_memory, nbytes
+    return (mu, state.nu, worker.keep(state.worker_error, sent, out.own), out.server_memory,
+            nbytes)
 
   def update_fn(updates, state, params=None):
     comm.require_varying(updates, axis_name, "sync.onebit_adam")

@@ -16,9 +16,8 @@ from jax import lax
 
 from jaxcomm import _validate as v
 from jaxcomm import codecs, comm
+from jaxcomm.sync import _memory
 from jaxcomm.sync import _shards
-
-MEMORIES = (None, "ef")
 
 
 class PowerSGDState(NamedTuple):
@@ -26,7 +25,8 @@ class PowerSGDState(NamedTuple):
   count: jax.Array                 # int32[]: updates done (start_iter is compared to it)
   q: tuple                         # per group f32[B_g, m_g, r_g]: warm-start Q
                                    # (same on all workers)
-  error: tuple | None              # per group f32[B_g, n_g, m_g], per worker: e_w = M_w - P^ Q_w^T
+  error: tuple | None              # per group, per worker: the memory's buffers shaped
+                                   # [B_g, n_g, m_g] ("ef": f32, e_w = M_w - P^ Q_w^T)
   wire_bytes: jax.Array            # u32[]: cumulative bytes sent by this device (mod 2**32)
 
 
@@ -255,19 +255,30 @@ def _orthonormalize_whole(p: jax.Array, group: _Group, shape, epsilon: float
   return p_hat[:, _local_index(group, shape, 0)], nbytes
 
 
-def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int,
-             min_compression_rate: float, orthogonalization_epsilon: float,
+def low_rank(rank: int, *, warm_start: bool, memory: _memory.ErrorMemory | None,
+             start_iter: int, min_compression_rate: float, orthogonalization_epsilon: float,
              batch_same_shape: bool, axis_name: comm.AxisName, key: jax.Array,
              codec: codecs.Codec | None = None, collective: str | None = None,
              param_specs: Any = None, views: Any = None) -> optax.GradientTransformation:
   """PowerSGD whose P and Q travel through `codec` (None: float32 psum). Validated by callers.
 
-  `key` is raw key data (`check_common`'s result). With `param_specs` the leaves are shards
-  (call inside shard_map): each matrix's factors are summed over the axes splitting it (see
-  `powersgd`).
+  `key` is raw key data and `memory` the resolved error memory (`check_common`'s results).
+  With `param_specs` the leaves are shards (call inside shard_map): each matrix's factors are
+  summed over the axes splitting it (see `powersgd`). The memory sees each group's stacked
+  matrices as one flat vector (M_w = send(e_w, G_w), e_w <- keep(e_w, M_w, P^ Q_w^T)).
   """
   base_key = jax.random.wrap_key_data(key)
-  error_feedback = memory == "ef"
+
+  def send(error, mat):
+    """The group's matrices M_w the power iteration compresses (memory.send, flat)."""
+    flat = jax.tree.map(lambda b: b.reshape(-1), error)
+    return memory.send(flat, mat.reshape(-1)).reshape(mat.shape)
+
+  def keep(error, mat, own):
+    """The group's memory after this step (memory.keep on flat views, stored stacked)."""
+    flat = jax.tree.map(lambda b: b.reshape(-1), error)
+    new = memory.keep(flat, mat.reshape(-1), own.reshape(-1))
+    return jax.tree.map(lambda b, x: x.reshape(b.shape), error, new)
 
   def make_plan(tree):
     leaves, dims = jax.tree.leaves(tree), None
@@ -281,8 +292,10 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
     leaves = jax.tree.leaves(params)
     plan = make_plan(params)
     q = tuple(_initial_q(base_key, plan, g, leaves) for g in plan.groups)
-    error = (tuple(jnp.zeros(_stacked_shape(leaves, g), jnp.float32) for g in plan.groups)
-             if error_feedback else None)
+    error = None if memory is None else tuple(
+        jax.tree.map(lambda b, g=g: b.reshape(_stacked_shape(leaves, g)),
+                     memory.init(math.prod(_stacked_shape(leaves, g))))
+        for g in plan.groups)
     return PowerSGDState(count=jnp.zeros((), jnp.int32), q=q, error=error,
                          wire_bytes=comm.zero_bytes())
 
@@ -299,8 +312,8 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
     w = comm.axis_size(axis_name)
     shapes = [leaves[g.members[0][0]].shape for g in plan.groups]
     mats = [_stack(leaves, g) for g in plan.groups]
-    if error_feedback:
-      mats = [mat + e for mat, e in zip(mats, state.error)]
+    if memory is not None:
+      mats = [send(e, mat) for mat, e in zip(mats, state.error)]
     if warm_start:
       qs = state.q
     else:  # A fresh Q every step, from a key every worker shares.
@@ -344,13 +357,14 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
     nbytes += q_bytes
     out = list(leaves)
     new_q, new_error, offset = [], [], 0
-    for g, mat, p_hat, q_local in zip(plan.groups, mats, p_hats, q_locals):
+    for i, (g, mat, p_hat, q_local) in enumerate(zip(plan.groups, mats, p_hats, q_locals)):
       size, shape = q_local.size, q_local.shape
       q_mean = q_sum[offset:offset + size].reshape(shape) / w
       sent = q_sent[offset:offset + size].reshape(shape)
       offset += size
       # 4. e_w = M_w - P^ Q_w^T with the local Q as it travelled (before the reduction).
-      new_error.append(mat - _matmul(p_hat, jnp.swapaxes(sent, 1, 2)))
+      if memory is not None:
+        new_error.append(keep(state.error[i], mat, _matmul(p_hat, jnp.swapaxes(sent, 1, 2))))
       new_q.append(q_mean)
       _unstack(_matmul(p_hat, jnp.swapaxes(q_mean, 1, 2)), g, leaves, out)  # 6. G^ = P^ Q^T
     offset = 0
@@ -359,7 +373,7 @@ def low_rank(rank: int, *, warm_start: bool, memory: str | None, start_iter: int
       out[i] = (exact_sum[offset:offset + size] / w).reshape(leaves[i].shape).astype(
           leaves[i].dtype)
       offset += size
-    error = tuple(new_error) if error_feedback else None
+    error = tuple(new_error) if memory is not None else None
     return out, tuple(new_q) if warm_start else state.q, error, nbytes
 
   def exact_branch(leaves, state):
@@ -395,13 +409,14 @@ def check_rank(rank) -> int:
 
 
 def check_common(memory, start_iter, min_compression_rate, orthogonalization_epsilon,
-                 key) -> jax.Array:
-  """Checks the options shared with `lq_sgd`; returns the key as raw key data."""
-  v.one_of("memory", memory, MEMORIES)
+                 key, stage: str) -> tuple[_memory.ErrorMemory | None, jax.Array]:
+  """Checks the options shared with `lq_sgd`; returns the resolved memory and the key as raw
+  key data."""
+  memory = _memory.resolve_memory(memory, accumulate=False, stage=stage)
   v.integer("start_iter", start_iter, low=0)
   v.number("min_compression_rate", min_compression_rate, low=0.0)
   v.number("orthogonalization_epsilon", orthogonalization_epsilon, low=0.0)
-  return v.key("key", key)
+  return memory, v.key("key", key)
 
 
 def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float = 2,
@@ -424,7 +439,7 @@ def powersgd_bytes(params: Any, rank: int, w: int, min_compression_rate: float =
   return comm.allreduce_bytes(4 * (p + exact), w) + (comm.allreduce_bytes(4 * q, w) if q else 0.0)
 
 
-def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
+def powersgd(rank: int, warm_start: bool = True, memory: str | _memory.ErrorMemory | None = "ef",
              start_iter: int = 0, min_compression_rate: float = 2,
              orthogonalization_epsilon: float = 0.0, batch_same_shape: bool = True,
              axis_name: comm.AxisName = "data", key: jax.Array | None = None, *,
@@ -465,7 +480,10 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
   Args:
     rank: r >= 1 (capped at min(n, m) per matrix).
     warm_start: reuse the previous Q (else a fresh shared random Q every step).
-    memory: "ef" keeps the per-worker error memory e_w (error feedback); None keeps none.
+    memory: the per-worker error memory of M_w: "ef" (error feedback, e_w above), None
+      (none), "loco" or a `sync.ErrorMemory` (`sync.resolve_memory`; it sees each group of
+      matrices as one flat vector, with own = P^ Q_w^T). "ef21" is refused: the update
+      P^ Q^T is this step's, with no running mean to accumulate into.
     start_iter: updates done with the exact mean before compressing.
     min_compression_rate: compress a matrix only if (n + m) r * rate < n m.
     orthogonalization_epsilon: added to column norms in Gram-Schmidt.
@@ -494,7 +512,8 @@ def powersgd(rank: int, warm_start: bool = True, memory: str | None = "ef",
   True
   """
   check_rank(rank)
-  key = check_common(memory, start_iter, min_compression_rate, orthogonalization_epsilon, key)
+  memory, key = check_common(memory, start_iter, min_compression_rate,
+                             orthogonalization_epsilon, key, "sync.powersgd")
   return low_rank(rank, warm_start=warm_start, memory=memory,
                   start_iter=start_iter, min_compression_rate=min_compression_rate,
                   orthogonalization_epsilon=float(orthogonalization_epsilon),

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxcomm import _validate as v
 
+#: The gossip graphs `gossip_graph` builds (and `dpsgd` and `choco` take) by name.
 GRAPHS = ("ring", "torus", "exponential", "complete", "one_peer_exponential")
 
 

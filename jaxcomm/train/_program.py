@@ -33,6 +33,14 @@ def _is_spec(x: Any) -> bool:
   return isinstance(x, P)
 
 
+def shard_batch(config: StepConfig, local_batch: Any) -> Any:
+  """This process's share of a global batch (numpy) as sharded global arrays: a function of
+  the configuration alone, so a batch can be placed before any parameters are seen."""
+  sharding = jax.tree.map(lambda s: NamedSharding(config.mesh, s),
+                          config.batch_specs_for(local_batch), is_leaf=_is_spec)
+  return jax.tree.map(jax.make_array_from_process_local_data, sharding, local_batch)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Program:
   """A training program, fixed once: configuration, layout, init, step and their helpers.
@@ -134,9 +142,7 @@ class Program:
 
   def shard_batch(self, local_batch: Any) -> Any:
     """Turns this process's share of the global batch (numpy) into sharded global arrays."""
-    sharding = jax.tree.map(lambda s: NamedSharding(self.config.mesh, s),
-                            self.batch_specs(local_batch), is_leaf=_is_spec)
-    return jax.tree.map(jax.make_array_from_process_local_data, sharding, local_batch)
+    return shard_batch(self.config, local_batch)
 
   # ---------------------------------------------------------------- stepping
   def dispatch(self, state: TrainState, batch: Any) -> tuple[TrainState, Any, jax.Array]:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcomm.train import _nnx
+from jaxcomm.train import _program
 from jaxcomm.train import _step
 from jaxcomm.train._layout import StateLayout
 from jaxcomm.train._layout import StepConfig
@@ -161,7 +162,7 @@ class Trainer:
 
   def batch_spec(self, batch) -> Any:
     """PartitionSpecs of a global batch (with trials, the leading trial axis unsharded)."""
-    return self.program.batch_specs(batch)
+    return self.config.batch_specs_for(batch)
 
   def step_fn(self, state=None, batch=None) -> Callable:
     """The jitted step `(state, batch) -> (state, per-device measurements, bytes sent)`.
@@ -197,8 +198,9 @@ class Trainer:
     return self.program.measure(per_device, sent)
 
   def shard_batch(self, local_batch) -> Any:
-    """Turns this process's share of the global batch (numpy) into sharded global arrays."""
-    return self.program.shard_batch(local_batch)
+    """Turns this process's share of the global batch (numpy) into sharded global arrays
+    (before `init` too: it needs only the mesh and the batch axes)."""
+    return _program.shard_batch(self.config, local_batch)
 
   def worker_view(self, tree_stacked, per_worker_tree, worker: int = 0):
     """One worker's view of a state tree (see `Program.worker_view`)."""

@@ -2,7 +2,7 @@
 of up to 64 x 64 (`ks`, the paper's 32 among them) and DeMo's learning rate (`demo_lr`, sign
 updates; exact DP keeps AdamW's)."""
 
-from experiments.reproduce import _reproduce
+from ...reproduce import _reproduce
 
 
 def get_config():

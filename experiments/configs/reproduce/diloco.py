@@ -3,7 +3,7 @@ workers (`hs`), the worker counts swept (`workers`) at H = `h_fixed` with `per_w
 sequences per worker per step, and the paper's protocol with `warm_start_steps` > 0 (every
 run starts from that many steps of exact DP). DiLoCo's settings are its method module's."""
 
-from experiments.reproduce import _reproduce
+from ...reproduce import _reproduce
 
 
 def get_config():

@@ -2,7 +2,7 @@
 momentum SGD (lr 0.1) for 300 steps at the `ranks`, with and without error feedback, and,
 with `table`, ResNet-18's compression table (compiled, not run)."""
 
-from experiments.reproduce import _reproduce
+from ...reproduce import _reproduce
 
 
 def get_config():

@@ -2,7 +2,7 @@
 `h` inner steps between two syncs of the same fragment, `fragments` P, and the paper-like
 run's `overlap` (steps between sending and merging)."""
 
-from experiments.reproduce import _reproduce
+from ...reproduce import _reproduce
 
 
 def get_config():

@@ -2,7 +2,7 @@
 digits MLP trained with plain SGD (lr 0.5) for 300 steps, each worker sending the top
 `fractions` of its gradient."""
 
-from experiments.reproduce import _reproduce
+from ...reproduce import _reproduce
 
 
 def get_config():
