@@ -122,17 +122,14 @@ METHODS: dict[str, dict] = {
 
 # Labels `--methods` may name that a plain `make run` does not run (the methods of
 # arXiv 2502.12996, 2505.22549 and 2506.10911 at H = K_x = 10; Local Adam is DES-LOC with
-# every period K_x; Muon and its variants; gossip DiLoCo and Pier).
+# every period K_x; Muon, its variants, gossip DiLoCo and Pier at their modules' defaults).
 MORE_METHODS: dict[str, dict] = {
     "diloco_h10_eager": {"method": "diloco", "sync_every": 10, "eager": True},
     "des_loc_k10": {"method": "des_loc", "sync_every": 10},
     "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
-    "noloco_h10": {"method": "noloco", "sync_every": 10},
-    # Muon, Dion at rank 1/4, Dion2 on 1/4 of the slices, MuonBP with a full step every 5
-    # (matrices at lr 0.02); gossip DiLoCo on a ring (arXiv 2606.22768, 2606.11081), Pier.
-    "muon": {"method": "muon"}, "dion_f4": {"method": "dion", "rank_fraction": 0.25},
-    "dion2_a25": {"method": "dion2", "fraction": 0.25}, "pier_h10": {"method": "pier"},
-    "muonbp_p5": {"method": "muonbp", "period": 5}, "gasloc_h10": {"method": "gasloc"},
+    "noloco_h10": {"method": "noloco", "sync_every": 10}, "muon": {"method": "muon"},
+    "dion_f4": {"method": "dion"}, "dion2_a25": {"method": "dion2"}, "pier_h10": {"method": "pier"},
+    "muonbp_p5": {"method": "muonbp"}, "gasloc_h10": {"method": "gasloc"},
     "factored_gossip_h10": {"method": "factored_gossip_diloco", "blocking_every": 2},
 }
 

@@ -13,6 +13,8 @@ def defaults():
 
 
 def build(settings, ctx):
+  # `momentum` is the schedule's peak here: checked by its name.
+  toolkit.number_in(ctx.config, "method.momentum", 0, 1, high_open=True)
   schedule = local.pier_momentum(settings.momentum, settings.warmup, initial=settings.initial,
                                  decay_from=settings.decay_from, total=settings.total,
                                  final=settings.final)
