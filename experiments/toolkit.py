@@ -269,3 +269,15 @@ def gossip_schedule(factory: Callable, settings: ml_collections.ConfigDict, ctx:
   graph = sync.gossip_graph(one_of(ctx.config, "method.graph", sync.GRAPHS), ctx.num_workers)
   return call(factory, settings, inner=ctx.inner, graph=graph, axis_name=ctx.axis_name,
               outer=nesterov(settings.outer_lr, settings.outer_momentum))
+
+
+def sync_period(settings: ml_collections.ConfigDict) -> int:
+  """The `period` hook of a method that syncs once every `sync_every` inner steps."""
+  return settings.sync_every
+
+
+def inner_step(settings: ml_collections.ConfigDict) -> str:
+  """The `local_step` hook of a method whose worker step is the gradient and the inner
+  optimiser (its outer step runs once a period)."""
+  del settings
+  return "inner"

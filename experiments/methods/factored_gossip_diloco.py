@@ -17,15 +17,8 @@ def build(settings, ctx):
   return toolkit.gossip_schedule(local.factored_gossip_diloco, settings, ctx)
 
 
-
-def period(settings) -> int:
-  """A round (two gossips, one blocking on some rounds) every `sync_every` inner steps."""
-  return settings.sync_every
-
-def local_step(settings) -> str:
-  """A worker's step is the gradient and the inner optimiser (the outer step once a round)."""
-  del settings
-  return "inner"
+period = toolkit.sync_period  # a round every `sync_every` inner steps
+local_step = toolkit.inner_step  # the gradient and the inner step; the outer one once a round
 
 
 def tuning() -> list:

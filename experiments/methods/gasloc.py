@@ -16,15 +16,8 @@ def build(settings, ctx):
   return toolkit.gossip_schedule(local.gasloc, settings, ctx)
 
 
-
-def period(settings) -> int:
-  """A round (the outer step and one gossip) every `sync_every` inner steps."""
-  return settings.sync_every
-
-def local_step(settings) -> str:
-  """The outer step runs once a round: a worker's step is the gradient and the inner step."""
-  del settings
-  return "inner"
+period = toolkit.sync_period  # a round every `sync_every` inner steps
+local_step = toolkit.inner_step  # the gradient and the inner step; the outer one once a round
 
 
 def tuning() -> list:

@@ -22,15 +22,8 @@ def build(settings, ctx):
                       axis_name=ctx.axis_name)
 
 
-
-def period(settings) -> int:
-  """An outer sync every `sync_every` inner steps."""
-  return settings.sync_every
-
-def local_step(settings) -> str:
-  """A worker's step is the gradient and the inner optimiser (the outer step once a round)."""
-  del settings
-  return "inner"
+period = toolkit.sync_period  # a round every `sync_every` inner steps
+local_step = toolkit.inner_step  # the gradient and the inner step; the outer one once a round
 
 
 def tuning() -> list:
