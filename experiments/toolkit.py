@@ -27,6 +27,7 @@ import optax
 from ml_collections import config_dict
 
 from jaxcomm import _validate
+from jaxcomm import sim
 
 _SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
@@ -274,6 +275,13 @@ def gossip_schedule(factory: Callable, settings: ml_collections.ConfigDict, ctx:
 def sync_period(settings: ml_collections.ConfigDict) -> int:
   """The `period` hook of a method that syncs once every `sync_every` inner steps."""
   return settings.sync_every
+
+
+def elastic_rounds(settings: ml_collections.ConfigDict) -> sim.Semantics:
+  """The `failure_semantics` hook of a method that `jaxcomm.elastic` runs in rounds of
+  `sync_every` inner steps: a failed replica leaves the quorum until it is healed, and a
+  failure costs every survivor the round in flight."""
+  return sim.Semantics("elastic", round_steps=settings.sync_every)
 
 
 def inner_step(settings: ml_collections.ConfigDict) -> str:

@@ -18,6 +18,7 @@ def build(settings, ctx):
 
 period = toolkit.sync_period  # a round every `sync_every` inner steps
 local_step = toolkit.inner_step  # the gradient and the inner step; the outer one once a round
+failure_semantics = toolkit.elastic_rounds  # a failed replica leaves the quorum until healed
 
 
 def tuning() -> list:
