@@ -59,7 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
       seed=3,                # the draw's seed
       heartbeat_timeout=5,   # seconds to declare a process dead
       deadline_s=3.0,        # progress deadline for a missing vote
-      collective_timeout=10))
+      collective_timeout=10,
+      grace_s=10.0))         # after the first process finished, the others' time to end
 
 
 def check(c) -> None:
@@ -70,6 +71,7 @@ def check(c) -> None:
   toolkit.int_at_least(c, "seed", 0)
   for name in ("mtbf_h", "nominal_step_s", "deadline_s"):
     toolkit.number_in(c, name, 0.0, low_open=True)
+  toolkit.number_in(c, "grace_s", 0.0)
 
 
 def schedule(c) -> list[tuple[int, int]]:
@@ -95,7 +97,7 @@ def launch(c, workdir: str, kills: list) -> tuple[float, str, dict]:
             f"--restart={','.join(f'{p}@{s}' for s, p in kills)}"] if kills else ["--elastic"]
   cmd = [sys.executable, "-m", "experiments.launch_local", f"--processes={c.processes}",
          f"--devices={c.processes}", f"--heartbeat_timeout={c.heartbeat_timeout}",
-         f"--collective_timeout={c.collective_timeout}", "--grace=10", *faults, "--",
+         f"--collective_timeout={c.collective_timeout}", f"--grace={c.grace_s}", *faults, "--",
          f"--config={CONFIGS}/default.py:diloco",
          *[f"--config.{k}={v}" for k, v in PROGRAM.items()],
          f"--config.method.sync_every={c.sync_every}", f"--config.steps={c.steps}",

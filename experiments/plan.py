@@ -92,6 +92,14 @@ METHODS: dict[str, dict] = {
     "muon_gram": {"method": "muon", "strategy": "gram"},
     # MuLoCo (arXiv 2505.23725): Muon inner steps, H = 30, 2-bit outer gradients with EF.
     "muloco_h30_2bit_ef": {"method": "muloco", "sync_every": 30, "bits": 2, "memory": "ef"},
+    # Dion (arXiv 2504.05295): the replicas all-reduce each matrix's factors P and R (rank
+    # 1/4 and 1/16 of its shorter side) instead of its gradient.
+    "dion_f4": {"method": "dion", "rank_fraction": 0.25},
+    "dion_f16": {"method": "dion", "rank_fraction": 0.0625},
+    # Dion2 (arXiv 2512.16928) at a quarter of the slices; MuonBP (arXiv 2510.16981) with a
+    # full orthogonalisation every 5 steps: fewer bytes inside a replica than Muon's.
+    "dion2_a25": {"method": "dion2", "fraction": 0.25},
+    "muonbp_p5": {"method": "muonbp", "period": 5},
 }
 CONFIG_LABEL = "config"  # --methods entry: the method of --config
 REFERENCE = "dp"

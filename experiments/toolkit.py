@@ -27,6 +27,7 @@ import optax
 from ml_collections import config_dict
 
 from jaxcomm import _validate
+from jaxcomm import sim
 
 _SIMPLE_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
@@ -256,3 +257,35 @@ def nesterov(lr: float, momentum: float) -> optax.GradientTransformation:
   if not momentum:
     return optax.sgd(lr)
   return optax.sgd(lr, momentum=momentum, nesterov=True)
+
+
+GOSSIP_SKIP = ("inner", "outer", "graph", "num_workers", "axis_name")  # what build supplies
+
+
+def gossip_schedule(factory: Callable, settings: ml_collections.ConfigDict, ctx: Any) -> Any:
+  """A gossip DiLoCo schedule (`local.factored_gossip_diloco`, `local.gasloc`) from a
+  method's settings: the graph `graph` named on the run's workers, DiLoCo's outer Nesterov
+  SGD (`outer_lr`, `outer_momentum`), the inner optimiser and axis of the run."""
+  from jaxcomm import sync  # noqa: PLC0415 (only the gossip methods need it)
+  graph = sync.gossip_graph(one_of(ctx.config, "method.graph", sync.GRAPHS), ctx.num_workers)
+  return call(factory, settings, inner=ctx.inner, graph=graph, axis_name=ctx.axis_name,
+              outer=nesterov(settings.outer_lr, settings.outer_momentum))
+
+
+def sync_period(settings: ml_collections.ConfigDict) -> int:
+  """The `period` hook of a method that syncs once every `sync_every` inner steps."""
+  return settings.sync_every
+
+
+def elastic_rounds(settings: ml_collections.ConfigDict) -> sim.Semantics:
+  """The `failure_semantics` hook of a method that `jaxcomm.elastic` runs in rounds of
+  `sync_every` inner steps: a failed replica leaves the quorum until it is healed, and a
+  failure costs every survivor the round in flight."""
+  return sim.Semantics("elastic", round_steps=settings.sync_every)
+
+
+def inner_step(settings: ml_collections.ConfigDict) -> str:
+  """The `local_step` hook of a method whose worker step is the gradient and the inner
+  optimiser (its outer step runs once a period)."""
+  del settings
+  return "inner"

@@ -53,10 +53,10 @@ _WIRE_DTYPES = tuple(jnp.dtype(d) for d in (
     jnp.uint8, jnp.uint16, jnp.uint32, jnp.int8, jnp.int16, jnp.int32))
 
 
-# Example arguments of every codec factory of `jaxcomm.codecs` (`codecs.names()`): one line
-# per factory, a list of keyword-argument settings, blocks and chunks small enough to matter
-# on ~1000 values. `codec_zoo` builds them, and a factory without a line fails every test
-# that uses the zoo, so a new codec cannot escape the codec suites. Add a codec: one line here.
+#: Example arguments of every codec factory of `jaxcomm.codecs` (`codecs.names()`): one line
+#: per factory, a list of keyword-argument settings, blocks and chunks small enough to matter
+#: on ~1000 values. `codec_zoo` builds them, and a factory without a line fails every test
+#: that uses the zoo, so a new codec cannot escape the codec suites. Add a codec: one line here.
 CODEC_EXAMPLES = {
     "identity": [{}],
     "cast": [dict(dtype="float32"), dict(dtype="bfloat16"), dict(dtype="float8_e4m3fn")],

@@ -137,6 +137,12 @@ METHODS = {
                                                           axis_name=axis),
                           stage=True, plugin="lq_sgd"),
     "sync.muon": Method(lambda inner, axis: sync.muon(0.05, axis_name=axis), plugin="muon"),
+    "sync.muonbp": Method(lambda inner, axis: sync.muonbp(0.05, 2, axis_name=axis),
+                          plugin="muonbp"),
+    "sync.dion": Method(lambda inner, axis: sync.dion(0.05, rank=1, axis_name=axis),
+                        plugin="dion"),
+    "sync.dion2": Method(lambda inner, axis: sync.dion2(0.05, 0.5, axis_name=axis),
+                         plugin="dion2"),
     "sync.onebit_adam": Method(lambda inner, axis: sync.onebit_adam(0.05, freeze_step=20,
                                                                     axis_name=axis),
                                plugin="onebit_adam"),
@@ -174,6 +180,12 @@ METHODS = {
                       codec=codecs.cast("float8_e4m3fn"), memory="ef"))}),
     "local.dreamddp": Method(lambda inner, axis: local.dreamddp(inner, 2, axis),
                              plugin="dreamddp"),
+    "local.factored_gossip_diloco": Method(lambda inner, axis: local.factored_gossip_diloco(
+        inner, optax.sgd(1.0), 2, "ring", num_workers=8, axis_name=axis),
+        plugin="factored_gossip_diloco"),
+    "local.gasloc": Method(lambda inner, axis: local.gasloc(
+        inner, optax.sgd(1.0), 2, "ring", num_workers=8, momentum=0.3, axis_name=axis),
+        plugin="gasloc"),
     "local.hierarchical": Method(lambda inner, axis: local.hierarchical(inner, 2, axis, None),
                                  plugin="hierarchical"),
     "local.local_sgd": Method(lambda inner, axis: local.local_sgd(inner, 2, axis),
@@ -184,6 +196,8 @@ METHODS = {
                                                             bits=4, block=4, memory="ef"),
                            plugin="muloco"),
     "local.noloco": Method(lambda inner, axis: local.noloco(inner, 2, axis), plugin="noloco"),
+    "local.pier": Method(lambda inner, axis: local.pier(
+        inner, 2, axis, outer_lr=1.0, momentum=local.pier_momentum(0.5, 2)), plugin="pier"),
     "local.periodic": Method(lambda inner, axis: local.periodic(
         inner, 2, functools.partial(_average, axis_name=axis), axis_name=axis)),
     "local.scaffold": Method(lambda inner, axis: local.scaffold(inner, 2, axis),

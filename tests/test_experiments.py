@@ -133,6 +133,9 @@ CHOSEN = {
     ("zero", "memory"): "int8 gradients with error feedback",
     ("muloco", "bits"): "the paper's headline: 2-bit outer gradients with error feedback",
     ("muloco", "memory"): "the paper's headline: 2-bit outer gradients with error feedback",
+    ("factored_gossip_diloco", "blocking_every"):
+        "the paper's point: non-blocking gossip each round, a blocking one every other",
+    ("gasloc", "momentum"): "the paper's accelerated variant (g = 0.5) is its headline",
 }
 
 

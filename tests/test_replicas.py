@@ -481,7 +481,8 @@ PROGRAM_METHODS = {
         "choco": {"codec": "top_k:fraction=0.25"}, "zero": {}},
     # Whole matrices of sharded parameters (`ctx.param_specs`): inner-axis collectives too.
     "whole_matrices": {"powersgd": {}, "lq_sgd": {}, "muon": {},
-                       "muloco": {"sync_every": 2, "bits": 2, "memory": "ef"}},
+                       "muloco": {"sync_every": 2, "bits": 2, "memory": "ef"},
+                       "dion": {}, "dion2": {}, "muonbp": {"period": 2}},
     "local": {
         "local_sgd": {"sync_every": 2},
         "diloco_int8_ef": {"method": "diloco", "sync_every": 2, "codec": "uniform:bits=8",
@@ -494,6 +495,9 @@ PROGRAM_METHODS = {
         "des_loc": {"sync_every": 2, "state_every": "mu=2,nu=4",
                     "optimizer": {"name": "adam", "lr": 1e-2}},
         "noloco": {"sync_every": 2},
+        "factored_gossip_diloco": {"sync_every": 2},
+        "gasloc": {"sync_every": 2, "momentum": 0.5},
+        "pier": {"sync_every": 2, "warmup": 1},
         "diloco_eager_tokens": {"method": "diloco", "sync_every": 2, "eager": True,
                                 "worker_steps": (2, 1), "weighting": "tokens"}},
     "overlap": {"delayed": {}, "stale_dc": {"method": "stale", "compensation": "dc"},
@@ -575,7 +579,8 @@ def test_every_method_runs_on_replicas_and_sends_only_over_replica(setup, bundle
   fsdp of the replicated leaves' gradients, 2 (2-1)/2 x 4 x 48 = 192 bytes per method, and
   on tensor the sum of the loss's cotangent (a replicated term of the loss meets the
   tensor-sharded ones: one f32 all-reduce, 2 (2-1)/2 x 4 = 4 bytes); except the methods of
-  whole matrices (PowerSGD, LQ-SGD, Muon, MuLoCo), which reduce inside a replica too."""
+  whole matrices (PowerSGD, LQ-SGD, Muon, MuLoCo, Dion, Dion2, MuonBP), which reduce inside a
+  replica too."""
   layout = setup[0]
   library = _library_methods().get(bundle, {})
   names = list(library) + list(PROGRAM_METHODS.get(bundle, {}))

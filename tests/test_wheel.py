@@ -103,15 +103,21 @@ def test_installed_package_is_the_wheel_with_its_version(venv, installed):
 
 
 def test_readme_quickstart_runs_from_the_wheel(venv, installed):
+  """The README's Quickstart as written, in a fresh interpreter (the suite's only run of it:
+  from the checkout it would check the same). It prints the loss and the counted bytes,
+  then the inspect table with its total: the bytes counted in the state equal those read
+  from the compiled program."""
   del installed
   python, _, env, work = venv
   text = (ROOT / "README.md").read_text()
   section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
   (work / "quickstart.py").write_text(re.findall(r"```python\n(.*?)```", section, re.S)[0])
   out = _run([str(python), "quickstart.py"], work, env)
-  counted = int(out.splitlines()[0].split()[1])
+  first = out.splitlines()[0].split()
+  loss, counted = float(first[0]), int(first[1])
   total = re.findall(r"^total\s+([\d,]+)\s*$", out, re.M)[-1]
   assert counted == int(total.replace(",", "")) > 0, out  # counted == read from the HLO
+  assert 0 < loss < 10, out  # a byte-level LM starts near ln 256 = 5.5
 
 
 def test_experiment_programs_run_from_the_wheel(venv, installed, tmp_path):

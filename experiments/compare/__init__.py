@@ -153,12 +153,15 @@ METHODS: dict[str, dict] = {
 
 # Labels `--methods` may name that a plain `make run` does not run (the methods of
 # arXiv 2502.12996, 2505.22549 and 2506.10911 at H = K_x = 10; Local Adam is DES-LOC with
-# every period K_x).
+# every period K_x; Muon, its variants, gossip DiLoCo and Pier at their modules' defaults).
 MORE_METHODS: dict[str, dict] = {
     "diloco_h10_eager": {"method": "diloco", "sync_every": 10, "eager": True},
     "des_loc_k10": {"method": "des_loc", "sync_every": 10},
     "local_adam_k10": {"method": "des_loc", "sync_every": 10, "state_every": "mu=10,nu=10"},
-    "noloco_h10": {"method": "noloco", "sync_every": 10},
+    "noloco_h10": {"method": "noloco", "sync_every": 10}, "muon": {"method": "muon"},
+    "dion_f4": {"method": "dion"}, "dion2_a25": {"method": "dion2"}, "pier_h10": {"method": "pier"},
+    "muonbp_p5": {"method": "muonbp"}, "gasloc_h10": {"method": "gasloc"},
+    "factored_gossip_h10": {"method": "factored_gossip_diloco", "blocking_every": 2},
 }
 
 def resolve_methods(labels: list | None, catalog: dict | None = None,

@@ -31,7 +31,7 @@ def model(spec: str) -> sim.FailureModel | None:
   (True, 'llama3')
   """
   if not isinstance(spec, str) or not spec.strip():
-    raise ValueError(f"--failures must be 'none', a preset ({', '.join(sim.PRESETS)}) or "
+    raise ValueError(f"--failures must be 'none', a preset ({', '.join(sim.FAILURE_PRESETS)}) or "
                      f"key=value settings, got {spec!r}.")
   if spec.strip() == NONE:
     return None

@@ -5,7 +5,6 @@ period, `state_every` = "mu=48,nu=96" (unset: the factory's K_u = 3 K_x, K_v = 6
 
 from .. import toolkit
 from jaxcomm import local
-from jaxcomm import sim
 
 
 def defaults():
@@ -40,7 +39,4 @@ def period(settings) -> int:
   return settings.sync_every
 
 
-def failure_semantics(settings) -> sim.Semantics:
-  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (its period)."""
-  return sim.Semantics("elastic", round_steps=period(settings))
+failure_semantics = toolkit.elastic_rounds  # a failed replica leaves the quorum until healed

@@ -6,7 +6,6 @@
 
 from .. import toolkit
 from jaxcomm import local
-from jaxcomm import sim
 
 
 def defaults():
@@ -46,7 +45,4 @@ def tuning() -> list:
   return [{"optimizer.lr": lr} for lr in (1e-3, 3e-3, 1e-2)] + [{"outer_lr": 0.5}]
 
 
-def failure_semantics(settings) -> sim.Semantics:
-  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (its period)."""
-  return sim.Semantics("elastic", round_steps=period(settings))
+failure_semantics = toolkit.elastic_rounds  # a failed replica leaves the quorum until healed

@@ -3,7 +3,6 @@ outer step with one random partner (one ppermute of |θ|); no all-reduce."""
 
 from .. import toolkit
 from jaxcomm import local
-from jaxcomm import sim
 
 
 def defaults():
@@ -21,7 +20,4 @@ def period(settings) -> int:
   return settings.sync_every
 
 
-def failure_semantics(settings) -> sim.Semantics:
-  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (its period)."""
-  return sim.Semantics("elastic", round_steps=period(settings))
+failure_semantics = toolkit.elastic_rounds  # a failed replica leaves the quorum until healed

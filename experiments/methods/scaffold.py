@@ -2,7 +2,6 @@
 
 from .. import toolkit
 from jaxcomm import local
-from jaxcomm import sim
 
 
 def defaults():
@@ -20,7 +19,4 @@ def period(settings) -> int:
   return settings.sync_every
 
 
-def failure_semantics(settings) -> sim.Semantics:
-  """Under failures, as `jaxcomm.elastic` runs it: a failed replica leaves the quorum until it
-  is healed, and a failure costs every survivor the round in flight (its period)."""
-  return sim.Semantics("elastic", round_steps=period(settings))
+failure_semantics = toolkit.elastic_rounds  # a failed replica leaves the quorum until healed

@@ -34,6 +34,9 @@ from jaxcomm.local._diloco import diloco
 from jaxcomm.local._dreamddp import DreamddpState
 from jaxcomm.local._dreamddp import dreamddp
 from jaxcomm.local._dreamddp import layer_groups
+from jaxcomm.local._gossip_diloco import GossipDilocoState
+from jaxcomm.local._gossip_diloco import factored_gossip_diloco
+from jaxcomm.local._gossip_diloco import gasloc
 from jaxcomm.local._hierarchical import HierarchicalState
 from jaxcomm.local._hierarchical import hierarchical
 from jaxcomm.local._local_sgd import LocalSgdState
@@ -44,6 +47,8 @@ from jaxcomm.local._noloco import noloco
 from jaxcomm.local._periodic import PeriodicState
 from jaxcomm.local._periodic import SyncInfo
 from jaxcomm.local._periodic import periodic
+from jaxcomm.local._pier import pier
+from jaxcomm.local._pier import pier_momentum
 from jaxcomm.local._scaffold import ScaffoldState
 from jaxcomm.local._scaffold import scaffold
 from jaxcomm.local._sparseloco import sparseloco
@@ -62,6 +67,7 @@ __all__ = (
     "DesLocState",
     "DilocoState",
     "DreamddpState",
+    "GossipDilocoState",
     "HierarchicalState",
     "LocalSgdState",
     "NolocoState",
@@ -78,6 +84,8 @@ __all__ = (
     "des_loc",
     "diloco",
     "dreamddp",
+    "factored_gossip_diloco",
+    "gasloc",
     "hierarchical",
     "layer_groups",
     "local_sgd",
@@ -87,6 +95,8 @@ __all__ = (
     "micro_batch_loss",
     "noloco",
     "periodic",
+    "pier",
+    "pier_momentum",
     "scaffold",
     "sparseloco",
     "stale",

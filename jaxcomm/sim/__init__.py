@@ -16,7 +16,7 @@ from jaxcomm.sim._clock import comm_seconds_per_step
 from jaxcomm.sim._clock import simulate
 from jaxcomm.sim._compute import measure_seconds
 from jaxcomm.sim._decoupled import decoupled_schedule
-from jaxcomm.sim._failures import PRESETS
+from jaxcomm.sim._failures import FAILURE_PRESETS
 from jaxcomm.sim._failures import FailureModel
 from jaxcomm.sim._failures import checkpoint_goodput
 from jaxcomm.sim._failures import draw_failures
@@ -49,12 +49,12 @@ from jaxcomm.sim._workers import lognormal
 __all__ = (
     "BackwardOverlap",
     "ComputeModel",
+    "FAILURE_PRESETS",
     "FailureModel",
     "FailureRun",
     "METHODS",
     "Method",
     "PipeMareResult",
-    "PRESETS",
     "PipeMareState",
     "Semantics",
     "SimResult",

@@ -9,7 +9,7 @@ jaxcomm/sim/_goodput.py). Stragglers: each device's step is slowed, with probabi
 `straggler_p`, by a factor 1 + `straggler_scale` x Lomax(`straggler_alpha`), and a group that
 steps in lockstep waits for its slowest member.
 
-Presets (`PRESETS`, `failure_model("llama3")`):
+Presets (`FAILURE_PRESETS`, `failure_model("llama3")`):
 
 * `llama3`: per-device MTBF from the Llama 3 report (Dubey et al., arXiv 2407.21783, Table 5):
   419 unexpected interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs,
@@ -66,7 +66,11 @@ class FailureModel(NamedTuple):
 
 
 _TIMES = dict(restart_s=600.0, checkpoint_s=60.0, restore_s=120.0, detect_s=30.0)
-PRESETS = {
+#: The failure models `failure_model` knows by name: `none` (nothing fails), `llama3` (one
+#: failure per 50,677 GPU-hours, the Llama 3 report's 419 interruptions of 16,384 GPUs in 54
+#: days, arXiv 2407.21783) and `yearly` (one failure per device-year); their restart,
+#: checkpoint, restore and detection times are our round numbers.
+FAILURE_PRESETS = {
     "none": dict(mtbf_h=math.inf),
     "llama3": dict(mtbf_h=16384 * 54 * 24 / 419, **_TIMES),
     "yearly": dict(mtbf_h=24.0 * 365, **_TIMES),
@@ -97,11 +101,11 @@ def failure_model(spec: "str | FailureModel" = "none", **overrides) -> FailureMo
     for i, part in enumerate(p.strip() for p in spec.split(",") if p.strip()):
       key, eq, value = part.partition("=")
       if not eq:
-        if i or part not in PRESETS:
+        if i or part not in FAILURE_PRESETS:
           raise ValueError(f"failures: unknown preset {part!r}; allowed: "
-                           f"{', '.join(PRESETS)}, or key=value settings of "
+                           f"{', '.join(FAILURE_PRESETS)}, or key=value settings of "
                            f"{', '.join(_FIELDS)}.")
-        base = {**FailureModel()._asdict(), "name": part, **PRESETS[part]}
+        base = {**FailureModel()._asdict(), "name": part, **FAILURE_PRESETS[part]}
         continue
       if key.strip() not in _FIELDS:
         raise ValueError(f"failures: unknown setting {key.strip()!r}; allowed: "

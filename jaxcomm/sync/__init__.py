@@ -5,6 +5,10 @@ from jaxcomm.sync._compressed import compressed
 from jaxcomm.sync._demo import DemoState
 from jaxcomm.sync._demo import demo
 from jaxcomm.sync._demo import demo_bytes
+from jaxcomm.sync._dion import DionState
+from jaxcomm.sync._dion import dion
+from jaxcomm.sync._dion2 import Dion2State
+from jaxcomm.sync._dion2 import dion2
 from jaxcomm.sync._gossip import ChocoState
 from jaxcomm.sync._gossip import DpsgdState
 from jaxcomm.sync._gossip import choco
@@ -28,6 +32,7 @@ from jaxcomm.sync._memory import loco
 from jaxcomm.sync._memory import resolve_memory
 from jaxcomm.sync._muon import MuonState
 from jaxcomm.sync._muon import muon
+from jaxcomm.sync._muonbp import muonbp
 from jaxcomm.sync._onebit_adam import OnebitAdamState
 from jaxcomm.sync._onebit_adam import onebit_adam
 from jaxcomm.sync._onebit_adam import onebit_adam_bytes
@@ -46,6 +51,8 @@ __all__ = (
     "ChocoState",
     "CompressedState",
     "DemoState",
+    "Dion2State",
+    "DionState",
     "DpsgdState",
     "ErrorMemory",
     "FractionalRepetition",
@@ -63,6 +70,8 @@ __all__ = (
     "decode_gradient",
     "demo",
     "demo_bytes",
+    "dion",
+    "dion2",
     "dpsgd",
     "ef21",
     "error_feedback",
@@ -75,6 +84,7 @@ __all__ = (
     "lq_sgd_bytes",
     "mean",
     "muon",
+    "muonbp",
     "onebit_adam",
     "onebit_adam_bytes",
     "powersgd",

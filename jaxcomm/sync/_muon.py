@@ -203,7 +203,11 @@ def _assign(sizes: list, n: int) -> list:
 
 
 def _owner_group(xs: list, leaves: list, axes: tuple, ortho) -> tuple[list, float]:
-  """Orthogonalised blocks of matrices sharded over the same `axes`, each on its owner."""
+  """`ortho(i, whole)` of matrices i sharded over the same `axes`, each run on its owner.
+
+  xs[i] is this device's block of matrix i, laid out as `leaves[i].dims` says; the owner
+  gets the whole matrix and returns a whole of the same shape, whose blocks come back.
+  """
   n = math.prod(lax.axis_size(a) for a in axes)
   sizes = [x.size for x in xs]
   owner = _assign(sizes, n)
@@ -228,8 +232,7 @@ def _owner_group(xs: list, leaves: list, axes: tuple, ortho) -> tuple[list, floa
         blocks = recv[:, offset:offset + sizes[i]].reshape(n, *xs[i].shape)
         offset += sizes[i]
         whole = _assemble(blocks, axes, leaves[i].dims)
-        pieces.append(_split(ortho(whole, leaves[i].dim_nums).astype(dtype), axes,
-                             leaves[i].dims))
+        pieces.append(_split(ortho(i, whole).astype(dtype), axes, leaves[i].dims))
       out = pack(pieces) if pieces else jnp.zeros((n, width), dtype)
       return comm.varying(out, tuple(comm.varying_axes(recv)))
     return run
@@ -294,7 +297,7 @@ def _orthogonalize(xs: list, leaves: list, strategy: str, coeffs, ns_steps: int,
       groups.setdefault(leaf.axes, []).append(i)
   for axes, members in groups.items():
     done, nbytes = _owner_group([xs[i] for i in members], [leaves[i] for i in members],
-                                axes, ortho)
+                                axes, lambda j, whole: ortho(whole, leaves[members[j]].dim_nums))
     _add(wire, axes, nbytes)
     for i, x in zip(members, done):
       out[i] = x
@@ -320,9 +323,14 @@ def _dim_nums_of(tree, dim_nums) -> Any:
 
 
 def _matrix_stage(strategy: str, param_specs: Any, dim_nums: Any, ns_coeffs, ns_steps: int,
-                  beta: float, eps: float, nesterov: bool,
-                  consistent_rms) -> optax.GradientTransformation:
-  """optax's `scale_by_muon` + `scale_by_shape` on blocks of sharded matrices (validated)."""
+                  beta: float, eps: float, nesterov: bool, consistent_rms,
+                  period: int = 1) -> optax.GradientTransformation:
+  """optax's `scale_by_muon` + `scale_by_shape` on blocks of sharded matrices (validated).
+
+  With `period` P > 1 (MuonBP), update t (1-based) orthogonalises the whole matrices when
+  P divides t and otherwise each device's block as a matrix of its own, scaled by the
+  block's shape, with no communication.
+  """
 
   def describe(tree):
     dns = _dim_nums_of(tree, dim_nums)
@@ -352,11 +360,23 @@ def _matrix_stage(strategy: str, param_specs: Any, dim_nums: Any, ns_coeffs, ns_
     coeffs = jnp.asarray(ns_coeffs)
     if coeffs.ndim == 2:
       coeffs = coeffs[-ns_steps:]
-    out, sent = _orthogonalize(xs, leaves, strategy, coeffs, ns_steps, eps)
-    out = [_scale_by_shape(x, leaf, consistent_rms) for x, leaf in zip(out, leaves)]
-    wire = {k: comm.add_bytes(c, sent.get(k, 0.0)) for k, c in state.wire_bytes.items()}
-    if set(sent) - set(wire):
-      raise AssertionError(f"bytes sent over {set(sent) - set(wire)}, not in the counter")
+
+    def full(xs, counters):
+      out, sent = _orthogonalize(xs, leaves, strategy, coeffs, ns_steps, eps)
+      if set(sent) - set(counters):
+        raise AssertionError(f"bytes sent over {set(sent) - set(counters)}, not in the counter")
+      return ([_scale_by_shape(x, leaf, consistent_rms) for x, leaf in zip(out, leaves)],
+              {k: comm.add_bytes(c, sent.get(k, 0.0)) for k, c in counters.items()})
+
+    def block(xs, counters):  # each device's block as a whole matrix, scaled by its shape
+      return [_scale_by_shape(_orthogonalize_whole(x, coeffs, ns_steps, eps, leaf.dim_nums),
+                              _Leaf(x.shape, leaf.dims, leaf.dim_nums), consistent_rms)
+              for x, leaf in zip(xs, leaves)], counters
+
+    if period == 1:
+      out, wire = full(xs, state.wire_bytes)
+    else:
+      out, wire = comm.cond(count_inc % period == 0, full, block, xs, state.wire_bytes)
     return jax.tree.unflatten(treedef, out), MuonState(count_inc, mu, wire)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -437,6 +457,28 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, strategy: str = "owner",
   >>> bool(jnp.all(updates["w"] == ref_updates["w"]))
   True
   """
+  return chain(**locals())
+
+
+def _period_learning_rate(full: Any, block: Any, period: int) -> optax.GradientTransformation:
+  """Scales update t (1-based) by -`full` when `period` divides t, else by -`block` (numbers
+  or schedules of the update count)."""
+  as_fn = lambda lr: lr if callable(lr) else (lambda count: lr)
+  full, block = as_fn(full), as_fn(block)
+  return optax.scale_by_schedule(
+      lambda count: -jnp.where((count + 1) % period == 0, full(count), block(count)))
+
+
+def chain(learning_rate, *, strategy, axis_name, param_specs, ns_coeffs, ns_steps, beta, eps,
+          weight_decay, nesterov, adam_b1, adam_b2, adam_eps_root, adam_weight_decay,
+          adam_learning_rate, muon_weight_dimension_numbers, consistent_rms, period: int = 1,
+          block_learning_rate: Any = None, stage: Any = None):
+  """`muon`'s transform from its arguments, checked here; shared with `muonbp` and `dion2`.
+
+  `period` > 1 and `block_learning_rate`: MuonBP's block-local steps (`_matrix_stage`).
+  `stage(param_specs, coeffs, ns_steps, eps, consistent_rms)`: the matrix stage in place of
+  Muon's (Dion2's); the learning rate, weight decay and AdamW leaves stay as they are.
+  """
   strategy = v.one_of("strategy", strategy, STRATEGIES)
   axis_name = v.axis_name("axis_name", axis_name)
   ns_steps = v.integer("ns_steps", ns_steps, low=1)
@@ -477,11 +519,17 @@ def muon(learning_rate: optax.ScalarOrSchedule, *, strategy: str = "owner",
     labels = lambda params: jax.tree.map(
         lambda d, x: "adam" if d is None else "muon", dim_nums, params,
         is_leaf=lambda d: d is None or isinstance(d, MuonDimensionNumbers))
-  matrices = optax.chain(
-      _matrix_stage(strategy, param_specs, dim_nums, ns_coeffs, ns_steps, beta, eps,
-                            nesterov, consistent_rms),
-      optax.add_decayed_weights(weight_decay),
-      optax.scale_by_learning_rate(learning_rate))
+  if stage is None:
+    stage = _matrix_stage(strategy, param_specs, dim_nums, ns_coeffs, ns_steps, beta, eps,
+                          nesterov, consistent_rms, period)
+  else:
+    stage = stage(param_specs, coeffs, ns_steps, eps, consistent_rms)
+  if period == 1:
+    rate = optax.scale_by_learning_rate(learning_rate)
+  else:
+    rate = _period_learning_rate(learning_rate, learning_rate if block_learning_rate is None
+                                 else block_learning_rate, period)
+  matrices = optax.chain(stage, optax.add_decayed_weights(weight_decay), rate)
   adam = optax.adamw(learning_rate if adam_learning_rate is None else adam_learning_rate,
                      b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root,
                      weight_decay=adam_weight_decay, nesterov=nesterov)

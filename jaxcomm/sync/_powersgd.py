@@ -32,7 +32,7 @@ class PowerSGDState(NamedTuple):
 
 class _Group(NamedTuple):
   members: tuple  # ((leaf index, transposed, split), ...) in leaf order (see `_split`)
-  n: int          # rows of the oriented matrix (the shorter side), of the whole tensor
+  n: int          # rows of the oriented matrix (the shorter side; Dion's: the longer)
   m: int          # columns, of the whole tensor
   r: int          # rank used: min(rank, n, m)
   # With sharded leaves (`param_specs`), a group holds leaves of one shape and sharding:
@@ -95,14 +95,21 @@ def view_leaves(views: Any, tree: Any) -> list:
   return out
 
 
+def _rank_of(rank, n: int, m: int) -> int:
+  """The rank used for an n x m matrix: `rank(n, m)` when callable, else min(rank, n, m)."""
+  return rank(n, m) if callable(rank) else min(rank, n, m)
+
+
 def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None,
-          views=None) -> _Plan:
+          views=None, longer_first: bool = False) -> _Plan:
   """Which leaves are compressed, viewed and oriented how, batched with which (static).
 
   Decisions are taken on the whole tensors' shapes (`dims[i]`: the mesh axes splitting
   each dimension of leaf i; then call inside shard_map), so a sharded run compresses
   exactly what an unsharded one does. Sharded leaves are batched only with leaves of the
-  same shape and sharding; `origin` remembers their place in the unsharded plan.
+  same shape and sharding; `origin` remembers their place in the unsharded plan. `rank` is
+  an int or a function (n, m) -> r of the oriented shape (then `views` must be given);
+  `longer_first` orients the longer side as the rows (Dion's P) instead of the shorter.
   """
   dims = dims or [None] * len(leaves)
   views = views or [None] * len(leaves)
@@ -115,9 +122,11 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None,
       continue
     split = _split(shape, rank, views[i])
     rows, cols = math.prod(shape[:split]), math.prod(shape[split:])
-    # The shorter side first: at rank = min(n, m) P^ is then square and the result exact.
-    n, m, transposed = (cols, rows, True) if rows > cols else (rows, cols, False)
-    r = min(rank, n)
+    # PowerSGD: the shorter side first (at rank = min(n, m) P^ is then square and the
+    # result exact); Dion: the longer side, the one its QR runs on.
+    transposed = rows < cols if longer_first else rows > cols
+    n, m = (cols, rows) if transposed else (rows, cols)
+    r = _rank_of(rank, n, m)
     if not (n + m) * r * min_compression_rate < n * m:
       exact.append(i)
       continue
@@ -136,7 +145,7 @@ def _plan(leaves, rank, min_compression_rate, batch_same_shape, dims=None,
       n_axes = tuple(a for d in row_dims for a in axes[d])
       m_axes = tuple(a for d in col_dims for a in axes[d])
     groups.append(_Group(tuple((i, t, k) for i, t, k, _ in mem), key[0], key[1],
-                         min(rank, key[0]), dims=axes, n_axes=n_axes, m_axes=m_axes,
+                         _rank_of(rank, key[0], key[1]), dims=axes, n_axes=n_axes, m_axes=m_axes,
                          origin=tuple((keys.index(key), pos) for _, _, _, pos in mem)))
   return _Plan(tuple(exact), tuple(groups), tuple(len(unsharded[k]) for k in keys))
 
@@ -188,7 +197,12 @@ def orthonormalize(p: jax.Array, epsilon: float = 0.0) -> jax.Array:
   column stays zero.
   """
   if epsilon == 0:
-    q, r = jnp.linalg.qr(p)
+    # One QR per matrix: XLA:CPU's LAPACK QR splits a batch over the intra-op thread pool
+    # and waits for it on a pool thread, which deadlocked once such QRs held every thread
+    # (the comparison's one-device Dion step compiled beside an 8-device run on 2 cores).
+    mats = p.reshape(-1, *p.shape[-2:])
+    q, r = (jnp.stack(x) for x in zip(*(jnp.linalg.qr(m) for m in mats)))
+    q, r = q.reshape(p.shape), r.reshape(*p.shape[:-2], *r.shape[-2:])
     d = jnp.diagonal(r, axis1=-2, axis2=-1)
     return q * jnp.where(d < 0, -1.0, 1.0)[..., None, :]
   cols = [p[..., i] for i in range(p.shape[-1])]
