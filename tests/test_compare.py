@@ -595,6 +595,7 @@ def test_writes_tables_verdicts_report_figures_and_json(summary, plugin):
   assert md.count("| method | bytes/step (mean) |") == 3 and md.count("| seed 0 | seed 1 |") == 3
   assert "95 % t-interval on the paired log speed-ups over 2 seeds" in md
   assert "| inner | " in md and "profile area" in md
+  assert "`--failures=none` (the default): nothing fails." in md
   for name in ("loss_vs_time.png", "loss_vs_bytes.png", "profile.png"):
     image = matplotlib.image.imread(os.path.join(workdir, name))
     assert image.ndim == 3 and image.shape[0] > 100 and image.std() > 0

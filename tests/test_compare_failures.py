@@ -59,3 +59,50 @@ def test_failures_turn_the_verdict_and_the_lines_say_which_score():
 def test_bad_failures_flag_is_one_line_naming_it(spec, match):
   with pytest.raises(ValueError, match=match):
     failures.model(spec)
+
+
+def _record(method, settings, replicas, times, seconds_per_step=1.0, steps=4):
+  """A results.json method record as compare.run writes it, with only what failures reads."""
+  known = [seconds_per_step * (i + 1) for i in range(steps)]
+  return {"method": method, "method_settings": settings, "replicas": replicas,
+          "links": {n: {"study_times": times[n]} for n in LINKS},
+          "trials": [{"links": {n: {"time": known} for n in LINKS}}]}
+
+
+def test_the_comparison_reads_each_methods_semantics_and_clock_from_its_record():
+  """failures.extra (what compare.run calls with --failures): DP's module declares restart
+  (one unit), DiLoCo's elastic rounds of H steps over its record's 8 replicas; seconds per
+  step from the trial's clock (4 steps in 4 s); the same numbers as summarise on them."""
+  from experiments import config
+  records = [_record("dp", config.base_config("dp").method.to_dict(), 8, TIMES["dp"]),
+             _record("diloco", config.base_config("diloco").method.to_dict(), 8,
+                     TIMES["diloco"])]
+  spec = "mtbf_h=10,restart_s=300,detect_s=10,checkpoint_s=30,restore_s=60"
+  found = failures.extra(records, list(LINKS), spec, 5, 64, REFS, 3.21)
+  direct = failures.summarise(TIMES, STEP, SEMANTICS, sim.failure_model(spec), 64, 5, REFS)
+  for m in TIMES:
+    for n in LINKS:
+      assert found["summary"][m][n]["times"] == direct[m][n]["times"], (m, n)
+  assert found["summary"]["diloco"]["wan"]["units"] == 8
+  assert found["summary"]["dp"]["wan"]["units"] == 1
+  assert found["verdicts"][0].startswith("wan [time to target under failures, custom]")
+  assert "### internet" in failures.markdown(found, spec, list(LINKS))
+  assert failures.extra(records, list(LINKS), "none", 5, 64, REFS, 3.21) is None
+  assert "(the default): nothing fails" in failures.markdown(None, "none", list(LINKS))
+
+
+@pytest.mark.parametrize("setting,value,words", [
+    ("failures", "llama4", "--failures: failures: unknown preset 'llama4'"),
+    ("failures", "mtbf_h=1,restart_s=-5", "--failures: restart_s must be"),
+    ("failure_draws", 0, "config.compare.failure_draws must be"),
+])
+def test_a_bad_failure_setting_stops_the_comparison_before_anything_runs(
+    tmp_path, setting, value, words):
+  from experiments import compare
+  from experiments.configs import compare as compare_config
+  config = compare_config.get_config()
+  config.compare[setting] = value
+  with pytest.raises(ValueError) as e:
+    compare.run(config, str(tmp_path / "out"), ["dp_bf16"], verbose=False)
+  assert words in str(e.value) and "\n" not in str(e.value)
+  assert not (tmp_path / "out").exists()

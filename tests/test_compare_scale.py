@@ -38,6 +38,7 @@ def _config(tmp_path):
   model.write_text(MODEL)
   c.compare.scenario.update(model=str(model), sites=2, per_site=4, inner="fsdp",
                             plan_cache=str(tmp_path / "plans"))
+  c.compare.failures = "mtbf_h=1e12"  # the second score, wired; nothing fails in the run
   return c
 
 
@@ -177,3 +178,27 @@ def test_the_transfer_check_ranks_steps_to_the_target_relative_to_dp():
   assert t["methods"]["powersgd"]["small"] == pytest.approx(160 / 110)  # a miss as infinity
   assert [line.split(":")[0] for line in t["rank_changes"]] == ["diloco", "powersgd"]
   assert "## Transfer across proxy sizes" in transfer.markdown(t)
+
+
+@pytest.mark.slow
+def test_with_nothing_failing_the_second_score_is_the_first(run):
+  """`--failures` with devices that never fail: each method's times under failures are its
+  failure-free per-seed times (each once per draw), goodput 1, the verdicts the first
+  score's; the seconds per step are the trial's clock over its steps, the semantics its
+  module's (DP restarts from a checkpoint; DiLoCo's 2 sites are its elastic units)."""
+  config, out, saved, md = run
+  found = saved["failures"]
+  assert found["devices"] == 8 and found["draws"] == config.compare.failure_draws == 5
+  kinds = {m: per["wan"]["semantics"] for m, per in found["summary"].items()}
+  assert kinds == {"dp_bf16": "restart", "dp": "restart", "diloco": "elastic"}
+  assert found["summary"]["diloco"]["wan"]["units"] == 2
+  for r in saved["methods"]:
+    for link in ("wan", "infiniband"):
+      under, first = found["summary"][r["method"]][link], r["links"][link]
+      times = [np.inf if t is None else t for t in first["study_times"]]
+      assert under["times"] == pytest.approx(np.repeat(times, 5).tolist())
+      assert under["verdict"] == first["verdict"]
+      assert under["goodput"] in (1.0, None)
+      known = r["trials"][0]["links"][link]["time"]
+      assert under["step_seconds"] == pytest.approx(known[-1] / len(known))
+  assert "## Under failures: custom" in md and "Under failures" in out["text"]

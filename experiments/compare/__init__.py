@@ -109,6 +109,7 @@ from jax.experimental.compilation_cache import compilation_cache as cc
 
 from .. import config as _config
 from . import clock as _clock
+from . import failures as failures_
 from . import report
 from . import scale as scale_
 from . import scale_report
@@ -342,6 +343,9 @@ def _run(config, workdir, entries, verbose, command) -> dict:
   if at_scale:  # the scenario's step times, and the same trials on the proxy's own clock
     extra.update(scale_report.extra(clock, sc, links_, {m: pops[m] for m in entries}, trials,
                                     target, config, not_planned, records))
+  extra["failures"] = failures_.extra(records, list(links_), c.failures, c.failure_draws,
+                                      sc.devices if at_scale else jax.device_count(), refs,
+                                      target)  # the second score (None without --failures)
   extra["wall_seconds"] = time.perf_counter() - start_all
   out = report.write(config, workdir, links_, budgets, target, source, records, extra, command)
   if verbose:

@@ -53,6 +53,10 @@ _COMPUTE = flags.DEFINE_float("compute_seconds", None, "A measured compute time 
 _PROXIES = flags.DEFINE_integer("proxies", None, "2: also train a proxy with 4x the "
                                 "parameters and report steps to the target relative to DP "
                                 "at both sizes (default: config.compare.proxies).")
+_FAILURES = flags.DEFINE_string("failures", None, "A second score under a failure model: none, "
+                                "a preset of jaxcomm.sim.FAILURE_PRESETS (llama3, yearly, "
+                                "...) or key=value settings (mtbf_h=,restart_s=,...; "
+                                "default: config.compare.failures, none).")
 _BUDGET = flags.DEFINE_float("budget", None, "Each link's time budget as a multiple of the "
                              "reference's median time to the target there (default: "
                              "config.compare.budget).")
@@ -81,7 +85,7 @@ def main(argv):
   config = settings_.with_flags(_CONFIG.value, _LINKS.value, _LINK.value, _BUDGET.value,
                                 _MAX_STEPS.value, ruleset=_RULESET.value, seeds=_SEEDS.value,
                                 target_loss=_TARGET.value, scale=_SCALE.value,
-                                proxies=_PROXIES.value, scenario={
+                                proxies=_PROXIES.value, failures=_FAILURES.value, scenario={
                                     "model": _MODEL.value, "sites": _SITES.value,
                                     "per_site": _PER_SITE.value, "inside": _INSIDE.value,
                                     "device": _DEVICE.value, "mfu": _MFU.value,

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 
+import ml_collections
 import numpy as np
 
 from jaxcomm import sim
 
 from .. import methods
+from ..reproduce import _reproduce as rep
 from . import stats
 
 NONE = "none"
@@ -96,7 +98,8 @@ def summarise(times: dict, step_s: dict, semantics: dict, failure: sim.FailureMo
           "seed_times": [stats.median_time(d) for d in draws], "times": flat,
           "median": stats.median_time(flat), "reached": int(np.isfinite(flat).sum()),
           "goodput": float(np.median(goodput)) if goodput else None,
-          "semantics": semantics[label].kind}
+          "semantics": semantics[label].kind, "units": semantics[label].units,
+          "step_seconds": step_s[label][link]}
   for label in out:
     for link in out[label]:
       ref = out[refs[link]][link]["seed_times"]
@@ -139,6 +142,59 @@ def rows(summary: dict, link: str) -> list[list[str]]:
     out.append([m, x["semantics"], _goodput(x["goodput"]), _time(x["median"]),
                 f"{x['speedup']:.2f}x", f"{x['low']:.2f}-{x['high']:.2f}x"])
   return out
+
+
+def extra(records: list, links: list, spec: str, draws: int, devices: int, refs: dict,
+          target: float) -> dict | None:
+  """What `compare.run` adds under `--failures` (None for "none"): {"model", "draws",
+  "devices", "summary", "profile", "verdicts"}, from the records of the failure-free run:
+  per method its per-seed times to the target, its seconds per step on each link (the mean
+  over its first trial's steps) and its module's semantics over its replicas."""
+  failure = model(spec)
+  if failure is None:
+    return None
+  times = {r["method"]: {n: r["links"][n]["study_times"] for n in links} for r in records}
+  step_s = {r["method"]: {n: _seconds_per_step(r["trials"][0]["links"][n]["time"])
+                          for n in links} for r in records}
+  declared = {r["method"]: semantics(ml_collections.ConfigDict(r["method_settings"]),
+                                     r["replicas"]) for r in records}
+  summary = summarise(times, step_s, declared, failure, devices, draws, refs)
+  return {"model": failure._asdict(), "draws": draws, "devices": devices,
+          "summary": summary, "profile": profile(summary),
+          "verdicts": [verdict(summary, n, refs[n], failure, target) for n in links]}
+
+
+def markdown(found: dict | None, spec: str, links: list) -> str:
+  """report.md's section on failures: the model, per link the table and the verdict, the
+  profile's areas; or, without a model, the line saying so."""
+  if found is None:
+    return (f"## Under failures\n\n`--failures={spec}` (the default): nothing fails. "
+            f"`--failures=<preset>` ({', '.join(p for p in sim.FAILURE_PRESETS if p != NONE)}) "
+            "or `--failures=mtbf_h=...,restart_s=...` adds each method's time to the target "
+            "and goodput under that failure model, and a second performance profile.")
+  m = found["model"]
+  parts = [f"## Under failures: {m['name']}\n\nThe failure-free runs above, with devices "
+           f"failing at a mean time between failures of {m['mtbf_h']:g} h each "
+           f"({found['devices']} devices; restart {m['restart_s']:g} s, checkpoint save "
+           f"{m['checkpoint_s']:g} s, restore {m['restore_s']:g} s, detection "
+           f"{m['detect_s']:g} s; `jaxcomm.sim.simulate_failures`, {found['draws']} seeded "
+           "draws per training seed). Each method behaves as its module declares "
+           "(`failure_semantics`: restart from the last checkpoint, elastic rounds without "
+           "the failed replica, or decoupled learners). Goodput = failure-free time / time "
+           "under failures; times are medians over training seeds x failure draws, the "
+           "interval over training seeds (each its median over the draws).",
+           "\n".join(f"* {v}" for v in found["verdicts"])]
+  for n in links:
+    parts.append(f"### {n}\n\n" + rep.markdown_table(HEADERS, rows(found["summary"], n)))
+  parts.append("Performance profile of the times under failures (area: 1 is fastest on "
+               "every link): " + ", ".join(f"{k} {v['area']:.3f}"
+                                           for k, v in found["profile"].items()) + ".")
+  return "\n\n".join(parts)
+
+
+def _seconds_per_step(known: list) -> float:
+  """Seconds per step of a timeline's `known` times (its duration over its steps)."""
+  return float(known[-1]) / len(known) if known else 0.0
 
 
 HEADERS = ["method", "semantics", "goodput", "time to target", "vs reference", "95 % CI"]

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..reproduce import _reproduce as rep
+from . import failures as _failures
 from . import figures as _figures
 from . import stats
 from . import wsd as _wsd
@@ -276,9 +277,11 @@ def _link_heading(name: str, link, budget: float, reference: str = "") -> str:
 
 
 def text(config, links: dict, budgets: dict, target: float, source: str, records: list,
-         summary: dict, scale: dict | None = None) -> tuple[str, list]:
+         summary: dict, scale: dict | None = None, failed: dict | None = None
+         ) -> tuple[str, list]:
   """The terminal text (heading, a table per link, the verdicts) and the verdict lines;
-  `scale`: scale_report.text's lines (the scenario, the proxy's own clock)."""
+  `scale`: scale_report.text's lines (the scenario, the proxy's own clock); `failed`: the
+  second score (failures.extra)."""
   c = config.compare
   parts = ([scale["top"], ""] if scale else []) + [_heading(config, records, target, source)]
   for name, link in links.items():
@@ -291,6 +294,9 @@ def text(config, links: dict, budgets: dict, target: float, source: str, records
                "seeds):\n" + "\n".join(f"  {v}" for v in verdicts))
   if scale:
     parts.append("\n" + scale["bottom"])
+  if failed:
+    parts.append("\nUnder failures (median over seeds and failure draws):\n"
+                 + "\n".join(f"  {v}" for v in failed["verdicts"]))
   return "\n".join(parts), verdicts
 
 
@@ -336,6 +342,7 @@ def markdown(config, links: dict, budgets: dict, target: float, source: str, rec
     sections.append(scale["steps"])
   else:
     sections.append(_compute_section(extra))
+  sections.append(_failures.markdown(extra.get("failures"), c.failures, list(links)))
   sections.append("## Score over all links\n\n" + rep.markdown_table(
       ["method", "profile area", "geometric-mean speed-up", "links counted"],
       [[m, f"{s['area']:.3f}", _x(s["geomean_speedup"]), str(s["geomean_links"])]
@@ -401,7 +408,7 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
   os.makedirs(workdir, exist_ok=True)
   summary = {r["method"]: r["links"] for r in records}
   printed, verdicts = text(config, links, budgets, target, source, records, summary,
-                           extra.get("scale_text"))
+                           extra.get("scale_text"), extra.get("failures"))
   if extra.get("wsd"):
     printed += ("\n\nWarmup-stable-decay (held-out loss at the budget, median over seeds):\n"
                 + "\n".join(f"  {x}" for x in _wsd.lines(extra["wsd"]["summary"], list(links),
@@ -426,7 +433,7 @@ def write(config, workdir: str, links: dict, budgets: dict, target: float, sourc
       "compute": extra["compute"], "compute_shares": extra["shares"],
       "compute_keys": extra["keys"], "reference_setting": extra["reference_setting"],
       "wall_seconds": extra["wall_seconds"], "scores": score, "methods": records,
-      "wsd": extra.get("wsd"), "scale": extra.get("scale"),
+      "wsd": extra.get("wsd"), "scale": extra.get("scale"), "failures": extra.get("failures"),
       "proxy_clock": ({"verdicts": extra["scale_text"]["proxy_verdicts"],
                        "budgets": extra["proxy_clock"]["budgets"],
                        "references": extra["proxy_clock"]["references"],

@@ -9,6 +9,7 @@ import math
 from .. import build
 from .. import config as _config
 from .. import specs, toolkit
+from . import failures as failures_
 from . import scale as scale_
 
 RULESETS = ("default", "tuned")
@@ -40,6 +41,8 @@ def check(config) -> None:
   links(config)
   toolkit.one_of(config, "compare.scale", scale_.SCALES)
   toolkit.int_at_least(config, "compare.proxies", 1)
+  failures_.model(c.failures)  # ValueError naming --failures
+  toolkit.int_at_least(config, "compare.failure_draws", 1)
   if c.proxies > 2:
     raise ValueError(f"config.compare.proxies must be 1 or 2, got {c.proxies}.")
   if c.scale == "scenario":
@@ -83,16 +86,18 @@ def links(config) -> dict:
 
 def with_flags(config, links_=None, custom=(), budget=None, max_steps=None, *,
                ruleset=None, seeds=None, target_loss=None, scale=None, scenario=None,
-               proxies=None):
+               proxies=None, failures=None):
   """`config` with the command line's --links, --link, --budget, --max_steps, --ruleset,
-  --seeds, --target_loss, --scale, --proxies and the scenario's flags (`scenario`: {setting
-  of config.compare.scenario: value}, those given)."""
+  --seeds, --target_loss, --scale, --proxies, --failures and the scenario's flags
+  (`scenario`: {setting of config.compare.scenario: value}, those given)."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
     if scale is not None:
       c.compare.scale = scale
     if proxies is not None:
       c.compare.proxies = int(proxies)
+    if failures is not None:
+      c.compare.failures = failures
     for key, value in (scenario or {}).items():
       if value is not None:
         c.compare.scenario[key] = value

@@ -55,7 +55,12 @@ def get_config(arg: str | None = None):
           mfu=0.4,                   # model FLOPs utilisation, in (0, 1]
           compute_seconds=config_dict.placeholder(float),  # a measured compute time per step
           plan_cache=config_dict.placeholder(str))),  # default: ~/.cache/jaxcomm/plans
-      proxies=1))                    # 2: also a proxy 4x the parameters (the transfer check)
+      proxies=1,                     # 2: also a proxy 4x the parameters (the transfer check)
+      # A second score: time to the target and goodput under a failure model ("none", a
+      # preset of jaxcomm.sim.FAILURE_PRESETS or key=value settings), `failure_draws` seeded
+      # draws per training seed (experiments/compare/failures.py).
+      failures="none",
+      failure_draws=5))
   if arg == "long":  # ~0.3 CPU-seconds per step on 8 emulated devices (measured)
     c.steps = 1000
     c.compare.max_steps = 3000
