@@ -93,7 +93,7 @@ def sharded_runs(mesh: str) -> list:
 def task(model: str):
   """(loss_fn, params, batch, has_aux) for the model, one fixed global batch."""
   if model not in ("lm", "mlp"):
-    raise ValueError(f"model {model!r} is unknown; allowed: lm, mlp.")
+    raise ValueError(f"model must be one of 'lm', 'mlp'; got {model!r}.")
   c = config.base_config()  # the experiments' default LM; the digits MLP at batch 128
   if model == "mlp":
     c.model.name, c.data.name, c.data.batch_size = "mlp", "digits", 128

@@ -24,9 +24,9 @@ def load(name: str, package: str, kind: str, shipped: list[str]) -> ModuleType:
   a dotted module path or a `.py` file; it must define defaults() and build(). Raises a
   ValueError naming the setting when there is none."""
   setting = f"config.{kind}.name"
-  allowed = f"{', '.join(shipped)}, a module path or a .py file"
+  allowed = f"{', '.join(map(repr, shipped))}, a module path or a .py file"
   if not isinstance(name, str) or not name:
-    raise ValueError(f"{setting} must name a {kind}, got {name!r}; allowed: {allowed}.")
+    raise ValueError(f"{setting} must be one of {allowed}; got {name!r}.")
   if name.endswith(".py"):
     if not os.path.isfile(name):
       raise ValueError(f"{setting} {name!r}: no such file.")
@@ -42,7 +42,7 @@ def load(name: str, package: str, kind: str, shipped: list[str]) -> ModuleType:
     except ModuleNotFoundError as e:
       if e.name not in (path, *_parents(path)):
         raise  # the module exists but one of its own imports is missing
-      raise ValueError(f"{setting} {name!r} is unknown; allowed: {allowed}.") from None
+      raise ValueError(f"{setting} must be one of {allowed}; got {name!r}.") from None
   for attr in ("defaults", "build"):
     if not callable(getattr(module, attr, None)):
       raise ValueError(f"{kind} module {module.__name__} must define {attr}() "

@@ -62,7 +62,7 @@ def model_params(name: str):
                               max_len=c.data.seq_len)
     return jax.eval_shape(lm.init, jax.random.key(0), jnp.zeros((1, c.data.seq_len),
                                                                  jnp.int32))
-  raise ValueError(f"model {name!r} is unknown; allowed: resnet18, lm.")
+  raise ValueError(f"model must be one of 'resnet18', 'lm'; got {name!r}.")
 
 
 def sync_bytes(tx, params, mesh, axis_name="data"):

@@ -155,9 +155,9 @@ def resolve_methods(names: list | None, catalog: dict, *, first: str, known: dic
       methods.load_method(name)  # a missing file or module fails here, naming it
       label, entry = method_label(name), {"method": name}
     else:
-      raise ValueError(f"{setting}: {name!r} is unknown; allowed: {', '.join(known)}, a "
-                       f"method of experiments/methods/ ({', '.join(methods.available_methods())}"
-                       "), a dotted module path or a .py file.")
+      raise ValueError(f"{setting} must be one of {', '.join(map(repr, known))}, a method of "
+                       f"experiments/methods/ ({', '.join(methods.available_methods())}), a "
+                       f"dotted module path or a .py file; got {name!r}.")
     if label in chosen and chosen[label] != entry:
       raise ValueError(f"{setting}: two methods are labelled {label!r}.")
     chosen[label] = entry

@@ -60,7 +60,7 @@ from absl import flags
 from . import _cli, _plugins, build, compare, specs
 from . import config as _config
 from .models import lm as lm_model
-from jaxcomm import comm, parallel, plan
+from jaxcomm import _validate, comm, parallel, plan
 
 
 # A model preset: config.model settings, the dataset, sequence length and batch per device,
@@ -179,8 +179,8 @@ def mesh_devices(mesh: str, available: int) -> dict:
 def model_config(base, model: str | None, mesh: str, batch_per_device=None, seq_len=None):
   """`base` with the model preset, the mesh and a global batch of `batch_per_device` per
   worker (the mesh's batch axes)."""
-  if model is not None and model not in MODELS:
-    raise ValueError(f"model {model!r} is unknown; allowed: {', '.join(MODELS)}.")
+  if model is not None:
+    _validate.one_of("model", model, tuple(MODELS))
   _positive_int(batch_per_device, "batch_per_device")
   _positive_int(seq_len, "seq_len")
   workers = math.prod(n for a, n in parallel.parse_mesh(mesh).items()

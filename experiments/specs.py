@@ -139,8 +139,7 @@ def participation_mask(spec: str | None, num_workers: int, num_syncs: int, seed:
     mask = np.random.default_rng(seed).random(mask.shape) >= rate
     mask[~mask.any(axis=1), 0] = True
     return mask
-  raise ValueError(f"{setting} {spec!r} is unknown; allowed: drop:W1,W2@K1,K2 or "
-                   "random:RATE.")
+  raise ValueError(f"{setting} must be drop:W1,W2@K1,K2 or random:RATE; got {spec!r}.")
 
 
 def min_workers(spec: str) -> Callable[[int], int]:

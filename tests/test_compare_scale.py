@@ -139,10 +139,10 @@ def test_step_time_is_the_clocks_step_for_one_method(run):
 
 @pytest.mark.parametrize("setting, value, words", [
     ("sites", 3, "config.compare.scenario.sites (3) must divide the proxy's 8 devices"),
-    ("model", "gpt5", "config.compare.scenario.model 'gpt5' is unknown; allowed: gpt2_124m"),
+    ("model", "gpt5", "config.compare.scenario.model must be one of 'gpt2_124m'"),
     ("mfu", 1.5, "config.compare.scenario.mfu must be a number in (0, 1]"),
     ("inside", "lan:gbit=-1,latency_ms=1", "gbit must be a finite number in (0"),
-    ("device", "tpu_v9", "config.compare.scenario.device 'tpu_v9' is unknown"),
+    ("device", "tpu_v9", "config.compare.scenario.device must be one of 'a100'"),
 ])
 def test_bad_scenarios_are_one_line_naming_the_setting_and_nothing_is_written(
     tmp_path, setting, value, words):

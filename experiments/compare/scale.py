@@ -28,7 +28,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxcomm import comm, plan, sim
+from jaxcomm import _validate, comm, plan, sim
 
 from .. import _plugins, build, specs, toolkit
 from . import clock as _clock
@@ -53,8 +53,8 @@ def model_preset(name: str) -> dict:
   elif name in shipped:
     module = importlib.import_module(f"experiments.configs.models.{name}")
   else:
-    raise ValueError(f"{setting} {name!r} is unknown; allowed: {', '.join(shipped)}, or a .py "
-                     "file whose get_config() has a preset's form.")
+    raise ValueError(f"{setting} must be one of {', '.join(map(repr, shipped))} or a .py file "
+                     f"whose get_config() has a preset's form; got {name!r}.")
   preset = module.get_config()
   preset = preset.to_dict() if hasattr(preset, "to_dict") else dict(preset)
   missing = {"model", "data", "seq_len", "batch_per_device"} - set(preset)
@@ -121,9 +121,7 @@ def scenario(config) -> Scenario:
     mfu = plan.check_mfu(s.mfu)
   except ValueError as e:
     raise ValueError(f"{name}.{e}") from None
-  if s.device not in plan.DEVICES:
-    raise ValueError(f"{name}.device {s.device!r} is unknown; allowed: "
-                     f"{', '.join(plan.DEVICES)}.")
+  _validate.one_of(f"{name}.device", s.device, tuple(plan.DEVICES))
   measured = s.get("compute_seconds")
   if measured is not None and not (isinstance(measured, (int, float)) and 0 < measured < math.inf):
     raise ValueError(f"{name}.compute_seconds must be a finite number > 0 (a measured compute "

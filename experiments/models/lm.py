@@ -130,9 +130,7 @@ def _pipeline(s, ctx, sizes, tokens) -> Task:
   """The LM with its layers split into stages over the `pipeline` axis."""
   c, shape = ctx.config, ctx.mesh_shape
   stages = shape["pipeline"]
-  if s.schedule not in SCHEDULES:
-    raise ValueError(f"config.model.schedule {s.schedule!r} is unknown; allowed: "
-                     f"{', '.join(SCHEDULES)}.")
+  toolkit.one_of({"model": s}, "model.schedule", SCHEDULES)
   micro = s.microbatches or stages
   workers = math.prod(n for a, n in shape.items() if a != "pipeline")
   per_worker = c.data.batch_size // workers

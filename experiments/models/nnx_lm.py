@@ -24,9 +24,7 @@ def check(s) -> None:
 
 def check_dropout_and_mutable(s) -> None:
   toolkit.number_in({"model": s}, "model.dropout", 0, 1, high_open=True)
-  if s.mutable not in MUTABLE:
-    raise ValueError(f"config.model.mutable {s.mutable!r} is unknown; allowed: "
-                     f"{', '.join(MUTABLE)}.")
+  toolkit.one_of({"model": s}, "model.mutable", MUTABLE)
 
 
 def rngs(ctx):
