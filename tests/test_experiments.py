@@ -264,7 +264,7 @@ def test_shared_settings_fail_early_naming_the_setting(setting, value, words):
     ("diloco", {"sync_every": 0}, "config.method .diloco.: sync_every"),
     ("diloco", {"codec": "zip"}, "codec must be one of .*; got 'zip'"),
     ("diloco", {"outer_lr": -0.7}, "outer_lr"),
-    ("diloco", {"participation": "sometimes"}, "participation must be drop:W1,W2@K1,K2 or random:RATE; got 'sometimes'"),
+    ("diloco", {"participation": "sometimes"}, "random:RATE; got .sometimes."),
     ("compressed", {"codec": "top_k:fractoin=0.1"}, "unexpected keyword argument 'fractoin'"),
     ("compressed", {"memory": "ef14"}, "memory"),
     ("acco", {"micro_batches": 0}, "micro_batches"),
