@@ -95,7 +95,7 @@ def launch(c, workdir: str, kills: list) -> tuple[float, str, dict]:
   """The run: (launch time, stderr, launch_local's report)."""
   faults = [f"--kill={','.join(f'{p}@{s}' for s, p in kills)}",
             f"--restart={','.join(f'{p}@{s}' for s, p in kills)}"] if kills else ["--elastic"]
-  cmd = [sys.executable, "-m", "experiments.launch_local", f"--processes={c.processes}",
+  cmd = [sys.executable, "-m", f"{__package__}.launch_local", f"--processes={c.processes}",
          f"--devices={c.processes}", f"--heartbeat_timeout={c.heartbeat_timeout}",
          f"--collective_timeout={c.collective_timeout}", f"--grace={c.grace_s}", *faults, "--",
          f"--config={CONFIGS}/default.py:diloco",

@@ -51,7 +51,8 @@ def model_preset(name: str) -> dict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
   elif name in shipped:
-    module = importlib.import_module(f"experiments.configs.models.{name}")
+    # relative: the wheel installs experiments as jaxcomm.experiments
+    module = importlib.import_module(f"..configs.models.{name}", __package__)
   else:
     raise ValueError(f"{setting} must be one of {', '.join(map(repr, shipped))} or a .py file "
                      f"whose get_config() has a preset's form; got {name!r}.")
