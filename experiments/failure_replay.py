@@ -17,8 +17,11 @@ r"""The failure model against the real elastic runtime: a drawn schedule, replay
    with the platform's latencies read from the same run: the step time (the median round of
    all live processes, over the whole run); `regroup_s`, the first round's extra time (a new
    mesh and its compiles, paid at every change of the live set); `restart_s`, a process's
-   start-up (launch to first commit) less that; `detect_s`, the heartbeat timeout plus the
-   progress deadline (the settings). Process 0 must survive (its rows are the clock): a run
+   start-up (launch to first commit) less that; `detect_s`, the progress deadline (a
+   setting): a killed process's peers learn of it when their collective fails at once
+   (JAX's `ProcessFailureError`, the coordination service having seen its connection
+   close), then wait the deadline for its vote; the heartbeat timeout is what a hung
+   process costs, not a killed one. Process 0 must survive (its rows are the clock): a run
    in which the machine's load got it declared dead is reported as such.
 
 Prints both goodputs and writes `replay.json` (and the run's log, `launch.log`) to --workdir.
@@ -139,7 +142,7 @@ def measure(c, rows: list, log: str, began: float) -> dict:
 def simulate(c, kills: list, measured: dict) -> float:
   """The elastic simulation of the same failures with the measured latencies."""
   model = sim.failure_model(f"restart_s={measured['restart_s']},detect_s="
-                            f"{c.heartbeat_timeout + c.deadline_s},regroup_s="
+                            f"{c.deadline_s},regroup_s="
                             f"{measured['regroup_s']}")
   semantics = sim.Semantics("elastic", c.processes, c.sync_every, elastic.Quorum())
   failures = [(t, p) for t, (_, p) in zip(measured["kills_s"], kills)]
