@@ -7,6 +7,7 @@ strong data-parallel reference? A benchmark protocol after MLCommons AlgoPerf.
   python -m experiments.compare --ruleset=tuned --seeds=3       # each method's best setting
   python -m experiments.compare --links=wan,internet --link=office:gbit=0.5,latency_ms=40
   python -m experiments.compare --proxies=2                     # the transfer check
+  python -m experiments.compare --failures=llama3               # and when devices fail
   python -m experiments.compare --methods=dp_bf16,diloco_h10,/path/to/my_method.py
   python -m experiments.compare --config=experiments/configs/compare.py:long  # larger, longer
 
@@ -82,6 +83,12 @@ overlaps the backward pass bucket by bucket, `sim.backward_overlap`).
 
 `--proxies=2` runs it again with a proxy of >= 4x the parameters and compares each method's
 steps to the target relative to DP's at the two sizes (`transfer.py`).
+
+`--failures=<preset>|<settings>` (`jaxcomm.sim.FAILURE_PRESETS` or `mtbf_h=...,restart_s=...`;
+default none) adds a second score (`failures.py`): per link each method's time to the
+target and goodput under that failure model (`config.compare.failure_draws` seeded draws
+per training seed; each method as its module's `failure_semantics` declares), verdict lines
+that name the score, and a second performance profile.
 
 Written into --workdir: `report.md` (the scenario, verdicts with intervals and seed counts,
 the verdicts on the proxy's own clock, a table per link, per-seed times, each method's step
