@@ -52,7 +52,7 @@ def test_failures_turn_the_verdict_and_the_lines_say_which_score():
 
 
 @pytest.mark.parametrize("spec,match", [
-    ("llama4", "--failures: failures: unknown preset 'llama4'"),
+    ("llama4", "--failures: unknown preset 'llama4'"),
     ("", "--failures must be 'none', a preset"),
     ("mtbf_h=-1", "--failures: mtbf_h must be"),
 ])
@@ -92,7 +92,7 @@ def test_the_comparison_reads_each_methods_semantics_and_clock_from_its_record()
 
 
 @pytest.mark.parametrize("setting,value,words", [
-    ("failures", "llama4", "--failures: failures: unknown preset 'llama4'"),
+    ("failures", "llama4", "--failures: unknown preset 'llama4'"),
     ("failures", "mtbf_h=1,restart_s=-5", "--failures: restart_s must be"),
     ("failure_draws", 0, "config.compare.failure_draws must be"),
 ])

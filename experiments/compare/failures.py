@@ -40,7 +40,7 @@ def model(spec: str) -> sim.FailureModel | None:
   try:
     return sim.failure_model(spec)
   except ValueError as e:
-    raise ValueError(f"--failures: {e}") from None
+    raise ValueError(f"--failures: {str(e).removeprefix('failures: ')}") from None
 
 
 def semantics(settings, replicas: int) -> sim.Semantics:
