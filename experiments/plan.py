@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -57,7 +56,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from . import _cli, _plugins, build, compare, specs
+from . import _cli, build, compare, specs
 from . import config as _config
 from .models import lm as lm_model
 from jaxcomm import _validate, comm, parallel, plan
@@ -67,13 +66,8 @@ from jaxcomm import _validate, comm, parallel, plan
 # one file of experiments/configs/models/ each. Our LM is pre-norm with learned positions, a
 # 2-matrix GELU MLP and an untied output head; the presets follow each model's published
 # dimensions, and `note` says where they differ.
-def _presets() -> dict[str, dict]:
-  folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "models")
-  return {name: importlib.import_module(f".configs.models.{name}", __package__).get_config()
-          .to_dict() for name in _plugins.available([folder])}
-
-
-MODELS: dict[str, dict] = _presets()
+MODELS: dict[str, dict] = {name: compare.scale.model_preset(name)
+                           for name in compare.scale.preset_names()}
 
 # label -> a method entry: the methods of `make run` (experiments/compare/), and two
 # settings meant for many workers, where a codec's payloads should not be all-gathered:

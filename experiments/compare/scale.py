@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import math
 import os
 
 import jax
@@ -39,10 +38,15 @@ INNER_AXES = ("fsdp", "data")
 PROXY_DEVICES = 8  # the emulated devices the proxy trains on
 _MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                        "models")
+def preset_names() -> list[str]:
+  """The model presets shipped in experiments/configs/models/."""
+  return _plugins.available([_MODELS])
+
+
 def model_preset(name: str) -> dict:
   """A model preset (experiments/configs/models/NAME.py) or a .py file of the same form:
   {"model": {...config.model}, "data", "seq_len", "batch_per_device", "note"}."""
-  shipped = _plugins.available([_MODELS])
+  shipped = preset_names()
   setting = "config.compare.scenario.model"
   if isinstance(name, str) and name.endswith(".py"):
     if not os.path.isfile(name):
@@ -116,17 +120,15 @@ def scenario(config) -> Scenario:
   if PROXY_DEVICES % sites:
     raise ValueError(f"{name}.sites ({sites}) must divide the proxy's {PROXY_DEVICES} devices: "
                      "the proxy trains with one replica per site.")
-  if s.inner not in INNER_AXES:
-    raise ValueError(f"{name}.inner must be one of {', '.join(INNER_AXES)}, got {s.inner!r}.")
+  toolkit.one_of(config, "compare.scenario.inner", INNER_AXES)
   try:
     mfu = plan.check_mfu(s.mfu)
   except ValueError as e:
     raise ValueError(f"{name}.{e}") from None
   _validate.one_of(f"{name}.device", s.device, tuple(plan.DEVICES))
-  measured = s.get("compute_seconds")
-  if measured is not None and not (isinstance(measured, (int, float)) and 0 < measured < math.inf):
-    raise ValueError(f"{name}.compute_seconds must be a finite number > 0 (a measured compute "
-                     f"time per step), got {measured!r}.")
+  measured = s.get("compute_seconds")  # a measured compute time per step, or None
+  if measured is not None:
+    toolkit.number_in(config, "compare.scenario.compute_seconds", 0.0, low_open=True)
   inside = specs.parse_link(s.inside, f"{name}.inside")
   return Scenario(model=s.model, preset=model_preset(s.model), sites=sites, per_site=per_site,
                   inner=s.inner, inside=inside, device=plan.device(s.device), mfu=mfu,
