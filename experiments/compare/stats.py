@@ -20,7 +20,6 @@ synthetic curves and clocks.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Sequence
 
@@ -56,50 +55,17 @@ def ratio(reference: float, mine: float) -> float:
   return reference / mine
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-  """The regularised incomplete beta function I_x(a, b) (a continued fraction, Lentz's
-  method: Press et al., Numerical Recipes, 3rd ed., section 6.4)."""
-  if x <= 0.0 or x >= 1.0:
-    return min(max(x, 0.0), 1.0)
-  if x > (a + 1) / (a + b + 2):
-    return 1.0 - _betainc(b, a, 1.0 - x)
-  front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
-                   + b * math.log1p(-x)) / a
-  tiny = 1e-300
-  c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-  d = 1.0 / (d if abs(d) > tiny else tiny)
-  f = d
-  for m in range(1, 400):
-    for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-      d = 1.0 + num * d
-      d = 1.0 / (d if abs(d) > tiny else tiny)
-      c = 1.0 + num / c
-      c = c if abs(c) > tiny else tiny
-      f *= c * d
-    if abs(c * d - 1.0) < 1e-15:
-      break
-  return front * f
-
-
-@functools.lru_cache(maxsize=64)
 def t_quantile(p: float, df: int) -> float:
-  """The p-quantile (p >= 0.5) of Student's t with `df` degrees of freedom (by bisection on
-  its distribution function, 1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 for t >= 0).
+  """The p-quantile (p >= 0.5) of Student's t with `df` degrees of freedom (SciPy's
+  `stdtrit`; a dependency, as for JAX).
 
   >>> round(t_quantile(0.975, 2), 4), round(t_quantile(0.975, 4), 4)
   (4.3027, 2.7764)
   """
   if not 0.5 <= p < 1 or df < 1:
     raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}.")
-  cdf = lambda t: 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
-  lo, hi = 0.0, 1.0
-  while cdf(hi) < p:
-    hi *= 2.0
-  for _ in range(200):
-    mid = (lo + hi) / 2
-    lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-  return (lo + hi) / 2
+  from scipy import special  # here: programs that import this module need not load SciPy
+  return float(special.stdtrit(df, p))
 
 
 def log_interval(d: np.ndarray, confidence: float = 0.95) -> tuple:
