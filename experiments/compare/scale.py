@@ -161,14 +161,19 @@ def plan_config(config, sc: Scenario) -> ml_collections.ConfigDict:
 SHARES = {"forward": 1 / 3, "backward": 2 / 3, "update": 0.0, "source": "2:1 rule"}
 
 
-def buckets(c) -> list:
-  """Gradient bytes per bucket at scale (`clock.buckets` of the model's parameters at the
-  scenario's size, as shapes: nothing is allocated)."""
+def abstract_params(c):
+  """The parameters of the model of `c` as shapes (nothing is allocated), built on the
+  proxy's devices as one data-parallel mesh (a layout does not change their shapes)."""
   flat = c.copy_and_resolve_references()
   with flat.unlocked():
     flat.mesh = ""
-  run = build.build(flat, jax.devices()[:PROXY_DEVICES], abstract=True)
-  return _clock.buckets(run.params)
+  return build.build(flat, jax.devices()[:PROXY_DEVICES], abstract=True).params
+
+
+def buckets(c) -> list:
+  """Gradient bytes per bucket at scale (`clock.buckets` of the model's parameters at the
+  scenario's size)."""
+  return _clock.buckets(abstract_params(c))
 
 
 class ScaleClock:

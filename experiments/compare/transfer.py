@@ -9,22 +9,18 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 
-from .. import build
 from . import account as acc
+from . import scale
 
 RATIO = 4  # the larger proxy has at least this many times the parameters
 
 
 def parameters(config) -> int:
   """The proxy's parameter count (shapes only: nothing is initialised)."""
-  flat = config.copy_and_resolve_references()
-  with flat.unlocked():
-    flat.mesh = ""
-  import jax  # pylint: disable=import-outside-toplevel
-  run = build.build(flat, jax.devices()[:8], abstract=True)
-  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(run.params)))
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(scale.abstract_params(config))))
 
 
 def larger(config):
