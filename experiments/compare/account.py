@@ -90,6 +90,21 @@ def crossing(before: tuple, after: tuple, target: float) -> float:
   return float(s0 + (l0 - target) / (l0 - l1) * (s1 - s0))
 
 
+def steps_to(eval_steps, eval_losses, target: float) -> float | None:
+  """The steps to `target` from held-out readings in step order: interpolated between the
+  last reading above it and the first at or below it (`crossing`); None when none is.
+
+  >>> steps_to([0, 10, 20], [3.0, 2.5, 2.0], 2.25)
+  15.0
+  """
+  hit = np.flatnonzero(np.asarray(eval_losses, np.float64) <= target)
+  if not hit.size:
+    return None
+  i = int(hit[0])
+  return crossing((eval_steps[i - 1], eval_losses[i - 1]) if i else (eval_steps[i], target),
+                  (eval_steps[i], eval_losses[i]), target)
+
+
 def account(eval_steps, eval_losses, known, target: float, budget: float,
             max_steps: int) -> dict:
   """How a trial did on one link, from its held-out evaluations and its clock.
@@ -113,14 +128,11 @@ def account(eval_steps, eval_losses, known, target: float, budget: float,
   steps = sim.steps_within(known, budget)
   order = np.argsort(eval_steps, kind="stable")
   eval_steps, eval_losses = eval_steps[order], eval_losses[order]
-  inside = eval_steps <= steps
-  hit = np.flatnonzero(inside & (eval_losses <= target))
+  inside = eval_steps <= steps  # a prefix of the readings in step order
+  at = steps_to(eval_steps[inside], eval_losses[inside], target)
   out = {"steps": steps, "seconds": float(known[steps - 1]) if steps else 0.0,
          "time_to_target": None, "steps_to_target": None}
-  if hit.size:
-    i = int(hit[0])
-    at = crossing((eval_steps[i - 1], eval_losses[i - 1]) if i else (eval_steps[i], target),
-                  (eval_steps[i], eval_losses[i]), target)
+  if at is not None:
     out.update(time_to_target=clock_at(known, at), steps_to_target=at, stopped=REACHED)
   elif not np.any(inside & (eval_steps > 0)):
     out["stopped"] = NOT_EVALUATED

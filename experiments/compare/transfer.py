@@ -39,19 +39,13 @@ def larger(config):
 
 def steps_to_target(out: dict) -> dict:
   """{method: median over seeds of its steps to the target}: each trial's (its first setting)
-  held-out readings, interpolated around the target as `account.crossing` does, with no
-  budget (the loss side only); a trial that never got there counts as infinity."""
+  held-out readings, interpolated around the target (`account.steps_to`), with no budget
+  (the loss side only); a trial that never got there counts as infinity."""
   target, found = out["target_loss"], {}
   for r in out["methods"]:
-    per_seed = []
-    for t in (t for t in r["trials"] if t["setting"] == 0):
-      steps, losses = t["evals"]["step"], t["evals"]["heldout_loss"]
-      hit = next((i for i, loss in enumerate(losses) if loss <= target), None)
-      if hit is None:
-        per_seed.append(math.inf)
-      else:
-        before = (steps[hit - 1], losses[hit - 1]) if hit else (steps[hit], target)
-        per_seed.append(acc.crossing(before, (steps[hit], losses[hit]), target))
+    per_seed = [acc.steps_to(t["evals"]["step"], t["evals"]["heldout_loss"], target)
+                for t in r["trials"] if t["setting"] == 0]
+    per_seed = [math.inf if s is None else s for s in per_seed]
     found[r["method"]] = float(np.median(per_seed)) if per_seed else math.inf
   return found
 
