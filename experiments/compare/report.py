@@ -277,10 +277,10 @@ def _link_heading(name: str, link, budget: float, reference: str = "") -> str:
 
 
 def text(config, links: dict, budgets: dict, target: float, source: str, records: list,
-         summary: dict, scale: dict | None = None, failed: dict | None = None
+         summary: dict, scale: dict | None = None, under_failures: dict | None = None
          ) -> tuple[str, list]:
   """The terminal text (heading, a table per link, the verdicts) and the verdict lines;
-  `scale`: scale_report.text's lines (the scenario, the proxy's own clock); `failed`: the
+  `scale`: scale_report.text's lines (the scenario, the proxy's own clock); `under_failures`: the
   second score (failures.extra)."""
   c = config.compare
   parts = ([scale["top"], ""] if scale else []) + [_heading(config, records, target, source)]
@@ -294,9 +294,9 @@ def text(config, links: dict, budgets: dict, target: float, source: str, records
                "seeds):\n" + "\n".join(f"  {v}" for v in verdicts))
   if scale:
     parts.append("\n" + scale["bottom"])
-  if failed:
+  if under_failures:
     parts.append("\nUnder failures (median over seeds and failure draws):\n"
-                 + "\n".join(f"  {v}" for v in failed["verdicts"]))
+                 + "\n".join(f"  {v}" for v in under_failures["verdicts"]))
   return "\n".join(parts), verdicts
 
 
